@@ -1,0 +1,88 @@
+"""Typed, frozen configuration. Every check runs on creation so bad input fails before any work starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_SPECULATIVE_TOKENS = 64
+METHODS = ("draft", "ngram", "self", "none")
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration error; its message is shown as one line."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling, as in vLLM. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 128
+    seed: int | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", [self.stop])
+        if self.stop is not None and any(not s for s in self.stop):
+            raise ConfigError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Which drafter proposes and how many tokens at most (K_max for dynamic controllers)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 5
+    draft: str | None = None
+    ngram_min: int = 1
+    ngram_max: int = 4
+    controller: str = "fixed"
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}")
+        k = self.num_speculative_tokens
+        if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
+
+    @property
+    def k(self) -> int:
+        """Speculative tokens per step; method 'none' is plain decoding (K = 0)."""
+        return 0 if self.method == "none" else self.num_speculative_tokens
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Capacity of the engine: concurrent sequences and the longest context a sequence may reach."""
+
+    max_num_seqs: int = 8
+    max_model_len: int | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    prefill_chunk: int = 512
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.prefill_chunk < 16:
+            raise ConfigError(f"prefill_chunk must be >= 16, got {self.prefill_chunk}")
