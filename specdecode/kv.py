@@ -1,0 +1,61 @@
+"""The KV cache: preallocated slots with per-slot lengths. Rollback after rejected drafts is setting a length.
+
+Stale K/V past a slot's length are never read (attention masks by position) and are simply overwritten by
+the next step, so nothing is ever copied on rejection (vLLM's and gpt-fast's approach).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class CacheFullError(RuntimeError):
+    """No free slot, or a sequence would grow past the cache's length."""
+
+
+class KVCache:
+    """K/V for every layer of one model, `num_slots` sequences of up to `max_len` tokens each."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        margin: int = 72,
+    ) -> None:
+        # `margin` leaves room for the padded tail of a ragged step (up to K + 1 rows beyond a slot's length).
+        shape = (num_layers, num_slots, num_kv_heads, max_len + margin, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # [layers, slots, kv_heads, len, head_dim]
+        self.v = torch.zeros(shape, device=device, dtype=dtype)  # [layers, slots, kv_heads, len, head_dim]
+        self.max_len = max_len
+        self.lengths = [0] * num_slots  # tokens with valid K/V per slot; the one owner is the engine's commit
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise CacheFullError("no free KV-cache slot")
+        slot = self._free.pop()
+        self.lengths[slot] = 0
+        return slot
+
+    def free(self, slot: int) -> None:
+        self.lengths[slot] = 0
+        self._free.append(slot)
+
+    def set_length(self, slot: int, length: int) -> None:
+        if not 0 <= length <= self.max_len:
+            raise CacheFullError(f"slot {slot} length {length} outside 0..{self.max_len}")
+        self.lengths[slot] = length

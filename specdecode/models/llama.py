@@ -1,0 +1,324 @@
+"""The Llama family in plain PyTorch: Llama/SmolLM2, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k norm).
+
+One `forward` serves a ragged batch: row b holds `num_new[b]` new tokens (padded to T) that continue slot
+`slots[b]` of the KV cache from `start[b]`. Positions and the optional tree mask come in explicitly with
+`AttentionMetadata`; nothing is stored on the model between calls except the cache it is given.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from specdecode.kv import KVCache
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint's architecture or options are outside what this runtime implements."""
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_eps: float
+    max_position: int
+    tie_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+    sliding_window: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> LlamaConfig:
+        model_type = cfg.get("model_type", "")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"unsupported architecture {model_type!r}; expected one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise UnsupportedModelError(f"unsupported rope type {rope_type!r}; only the default RoPE is implemented")
+        heads = cfg["num_attention_heads"]
+        attention_bias = bool(cfg.get("attention_bias", False))
+        use_window = cfg.get("use_sliding_window", model_type == "mistral")
+        return cls(
+            model_type=model_type,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_position=cfg.get("max_position_embeddings", 2048),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=attention_bias,
+            qk_norm=model_type == "qwen3",
+            sliding_window=cfg.get("sliding_window") if use_window else None,
+            eos_token_id=cfg.get("eos_token_id"),
+        )
+
+    @property
+    def context_limit(self) -> int:
+        """Longest exact context: full attention equals sliding-window attention only inside the window."""
+        return min(self.max_position, self.sliding_window or self.max_position)
+
+
+@dataclass
+class AttentionMetadata:
+    """Where a ragged batch of new tokens sits in the cache. Built by the engine, passed explicitly."""
+
+    slots: torch.Tensor  # [num_seqs] int64 cache slot of each row
+    start: torch.Tensor  # [num_seqs] int64 cached tokens before this call; new token i is written at start + i
+    positions: torch.Tensor  # [num_seqs, T] int64 RoPE positions (start + i for chains, start + depth for trees)
+    kv_len: int  # keys attended: max over rows of start + T (a python int, so no host sync)
+    tree_mask: torch.Tensor | None = None  # [num_seqs, T, T] bool: new token i may attend to new token j
+    slot_range: tuple[int, int] | None = None  # (first, end) when slots are contiguous: cache read is a view
+
+    @classmethod
+    def build(
+        cls,
+        slots: list[int],
+        start: list[int],
+        num_tokens: int,
+        device: torch.device | str,
+        tree_depth: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+    ) -> AttentionMetadata:
+        """Metadata for `num_tokens` new tokens per row (rows are padded to that many by the caller)."""
+        start_t = torch.tensor(start, dtype=torch.long, device=device)
+        offsets = torch.arange(num_tokens, device=device) if tree_depth is None else tree_depth
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        return cls(
+            slots=torch.tensor(slots, dtype=torch.long, device=device),
+            start=start_t,
+            positions=start_t[:, None] + offsets,
+            kv_len=max(start) + num_tokens,
+            tree_mask=tree_mask,
+            slot_range=(slots[0], slots[0] + len(slots)) if contiguous else None,
+        )
+
+    def attention_mask(self, num_tokens: int) -> torch.Tensor | None:
+        """[num_seqs, 1, T, kv_len] bool, True = attend. None when plain causal decoding of one row needs none."""
+        if self.tree_mask is None and num_tokens == 1 and self.slots.numel() == 1:
+            return None
+        key_pos = torch.arange(self.kv_len, device=self.start.device)  # [kv_len]
+        query_pos = self.start[:, None] + torch.arange(num_tokens, device=self.start.device)  # [num_seqs, T]
+        mask = key_pos[None, None, :] <= query_pos[:, :, None]  # [num_seqs, T, kv_len] causal by cache index
+        if self.tree_mask is not None:
+            rel = key_pos[None, :] - self.start[:, None]  # [num_seqs, kv_len] index among the new tokens
+            in_new = (rel >= 0) & (rel < num_tokens)
+            tree = torch.gather(
+                self.tree_mask, 2, rel.clamp(0, num_tokens - 1)[:, None, :].expand(-1, num_tokens, -1)
+            )  # [num_seqs, T, kv_len]
+            mask = torch.where(in_new[:, None, :], tree, mask)
+        return mask[:, None]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 like the reference implementation, so bf16 runs don't drift.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    return 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        # q, k and v in one matmul: one weight read instead of three (gpt-fast's wqkv).
+        self.wqkv = nn.Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.split = (q_dim, kv_dim, kv_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_seqs, T, hidden]
+        cos: torch.Tensor,  # [num_seqs, 1, T, head_dim]
+        sin: torch.Tensor,  # [num_seqs, 1, T, head_dim]
+        k_cache: torch.Tensor,  # [slots, kv_heads, len, head_dim] this layer's cache
+        v_cache: torch.Tensor,  # [slots, kv_heads, len, head_dim]
+        meta: AttentionMetadata,
+        write_pos: torch.Tensor,  # [num_seqs, T] cache index of each new token
+        mask: torch.Tensor | None,  # [num_seqs, 1, T, kv_len] bool
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        b, t, _ = x.shape
+        q, k, v = self.wqkv(x).split(self.split, dim=-1)
+        q = q.view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)  # [num_seqs, heads, T, head_dim]
+        k = k.view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)  # [num_seqs, kv_heads, T, head_dim]
+        v = v.view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # Advanced indices split by a slice put [num_seqs, T] first: the target is [num_seqs, T, kv_heads, dim].
+        k_cache[meta.slots[:, None], :, write_pos] = k.transpose(1, 2).to(k_cache.dtype)
+        v_cache[meta.slots[:, None], :, write_pos] = v.transpose(1, 2).to(v_cache.dtype)
+        if meta.slot_range is not None:
+            first, end = meta.slot_range
+            keys, values = k_cache[first:end, :, : meta.kv_len], v_cache[first:end, :, : meta.kv_len]
+        else:
+            keys, values = k_cache[meta.slots, :, : meta.kv_len], v_cache[meta.slots, :, : meta.kv_len]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        return self.wo(out.transpose(1, 2).reshape(b, t, -1))  # [num_seqs, T, hidden]
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate and up fused
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, *attn_args) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), *attn_args)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # [head_dim / 2]
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        p = self.embed.weight
+        cfg = self.cfg
+        return KVCache(
+            cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, device=p.device, dtype=p.dtype
+        )
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq  # [num_seqs, T, head_dim / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [num_seqs, 1, T, head_dim]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [num_seqs, T] int64, rows padded past their new tokens
+        meta: AttentionMetadata,
+        cache: KVCache,
+        logits_index: torch.Tensor | None = None,  # [num_seqs, n] which of the T positions need logits
+        return_hidden: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits [num_seqs, n or T, vocab] in fp32 (and final hidden states [num_seqs, T, hidden])."""
+        t = tokens.shape[1]
+        x = self.embed(tokens)  # [num_seqs, T, hidden]
+        cos, sin = self.rope(meta.positions, x.dtype)
+        write_pos = meta.start[:, None] + torch.arange(t, device=tokens.device)  # [num_seqs, T]
+        mask = meta.attention_mask(t)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], meta, write_pos, mask)
+        hidden = self.norm(x)  # [num_seqs, T, hidden]
+        picked = hidden if logits_index is None else torch.gather(
+            hidden, 1, logits_index[..., None].expand(-1, -1, hidden.shape[-1])
+        )
+        logits = self.lm_head(picked).float()  # [num_seqs, n, vocab]
+        return (logits, hidden) if return_hidden else logits
+
+
+def _hf_to_ours(cfg: LlamaConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename Hugging Face weights to this module's names, fusing q/k/v and gate/up."""
+    embed = tensors["model.embed_tokens.weight"]
+    out = {"embed.weight": embed, "norm.weight": tensors["model.norm.weight"]}
+    out["lm_head.weight"] = embed if cfg.tie_embeddings else tensors["lm_head.weight"]
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        out[f"layers.{i}.attn.wqkv.weight"] = torch.cat([tensors[a + f"{n}_proj.weight"] for n in "qkv"])
+        if cfg.qkv_bias:
+            out[f"layers.{i}.attn.wqkv.bias"] = torch.cat([tensors[a + f"{n}_proj.bias"] for n in "qkv"])
+        out[f"layers.{i}.attn.wo.weight"] = tensors[a + "o_proj.weight"]
+        if cfg.o_bias:
+            out[f"layers.{i}.attn.wo.bias"] = tensors[a + "o_proj.bias"]
+        if cfg.qk_norm:
+            out[f"layers.{i}.attn.q_norm.weight"] = tensors[a + "q_norm.weight"]
+            out[f"layers.{i}.attn.k_norm.weight"] = tensors[a + "k_norm.weight"]
+        gate, up = tensors[p + "mlp.gate_proj.weight"], tensors[p + "mlp.up_proj.weight"]
+        out[f"layers.{i}.mlp.w13.weight"] = torch.cat([gate, up])
+        out[f"layers.{i}.mlp.w2.weight"] = tensors[p + "mlp.down_proj.weight"]
+        out[f"layers.{i}.attn_norm.weight"] = tensors[p + "input_layernorm.weight"]
+        out[f"layers.{i}.mlp_norm.weight"] = tensors[p + "post_attention_layernorm.weight"]
+    return out
+
+
+def load_llama(
+    model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> LlamaModel:
+    """Build the model from a Hugging Face directory (config.json + *.safetensors)."""
+    model_dir = Path(model_dir)
+    cfg = LlamaConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    try:
+        state = _hf_to_ours(cfg, tensors)
+    except KeyError as e:
+        raise UnsupportedModelError(f"{model_dir}: missing weight {e.args[0]}") from None
+    model.load_state_dict(state, strict=True, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model.inv_freq = torch.empty(0)  # the meta-device buffer can't move; it is rebuilt below
+    model = model.to(device=device, dtype=dtype).eval()
+    model.inv_freq = rope_inv_freq(cfg).to(device)  # stays fp32 whatever the weights' dtype
+    return model
