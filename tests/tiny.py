@@ -23,7 +23,7 @@ def tiny_hf_config(family: str, vocab_size: int = 96, **overrides):
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
-        tie_word_embeddings=family in ("llama", "qwen3"),
+        tie_word_embeddings=family == "qwen3",
     )
     common.update(overrides)
     cls = {
@@ -37,13 +37,15 @@ def tiny_hf_config(family: str, vocab_size: int = 96, **overrides):
     return cls(**common)
 
 
-def write_tiny_model(out_dir: Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
+def write_tiny_model(
+    out_dir: Path, family: str = "llama", seed: int = 0, embed_scale: float = 30.0, **overrides
+) -> Path:
     """A random model of `family` saved as safetensors; returns the directory."""
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(tiny_hf_config(family, **overrides))
-    with torch.no_grad():  # larger weights than the default init, so logits are far from uniform
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(4.0)
+    with torch.no_grad():  # a strong embedding/head gives peaked, varied logits (not one repeated token)
+        for name, p in model.named_parameters():
+            if "embed" in name or "lm_head" in name:
+                p.mul_(embed_scale)
     model.save_pretrained(out_dir)
     return Path(out_dir)

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from specdecode.kv import KVCache
+from specdecode.models import onednn
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -268,8 +269,10 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], meta, write_pos, mask)
         hidden = self.norm(x)  # [num_seqs, T, hidden]
-        picked = hidden if logits_index is None else torch.gather(
-            hidden, 1, logits_index[..., None].expand(-1, -1, hidden.shape[-1])
+        picked = (
+            hidden
+            if logits_index is None
+            else torch.gather(hidden, 1, logits_index[..., None].expand(-1, -1, hidden.shape[-1]))
         )
         logits = self.lm_head(picked).float()  # [num_seqs, n, vocab]
         return (logits, hidden) if return_hidden else logits
@@ -301,9 +304,15 @@ def _hf_to_ours(cfg: LlamaConfig, tensors: dict[str, torch.Tensor]) -> dict[str,
 
 
 def load_llama(
-    model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    model_dir: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    inference: bool = True,
 ) -> LlamaModel:
-    """Build the model from a Hugging Face directory (config.json + *.safetensors)."""
+    """Build the model from a Hugging Face directory (config.json + *.safetensors).
+
+    inference=True packs fp32 CPU linears for oneDNN (see models/onednn.py); training wants False.
+    """
     model_dir = Path(model_dir)
     cfg = LlamaConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
     tensors: dict[str, torch.Tensor] = {}
@@ -321,4 +330,6 @@ def load_llama(
     model.inv_freq = torch.empty(0)  # the meta-device buffer can't move; it is rebuilt below
     model = model.to(device=device, dtype=dtype).eval()
     model.inv_freq = rope_inv_freq(cfg).to(device)  # stays fp32 whatever the weights' dtype
+    if inference and onednn.available(torch.device(device), dtype):
+        onednn.pack_linears(model)
     return model

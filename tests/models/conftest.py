@@ -50,8 +50,11 @@ def llamacpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def gguf_name(hf_name: str) -> str:
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
+    top = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     if hf_name in top:
         return top[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)  # model.layers.<i>.<module>.weight

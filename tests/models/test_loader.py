@@ -27,9 +27,17 @@ from tests.tiny import write_tiny_model
 
 FACTS = [("What is the capital of France?", "Paris"), ("What is the capital of Japan?", "Tokyo")]
 CONFIG_KEYS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-    "bos_token_id", "eos_token_id",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
 )
 
 
@@ -47,9 +55,10 @@ def greedy_answer(model, tok, question: str, max_new_tokens: int = 10) -> str:
     chat = [{"role": "user", "content": question}]
     enc = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tok.eos_token_id)  # [1, prompt + new]
-    return tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.eos_token_id
+        )  # [1, prompt + new]
+    return tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 @pytest.fixture
@@ -102,8 +111,9 @@ def test_converted_smollm2_layout(converted_smollm2, smollm2_tok):
     assert tensors["model.layers.29.mlp.down_proj.weight"].shape == (576, 1536)
     assert all(t.dtype == torch.float32 for t in tensors.values())
     assert smollm2_tok.eos_token == "<|im_end|>" and smollm2_tok.eos_token_id == cfg["eos_token_id"]
-    prompt = smollm2_tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                             tokenize=False)
+    prompt = smollm2_tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert prompt.endswith("<|im_start|>assistant\n")
     load_llama(converted_smollm2)  # our runtime reads the same directory
 

@@ -1,0 +1,238 @@
+"""Spec-Bench style benchmark: per-category tokens/s, speedup over our own K = 0, acceptance and tau.
+
+Every arm sees the same prompts in the same run; arms are interleaved prompt by prompt so that slow drift of a
+noisy machine hits them all alike. Peers (transformers `generate()` and its speculative modes) run at batch 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from specdecode.config import SamplingParams
+from specdecode.prompts import Prompt, load_jsonl
+
+
+@dataclass
+class Sample:
+    tokens: int
+    seconds: float
+    drafted: int = 0
+    accepted: int = 0
+    forwards: int = 0
+
+
+class Arm(Protocol):
+    name: str
+
+    def run(self, text: str, max_tokens: int) -> Sample: ...
+
+
+class EngineArm:
+    """Our engine at batch 1, greedy."""
+
+    def __init__(self, name: str, llm) -> None:
+        self.name, self.llm = name, llm
+
+    def run(self, text: str, max_tokens: int) -> Sample:
+        t0 = time.perf_counter()
+        out = self.llm.generate([text], SamplingParams(temperature=0.0, max_tokens=max_tokens))[0]
+        seconds = time.perf_counter() - t0
+        m = out.metrics
+        return Sample(m["num_generated"], seconds, m["num_drafted"], m["num_accepted"], m["num_target_forwards"])
+
+
+class HFArm:
+    """transformers `generate()` with the given extra arguments (prompt lookup, assistant model, ...)."""
+
+    def __init__(self, name: str, model, tokenizer, eos_ids: list[int], **generate_kwargs) -> None:
+        self.name, self.model, self.tokenizer = name, model, tokenizer
+        self.eos_ids = eos_ids
+        self.kwargs = generate_kwargs
+
+    @torch.inference_mode()
+    def run(self, text: str, max_tokens: int) -> Sample:
+        t0 = time.perf_counter()
+        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+        out = self.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.eos_ids[0],
+            **self.kwargs,
+        )
+        return Sample(out.shape[1] - ids.shape[1], time.perf_counter() - t0)
+
+
+@dataclass
+class ArmResult:
+    samples: dict[str, list[Sample]] = field(default_factory=lambda: defaultdict(list))
+
+    @staticmethod
+    def summarise(samples: list[Sample]) -> dict[str, float]:
+        tokens = sum(s.tokens for s in samples)
+        seconds = sum(s.seconds for s in samples)
+        drafted = sum(s.drafted for s in samples)
+        accepted = sum(s.accepted for s in samples)
+        forwards = sum(s.forwards for s in samples)
+        return {
+            "tokens": tokens,
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds else 0.0,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "mean_accepted_tokens": (accepted + forwards) / forwards if forwards else float("nan"),
+        }
+
+    def table(self) -> dict[str, dict[str, float]]:
+        rows = {cat: self.summarise(s) for cat, s in self.samples.items()}
+        rows["overall"] = self.summarise([s for ss in self.samples.values() for s in ss])
+        return rows
+
+
+def select_prompts(prompts: list[Prompt], per_category: int) -> list[Prompt]:
+    if per_category <= 0:
+        return prompts
+    seen: dict[str, int] = defaultdict(int)
+    picked = []
+    for p in prompts:
+        if seen[p.category] < per_category:
+            seen[p.category] += 1
+            picked.append(p)
+    return picked
+
+
+def run_arms(arms: list[Arm], texts: list[tuple[str, str]], max_tokens: int, warmup: int) -> dict[str, ArmResult]:
+    """texts: (category, prompt text). Arms interleaved per prompt."""
+    for arm in arms:
+        for _, text in texts[:warmup]:
+            arm.run(text, min(max_tokens, 16))
+    results = {arm.name: ArmResult() for arm in arms}
+    for category, text in tqdm(texts, desc="bench", unit="prompt"):
+        for arm in arms:
+            results[arm.name].samples[category].append(arm.run(text, max_tokens))
+    return results
+
+
+def build_arms(a: argparse.Namespace) -> list[Arm]:
+    from specdecode.llm import LLM
+
+    common = dict(target=a.target, max_num_seqs=1, max_model_len=a.max_model_len, device=a.device, dtype=a.dtype)
+    base = LLM(method="none", **common)
+    arms: list[Arm] = [EngineArm("ours K=0", base)]
+    if a.method != "none":
+        spec = LLM(
+            method=a.method,
+            draft=a.draft,
+            num_speculative_tokens=a.num_speculative_tokens,
+            controller=a.controller,
+            **common,
+        )
+        arms.append(EngineArm(f"ours {a.method} K={a.num_speculative_tokens}", spec))
+    if a.peers:
+        arms += hf_arms(a, base)
+    return arms
+
+
+def hf_arms(a: argparse.Namespace, base) -> list[Arm]:
+    from transformers import AutoModelForCausalLM
+
+    from specdecode.models.loader import resolve_model_dir
+
+    dtype = getattr(torch, a.dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(a.target), dtype=dtype).to(a.device).eval()
+    eos = sorted(base.engine.eos_token_ids)
+    arms: list[Arm] = [HFArm("HF generate", model, base.tokenizer, eos)]
+    k = a.num_speculative_tokens
+    if a.method == "ngram":
+        arms.append(HFArm(f"HF prompt lookup K={k}", model, base.tokenizer, eos, prompt_lookup_num_tokens=k))
+    elif a.method == "draft" and a.draft:
+        draft = AutoModelForCausalLM.from_pretrained(resolve_model_dir(a.draft), dtype=dtype).to(a.device).eval()
+        arms.append(
+            HFArm(
+                f"HF assisted K={k}",
+                model,
+                base.tokenizer,
+                eos,
+                assistant_model=draft,
+                num_assistant_tokens=k,
+                num_assistant_tokens_schedule="constant",
+            )
+        )
+    return arms
+
+
+def render(results: dict[str, ArmResult], console: Console) -> str:
+    """Print one table per arm and return the same as Markdown."""
+    base = results["ours K=0"].table()
+    md = []
+    for name, res in results.items():
+        rows = res.table()
+        table = Table(title=name)
+        for col in ("category", "tok/s", "speedup vs K=0", "acceptance", "tau"):
+            table.add_column(col, justify="right")
+        md += [f"### {name}", "", "| category | tok/s | speedup vs K=0 | acceptance | tau |", "|---|---|---|---|---|"]
+        for cat, r in sorted(rows.items(), key=lambda kv: (kv[0] == "overall", kv[0])):
+            speed = r["tokens_per_s"] / base[cat]["tokens_per_s"]
+            cells = (
+                cat,
+                f"{r['tokens_per_s']:.1f}",
+                f"{speed:.2f}x",
+                f"{r['acceptance_rate']:.2f}",
+                f"{r['mean_accepted_tokens']:.2f}",
+            )
+            table.add_row(*cells)
+            md.append("| " + " | ".join(cells) + " |")
+        console.print(table)
+        md.append("")
+    return "\n".join(md)
+
+
+def machine() -> str:
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()}-core CPU"
+    return f"{platform.machine()} {dev}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def run_from_args(a: argparse.Namespace) -> None:
+    prompts = select_prompts(load_jsonl(a.prompts), a.per_category)
+    arms = build_arms(a)
+    chat_tok = arms[0].llm if isinstance(arms[0], EngineArm) else None
+    texts = [
+        (p.category, chat_tok.apply_chat_template([{"role": "user", "content": p.text}]) if a.chat else p.text)
+        for p in prompts
+    ]
+    results = run_arms(arms, texts, a.max_tokens, a.warmup)
+    console = Console(file=sys.stdout)
+    md = render(results, console)
+    if a.json:
+        out = Path(a.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "command": "specdecode " + " ".join(sys.argv[1:]),
+            "machine": machine(),
+            "date": date.today().isoformat(),
+            "num_prompts": len(prompts),
+            "max_tokens": a.max_tokens,
+            "arms": {name: r.table() for name, r in results.items()},
+            "samples": {
+                name: {c: [asdict(s) for s in ss] for c, ss in r.samples.items()} for name, r in results.items()
+            },
+        }
+        out.write_text(json.dumps(payload, indent=1))
+        out.with_suffix(".md").write_text(md + "\n")
+        console.print(f"wrote {out} and {out.with_suffix('.md')}")

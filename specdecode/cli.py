@@ -1,0 +1,138 @@
+"""specdecode command line.
+
+Usage:
+    specdecode generate "Tell me a joke" --method ngram --num-speculative-tokens 5 --max-tokens 64
+    specdecode generate --prompts-file prompts.jsonl --json
+    echo "Hello" | specdecode generate --no-chat
+    specdecode bench --target smollm2-135m-instruct --method ngram --prompts ../shared/data/specbench_question.jsonl --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from specdecode.config import MAX_SPECULATIVE_TOKENS, METHODS, ConfigError, SamplingParams, SpeculativeConfig
+from specdecode.prompts import PromptError, read_prompts
+
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, PromptError, FileNotFoundError, PermissionError)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
+    p.add_argument("--draft", default=None, help="draft model for --method draft")
+    p.add_argument("--method", default="ngram", choices=METHODS)
+    p.add_argument("--num-speculative-tokens", type=int, default=5, help=f"K (0..{MAX_SPECULATIVE_TOKENS})")
+    p.add_argument("--controller", default="fixed")
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="apply the chat template (default: on when the model has one)",
+    )
+
+
+def sampling_from_args(a: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(a.temperature, a.top_p, a.top_k, a.max_tokens, a.seed, a.stop)
+
+
+def llm_from_args(a: argparse.Namespace):
+    from specdecode.llm import LLM  # heavy imports only once the arguments are known to be valid
+
+    return LLM(
+        target=a.target,
+        draft=a.draft,
+        method=a.method,
+        num_speculative_tokens=a.num_speculative_tokens,
+        controller=a.controller,
+        max_num_seqs=a.max_num_seqs,
+        max_model_len=a.max_model_len,
+        device=a.device,
+        dtype=a.dtype,
+    )
+
+
+def cmd_generate(a: argparse.Namespace) -> None:
+    params = sampling_from_args(a)
+    SpeculativeConfig(a.method, a.num_speculative_tokens, a.draft, controller=a.controller)
+    prompts = read_prompts(a.prompts, a.prompts_file, sys.stdin)
+    llm = llm_from_args(a)
+    chat = a.chat if a.chat is not None else bool(llm.tokenizer.chat_template)
+    texts = [llm.apply_chat_template([{"role": "user", "content": p}]) if chat else p for p in prompts]
+    for out in llm.generate(texts, params, use_tqdm=len(texts) > 1 and not a.json):
+        if a.json:
+            print(json.dumps({"text": out.text, "token_ids": out.token_ids, "metrics": out.metrics}))
+        else:
+            m = out.metrics
+            print(out.text)
+            print(
+                f"[{m['num_generated']} tokens, {m['tokens_per_s']:.1f} tok/s, "
+                f"acceptance {m['acceptance_rate']:.2f}, tau {m['mean_accepted_tokens']:.2f}]",
+                file=sys.stderr,
+            )
+
+
+def cmd_bench(a: argparse.Namespace) -> None:
+    from specdecode.bench.specbench import run_from_args
+
+    run_from_args(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text for prompts")
+    gen.add_argument("prompts", nargs="*", help="prompts (else --prompts-file, else stdin)")
+    gen.add_argument("--prompts-file", default=None, help="jsonl with 'prompt' or Spec-Bench 'turns'")
+    gen.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    add_model_args(gen)
+    add_sampling_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    from specdecode.bench.args import add_bench_args
+
+    bench = sub.add_parser("bench", help="Spec-Bench style benchmark against plain decoding and peers")
+    add_model_args(bench)
+    add_bench_args(bench)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def run(func: Callable[[argparse.Namespace], None], args: argparse.Namespace) -> int:
+    """Run a command; a user error becomes one line on stderr and exit status 2, never a traceback."""
+    from specdecode.models.llama import UnsupportedModelError
+    from specdecode.models.loader import ModelLoadError
+
+    try:
+        func(args)
+    except (*USER_ERRORS, ModelLoadError, UnsupportedModelError) as e:
+        print(f"specdecode: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specdecode: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run(args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Incremental detokenization that never emits a broken UTF-8 character.
+
+Byte-level BPE splits multi-byte characters across tokens; decoding a prefix then ends in U+FFFD. We decode a
+short window of recent tokens and hold text back while it ends in U+FFFD (the offsets scheme of vLLM/TGI).
+"""
+
+from __future__ import annotations
+
+REPLACEMENT = "\ufffd"
+CONTEXT_TOKENS = 6  # tokens decoded before the new ones so merges across the boundary render correctly
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
+        self.prefix_offset = 0  # start of the window decoded for context
+        self.read_offset = len(self.ids)  # tokens before this are already emitted as text
+        self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def add(self, new_ids: list[int]) -> str:
+        """Append tokens; return the newly completed text (possibly empty)."""
+        self.ids.extend(new_ids)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if full.endswith(REPLACEMENT) or len(full) <= len(prefix):
+            return ""
+        delta = full[len(prefix) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.text += delta
+        return delta

@@ -1,0 +1,249 @@
+"""The step loop. A decode step reads as four verbs: propose -> verify -> commit -> control.
+
+Requests wait in a queue, take a cache slot when one is free, are prefilled one bounded chunk per step (so a
+long prompt never freezes the others' decoding for more than a chunk), then decode together in a ragged
+batch and leave as they finish. K = 0 is plain autoregressive decoding through the same path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from specdecode.config import ConfigError, EngineConfig, SamplingParams
+from specdecode.control.base import Controller, StepStats
+from specdecode.detokenize import IncrementalDetokenizer
+from specdecode.drafters.base import Drafter, Proposal
+from specdecode.engine.runner import forward_ragged
+from specdecode.engine.sequence import Sequence, Status
+from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.sampling import SamplingTensors
+from specdecode.verify import VerifyResult, verify
+
+
+@dataclass
+class SeqUpdate:
+    """What one step produced for one sequence (streaming consumers read these)."""
+
+    seq: Sequence
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+
+
+def sampling_tensors(seqs: list[Sequence], device: torch.device | str) -> SamplingTensors:
+    return SamplingTensors.from_params([s.params for s in seqs], device, [s.generator for s in seqs])
+
+
+class Engine:
+    def __init__(
+        self,
+        target: LlamaModel,
+        tokenizer,
+        drafter: Drafter,
+        controller: Controller,
+        config: EngineConfig,
+        k_max: int,
+        max_model_len: int,
+        eos_token_ids: set[int],
+    ) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.controller = controller
+        self.config = config
+        self.k_max = k_max
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.device = target.embed.weight.device
+        self.cache = target.new_cache(config.max_num_seqs, max_model_len)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self.last_step: StepStats | None = None
+
+    # ---- requests -------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        if not prompt_ids:
+            raise ConfigError("empty prompt")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ConfigError(
+                f"prompt has {len(prompt_ids)} tokens but the context is {self.max_model_len}; "
+                "shorten it or raise max_model_len"
+            )
+        vocab = self.target.cfg.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ConfigError(f"prompt token ids must be in 0..{vocab - 1}")
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(params.seed)
+        seq = Sequence(request_id, list(prompt_ids), params, self.max_model_len, generator=gen)
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, prompt_ids)
+        self.waiting.append(seq)
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        for seq in list(self.waiting):
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                self._finish(seq, "abort")
+        for seq in self.running:
+            if seq.request_id == request_id and seq.status is not Status.FINISHED:
+                self._finish(seq, "abort")
+        self.running = [s for s in self.running if s.status is not Status.FINISHED]
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ---- the step -------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[SeqUpdate]:
+        self._admit()
+        self._prefill_chunks()
+        decoding = [s for s in self.running if s.status is Status.RUNNING]
+        updates = self._decode(decoding) if decoding else []
+        self.running = [s for s in self.running if s.status is not Status.FINISHED]
+        return updates
+
+    def _admit(self) -> None:
+        while self.waiting and self.cache.num_free:
+            seq = self.waiting.popleft()
+            seq.slot = self.cache.allocate()
+            seq.status = Status.PREFILLING
+            self.running.append(seq)
+
+    def _prefill_chunks(self) -> None:
+        """Cache prompt[:-1] of prefilling sequences, at most `prefill_chunk` tokens in all this step.
+
+        The last prompt token stays pending: the first decode step feeds it with the first drafts, so every
+        output token, the first included, comes from one verification path.
+        """
+        budget = self.config.prefill_chunk
+        slots, chunks, seqs = [], [], []
+        for seq in self.running:
+            if seq.status is not Status.PREFILLING or budget <= 0:
+                continue
+            chunk = seq.prompt_ids[seq.num_prefilled : min(seq.num_prefilled + budget, seq.num_cached)]
+            if chunk:
+                slots.append(seq.slot)
+                chunks.append(chunk)
+                budget -= len(chunk)
+            seqs.append((seq, len(chunk)))
+        if chunks:
+            forward_ragged(self.target, self.cache, slots, chunks, last_only=True)
+        for seq, n in seqs:
+            seq.num_prefilled += n
+            self.cache.set_length(seq.slot, seq.num_prefilled)
+            if seq.num_prefilled == seq.num_cached:
+                seq.status = Status.RUNNING
+                self.drafter.add_sequence(seq)
+
+    def _decode(self, seqs: list[Sequence]) -> list[SeqUpdate]:
+        t0 = time.perf_counter()
+        ks = self._clamp_k(seqs, self.controller.choose(seqs, self.k_max))
+        st = sampling_tensors(seqs, self.device)
+        proposal = self.drafter.propose(seqs, ks, st)  # propose
+        result = self._verify(seqs, proposal, st)  # verify
+        num_proposed = proposal.num_tokens.tolist()
+        num_accepted = result.num_accepted.tolist()
+        rows = result.output_token_ids.tolist()
+        updates = []
+        for seq, row, k, a in zip(seqs, rows, num_proposed, num_accepted, strict=True):  # commit
+            seq.metrics.num_drafted += k
+            seq.metrics.num_accepted += a
+            seq.metrics.num_target_forwards += 1
+            updates.append(self._append(seq, row[: a + 1]))
+        self._after_commit(seqs)
+        self.last_step = StepStats(
+            seqs, num_proposed, num_accepted, time.perf_counter() - t0, len(seqs) * (proposal.token_ids.shape[1] + 1)
+        )
+        self.controller.observe(self.last_step)  # control
+        return updates
+
+    def _clamp_k(self, seqs: list[Sequence], ks: list[int]) -> list[int]:
+        # Never draft past the context, nor more than the request can still emit (one token is always the bonus).
+        return [
+            max(0, min(k, s.room, s.params.max_tokens - s.metrics.num_generated - 1))
+            for s, k in zip(seqs, ks, strict=True)
+        ]
+
+    def _verify(self, seqs: list[Sequence], proposal: Proposal, st: SamplingTensors) -> VerifyResult:
+        """Score (pending, d_1..d_k) for every row in one target forward, then accept or reject."""
+        pending = torch.tensor([[s.token_ids[-1]] for s in seqs], dtype=torch.long, device=self.device)
+        tokens = torch.cat([pending, proposal.token_ids.clamp(min=0)], dim=1)  # [num_seqs, k + 1]
+        meta = AttentionMetadata.build(
+            [s.slot for s in seqs], [s.num_cached for s in seqs], tokens.shape[1], self.device
+        )
+        logits = self.target(tokens, meta, self.cache)  # [num_seqs, k + 1, vocab]
+        return verify(logits, proposal.token_ids, proposal.num_tokens, proposal.probs, st)
+
+    # ---- commit ---------------------------------------------------------------------------------------
+    def _append(self, seq: Sequence, tokens: list[int]) -> SeqUpdate:
+        """Append verified tokens, honouring EOS, max_tokens, the context and stop strings inside the run."""
+        detok = self._detok[seq.request_id]
+        old_text_len = len(seq.text)
+        new_ids: list[int] = []
+        cut = False
+        for tok in tokens:
+            seq.token_ids.append(tok)
+            seq.metrics.num_generated += 1
+            new_ids.append(tok)
+            if seq.params.stop:  # text after every token, so that tokens after a stop string are dropped
+                detok.add([tok])
+                cut = self._stopped_by_string(seq, detok.text)
+                if cut:
+                    break
+            reason = self._finish_reason(seq, tok)
+            if reason:
+                self._finish(seq, reason)
+                break
+        if not seq.params.stop:
+            detok.add(new_ids)
+        if not cut:
+            seq.text = detok.text
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = time.perf_counter()
+        return SeqUpdate(seq, new_ids, seq.text[old_text_len:], seq.status is Status.FINISHED)
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
+        if tok in self.eos_token_ids and not seq.params.ignore_eos:
+            return "stop"
+        if seq.metrics.num_generated >= seq.params.max_tokens or len(seq.token_ids) >= seq.max_len:
+            return "length"
+        return None
+
+    def _stopped_by_string(self, seq: Sequence, text: str) -> bool:
+        """Finish at the first stop string in the text; the text is cut before it."""
+        for stop in seq.params.stop or []:
+            at = text.find(stop, max(0, len(seq.text) - len(stop)))
+            if at != -1:
+                seq.text = text[:at]
+                self._finish(seq, "stop")
+                return True
+        return False
+
+    def _after_commit(self, seqs: list[Sequence]) -> None:
+        """Only commit touches cache lengths: keep pending + accepted tokens, forget the rest."""
+        alive = [s for s in seqs if s.status is not Status.FINISHED]
+        for s in alive:
+            self.cache.set_length(s.slot, s.num_cached)
+        self.drafter.commit(alive)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status is Status.FINISHED:
+            return
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.metrics.end_time = time.perf_counter()
+        if seq.slot >= 0:
+            self.cache.free(seq.slot)
+            self.drafter.remove_sequence(seq)
+        self.controller.forget(seq)
+        self._detok.pop(seq.request_id, None)

@@ -1,0 +1,41 @@
+"""Ragged forwards: pad per-row token lists into one call of a model on its own cache."""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.kv import KVCache
+from specdecode.models.llama import AttentionMetadata, LlamaModel
+
+
+def forward_ragged(
+    model: LlamaModel,
+    cache: KVCache,
+    slots: list[int],
+    tokens: list[list[int]],
+    last_only: bool,
+) -> torch.Tensor:
+    """Feed tokens[b] after the cached tokens of slots[b]; logits [num_seqs, 1 or T, vocab].
+
+    Rows are right-padded to the longest; pad positions write stale K/V past the row's length, which nothing
+    reads. Cache lengths are not changed here: the caller commits them.
+    """
+    device = model.embed.weight.device
+    width = max(len(t) for t in tokens)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tokens], dtype=torch.long, device=device)
+    meta = AttentionMetadata.build(slots, [cache.lengths[s] for s in slots], width, device)
+    index = None
+    if last_only:
+        index = torch.tensor([[len(t) - 1] for t in tokens], dtype=torch.long, device=device)  # [num_seqs, 1]
+    return model(padded, meta, cache, index)
+
+
+def prefill(model: LlamaModel, cache: KVCache, slot: int, tokens: list[int], chunk: int) -> torch.Tensor:
+    """Cache `tokens` for one slot in chunks of at most `chunk`; logits of the last token [1, 1, vocab]."""
+    logits = None
+    for i in range(0, len(tokens), chunk):
+        part = tokens[i : i + chunk]
+        logits = forward_ragged(model, cache, [slot], [part], last_only=True)
+        cache.set_length(slot, cache.lengths[slot] + len(part))
+    assert logits is not None, "prefill needs at least one token"
+    return logits

@@ -1,0 +1,147 @@
+"""The offline Python API, shaped like vLLM's: `LLM(...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from itertools import count
+
+import torch
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+from specdecode.config import ConfigError, EngineConfig, SamplingParams, SpeculativeConfig
+from specdecode.control import make_controller
+from specdecode.drafters import DrafterContext, make_drafter
+from specdecode.engine.engine import Engine
+from specdecode.engine.sequence import Sequence
+from specdecode.models.llama import LlamaModel, load_llama
+from specdecode.models.loader import resolve_model_dir
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    metrics: dict[str, float | int]
+
+    @classmethod
+    def from_seq(cls, seq: Sequence, prompt: str | None) -> RequestOutput:
+        return cls(
+            seq.request_id, prompt, seq.prompt_ids, seq.text, seq.output_ids, seq.finish_reason, seq.metrics.as_dict()
+        )
+
+
+def _check_same_vocab(target: LlamaModel, draft: LlamaModel, target_tok, draft_dir) -> None:
+    if draft.cfg.vocab_size != target.cfg.vocab_size:
+        raise ConfigError(
+            f"draft vocabulary ({draft.cfg.vocab_size} tokens) differs from the target's ({target.cfg.vocab_size})"
+        )
+    if (draft_dir / "tokenizer_config.json").exists() or (draft_dir / "tokenizer.json").exists():
+        if AutoTokenizer.from_pretrained(draft_dir).get_vocab() != target_tok.get_vocab():
+            raise ConfigError("draft tokenizer differs from the target's: speculation needs a shared vocabulary")
+
+
+class LLM:
+    """A target model, an optional drafter, and the engine that runs them."""
+
+    def __init__(
+        self,
+        target: str = "smollm2-135m-instruct",
+        draft: str | None = None,
+        method: str = "ngram",
+        num_speculative_tokens: int = 5,
+        controller: str = "fixed",
+        max_num_seqs: int = 8,
+        max_model_len: int | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        ngram_min: int = 1,
+        ngram_max: int = 4,
+        prefill_chunk: int = 512,
+    ) -> None:
+        self.spec = SpeculativeConfig(method, num_speculative_tokens, draft, ngram_min, ngram_max, controller)
+        self.engine_config = EngineConfig(max_num_seqs, max_model_len, device, dtype, prefill_chunk)
+        if device == "cpu":
+            torch.set_num_threads(os.cpu_count() or 1)
+        target_dir = resolve_model_dir(target)
+        self.tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        self.target = load_llama(target_dir, device, DTYPES[dtype])
+        self.draft_model = None
+        if draft is not None and method == "draft":
+            draft_dir = resolve_model_dir(draft)
+            self.draft_model = load_llama(draft_dir, device, DTYPES[dtype])
+            _check_same_vocab(self.target, self.draft_model, self.tokenizer, draft_dir)
+        limit = self.target.cfg.context_limit
+        self.max_model_len = min(max_model_len or DEFAULT_MAX_MODEL_LEN, limit)
+        ctx = DrafterContext(self.target, self.draft_model, self.spec, self.engine_config, self.max_model_len)
+        self.engine = Engine(
+            self.target,
+            self.tokenizer,
+            make_drafter(ctx),
+            make_controller(controller),
+            self.engine_config,
+            self.spec.k,
+            self.max_model_len,
+            self._eos_ids(),
+        )
+        self._ids = count()
+
+    def _eos_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        eos = self.target.cfg.eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos])
+        return {i for i in ids if i is not None}
+
+    def encode(self, prompt: str) -> list[int]:
+        if not prompt:
+            raise ConfigError("empty prompt")
+        return self.tokenizer(prompt, add_special_tokens=False).input_ids
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        if not self.tokenizer.chat_template:
+            raise ConfigError("the target's tokenizer has no chat template; use generate() with raw prompts")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def generate(
+        self,
+        prompts: str | list[str] | list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Raw prompts (strings or token id lists), no template. One output per prompt, in order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ConfigError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+        encoded = [p if isinstance(p, list) else self.encode(p) for p in prompts]
+        seqs = [
+            self.engine.add_request(f"req-{next(self._ids)}", ids, sp)
+            for ids, sp in zip(encoded, params_list, strict=True)
+        ]
+        bar = tqdm(total=len(seqs), desc="generate", disable=not use_tqdm)
+        while self.engine.has_work():
+            bar.update(sum(u.finished for u in self.engine.step()))
+        bar.close()
+        return [
+            RequestOutput.from_seq(s, p if isinstance(p, str) else None) for s, p in zip(seqs, prompts, strict=True)
+        ]
+
+    def chat(
+        self,
+        conversations: list[dict] | list[list[dict]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Conversations ([{"role": ..., "content": ...}, ...]) through the model's chat template."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        return self.generate([self.apply_chat_template(c) for c in conversations], params, use_tqdm)

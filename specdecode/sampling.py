@@ -1,0 +1,93 @@
+"""Processed distributions and random draws, shared by the target (p) and draft (q) sides.
+
+p and q must be processed identically (temperature, then top-k, then top-p) for speculative sampling to be
+exact. Sampling uses the exponential race argmax(probs / E), E ~ Exp(1): no normalisation, no host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PAD_TOKEN_ID = -1  # the one padding sentinel in token tensors (int64 everywhere)
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The model produced NaN or inf logits; no token can be trusted."""
+
+
+@dataclass
+class SamplingTensors:
+    temperature: torch.Tensor  # [num_seqs] float32, 0 = greedy
+    top_k: torch.Tensor  # [num_seqs] int64, 0 = off
+    top_p: torch.Tensor  # [num_seqs] float32, 1 = off
+    generators: list[torch.Generator | None]  # per row; None = the global RNG
+    any_top_k: bool
+    any_top_p: bool
+    all_greedy: bool
+
+    @classmethod
+    def from_params(cls, params: list, device: torch.device | str, generators=None) -> SamplingTensors:
+        return cls(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            generators=list(generators) if generators is not None else [None] * len(params),
+            any_top_k=any(p.top_k > 0 for p in params),
+            any_top_p=any(p.top_p < 1.0 for p in params),
+            all_greedy=all(p.temperature == 0.0 for p in params),
+        )
+
+
+def check_finite(logits: torch.Tensor) -> None:
+    if not torch.isfinite(logits).all():
+        raise NonFiniteLogitsError("the model produced NaN or inf logits")
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """logits [num_seqs, n, vocab] -> same with filtered-out tokens at -inf."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [num_seqs, n, vocab]
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if st.any_top_k:
+        k = torch.where(st.top_k > 0, st.top_k, vocab).clamp(max=vocab)  # [num_seqs]
+        drop |= torch.arange(vocab, device=logits.device) >= k[:, None, None]
+    if st.any_top_p:
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # mass of strictly better tokens
+        drop |= mass_before >= st.top_p[:, None, None]  # the top token always has mass_before 0: kept
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def process_logits(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """logits [num_seqs, n, vocab] -> processed probs [num_seqs, n, vocab] (one-hot argmax for greedy rows)."""
+    logits = logits.float()
+    greedy = st.temperature == 0.0  # [num_seqs]
+    onehot = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    if st.all_greedy:
+        return onehot
+    scaled = logits / torch.where(greedy, 1.0, st.temperature)[:, None, None]
+    if st.any_top_k or st.any_top_p:
+        scaled = _filter_top_k_top_p(scaled, st)
+    probs = scaled.softmax(-1)
+    return torch.where(greedy[:, None, None], onehot, probs)
+
+
+def _per_row(generators: list[torch.Generator | None], fill, shape: tuple[int, ...], device) -> torch.Tensor:
+    """Random tensor [num_seqs, *shape]: one batched draw if no row is seeded, else each row its generator."""
+    if all(g is None for g in generators):
+        return fill(torch.empty((len(generators), *shape), device=device), None)
+    return torch.stack([fill(torch.empty(shape, device=device), g) for g in generators])
+
+
+def draw_uniform(generators: list[torch.Generator | None], n: int, device) -> torch.Tensor:
+    """[num_seqs, n] uniforms in [0, 1)."""
+    return _per_row(generators, lambda t, g: t.uniform_(generator=g), (n,), device)
+
+
+def sample_from_probs(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """probs [num_seqs, vocab] -> token ids [num_seqs] int64 by the exponential race."""
+    noise = _per_row(generators, lambda t, g: t.exponential_(generator=g), (probs.shape[-1],), probs.device)
+    return (probs / noise).argmax(-1)

@@ -1,0 +1,54 @@
+"""On the real SmolLM2-135M-Instruct: logits and greedy text equal transformers' for the same weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from specdecode import LLM, SamplingParams
+from specdecode.models.llama import AttentionMetadata, load_llama
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "Summarize: The cat sat on the mat. The cat was happy. The mat was red.",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_model(smollm2_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+
+
+def test_logits_match_transformers(smollm2_dir, smollm2_tokenizer, hf_model):
+    ids = smollm2_tokenizer(QUESTIONS[0]).input_ids
+    ours = load_llama(smollm2_dir)
+    cache = ours.new_cache(1, 64)
+    with torch.inference_mode():
+        got = ours(torch.tensor([ids]), AttentionMetadata.build([0], [0], len(ids), "cpu"), cache)[0]
+        want = hf_model(torch.tensor([ids])).logits[0]
+    assert (got - want).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("method", ["none", "ngram"])
+def test_greedy_text_equals_transformers_generate(method, smollm2_dir, smollm2_tokenizer, hf_model):
+    llm = LLM(target=str(smollm2_dir), method=method, num_speculative_tokens=5, max_num_seqs=3)
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    outs = llm.chat(chats, SamplingParams(temperature=0.0, max_tokens=48))
+    for chat, out in zip(chats, outs, strict=True):
+        ids = smollm2_tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
+        ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
+        with torch.inference_mode():
+            ref = hf_model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=48,
+                do_sample=False,
+                eos_token_id=smollm2_tokenizer.eos_token_id,
+                pad_token_id=smollm2_tokenizer.eos_token_id,
+            )[0, ids.shape[1] :].tolist()
+        assert out.token_ids == ref
+    assert "Paris" in outs[0].text
+    if method == "ngram":
+        assert sum(o.metrics["num_accepted"] for o in outs) > 0
