@@ -4,7 +4,7 @@ Usage:
     specdecode generate "Tell me a joke" --method ngram --num-speculative-tokens 5 --max-tokens 64
     specdecode generate --prompts-file prompts.jsonl --json
     echo "Hello" | specdecode generate --no-chat
-    specdecode bench --target smollm2-135m-instruct --method ngram --prompts ../shared/data/specbench_question.jsonl --json
+    specdecode bench --method ngram --prompts ../shared/data/specbench_question.jsonl --json
 """
 
 from __future__ import annotations

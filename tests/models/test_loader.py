@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -123,9 +122,7 @@ def test_second_resolve_reuses_the_cache(converted_smollm2, smollm2_cache, monke
         raise AssertionError("converted again")
 
     monkeypatch.setattr(loader, "gguf_to_hf_dir", fail)
-    start = time.perf_counter()
     again = resolve_model_dir(SMOLLM2, cache_dir=smollm2_cache, progress=False)
-    assert time.perf_counter() - start < 2.0
     assert again == converted_smollm2
     assert list(smollm2_cache.iterdir()) == [converted_smollm2]  # no partial directories left over
 
