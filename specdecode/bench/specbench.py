@@ -132,7 +132,9 @@ def run_arms(arms: list[Arm], texts: list[tuple[str, str]], max_tokens: int, war
 def build_arms(a: argparse.Namespace) -> list[Arm]:
     from specdecode.llm import LLM
 
-    common = dict(target=a.target, max_num_seqs=1, max_model_len=a.max_model_len, device=a.device, dtype=a.dtype)
+    # Batch 1 needs one cache slot, so the bench takes the model's whole context: long RAG prompts fit.
+    max_len = a.max_model_len or 8192
+    common = dict(target=a.target, max_num_seqs=1, max_model_len=max_len, device=a.device, dtype=a.dtype)
     base = LLM(method="none", **common)
     arms: list[Arm] = [EngineArm("ours K=0", base)]
     if a.method != "none":
