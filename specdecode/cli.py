@@ -26,6 +26,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="ngram", choices=METHODS)
     p.add_argument("--num-speculative-tokens", type=int, default=5, help=f"K (0..{MAX_SPECULATIVE_TOKENS})")
     p.add_argument("--controller", default="fixed")
+    p.add_argument("--ngram-min", type=int, default=2, help="shortest suffix n-gram the n-gram drafter matches")
+    p.add_argument("--ngram-max", type=int, default=4, help="longest suffix n-gram, tried first")
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--device", default="cpu")
@@ -60,6 +62,8 @@ def llm_from_args(a: argparse.Namespace):
         method=a.method,
         num_speculative_tokens=a.num_speculative_tokens,
         controller=a.controller,
+        ngram_min=a.ngram_min,
+        ngram_max=a.ngram_max,
         max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len,
         device=a.device,
@@ -69,7 +73,7 @@ def llm_from_args(a: argparse.Namespace):
 
 def cmd_generate(a: argparse.Namespace) -> None:
     params = sampling_from_args(a)
-    SpeculativeConfig(a.method, a.num_speculative_tokens, a.draft, controller=a.controller)
+    SpeculativeConfig(a.method, a.num_speculative_tokens, a.draft, a.ngram_min, a.ngram_max, a.controller)
     prompts = read_prompts(a.prompts, a.prompts_file, sys.stdin)
     llm = llm_from_args(a)
     chat = a.chat if a.chat is not None else bool(llm.tokenizer.chat_template)

@@ -50,7 +50,7 @@ class SpeculativeConfig:
     method: str = "ngram"
     num_speculative_tokens: int = 5
     draft: str | None = None
-    ngram_min: int = 1
+    ngram_min: int = 2
     ngram_max: int = 4
     controller: str = "fixed"
 

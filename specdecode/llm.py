@@ -63,7 +63,7 @@ class LLM:
         max_model_len: int | None = None,
         device: str = "cpu",
         dtype: str = "float32",
-        ngram_min: int = 1,
+        ngram_min: int = 2,
         ngram_max: int = 4,
         prefill_chunk: int = 512,
     ) -> None:

@@ -42,7 +42,8 @@ def verify(
     valid = torch.arange(k, device=p.device)[None] < num_draft_tokens[:, None]  # [num_seqs, k]
     p_x = p[:, :k].gather(-1, drafts[..., None])[..., 0]  # [num_seqs, k]
     q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.gather(-1, drafts[..., None])[..., 0]
-    u = draw_uniform(st.generators, k, p.device) if k else p_x  # [num_seqs, k]
+    # Greedy p is one-hot, so u plays no part: skip drawing it (and the noise below) when every row is greedy.
+    u = torch.zeros_like(p_x) if st.all_greedy or not k else draw_uniform(st.generators, k, p.device)  # [num_seqs, k]
     accept = (u * q_x < p_x) & valid  # accept iff u < p/q, without dividing
     num_accepted = accept.long().cumprod(-1).sum(-1)  # [num_seqs] length of the accepted prefix
     # The final token: from the residual at the first rejection, or the bonus from p at num_draft.
@@ -58,7 +59,7 @@ def verify(
         residual = (p_last - q_last).clamp(min=0)
         residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_last)  # p == q: sample p
         p_last = torch.where(rejected[:, None], residual, p_last)
-    final = sample_from_probs(p_last, st.generators)  # [num_seqs]
+    final = p_last.argmax(-1) if st.all_greedy else sample_from_probs(p_last, st.generators)  # [num_seqs]
     out = torch.where(accept.long().cumprod(-1).bool(), drafts, PAD_TOKEN_ID)  # [num_seqs, k]
     out = torch.cat([out, torch.full((num_seqs, 1), PAD_TOKEN_ID, device=p.device, dtype=torch.long)], 1)
     out.scatter_(1, num_accepted[:, None], final[:, None])

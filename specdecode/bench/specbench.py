@@ -143,6 +143,8 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
             draft=a.draft,
             num_speculative_tokens=a.num_speculative_tokens,
             controller=a.controller,
+            ngram_min=a.ngram_min,
+            ngram_max=a.ngram_max,
             **common,
         )
         arms.append(EngineArm(f"ours {a.method} K={a.num_speculative_tokens}", spec))

@@ -3,8 +3,9 @@
 from specdecode.config import ConfigError
 from specdecode.control.base import Controller, StepStats
 from specdecode.control.fixed import FixedController
+from specdecode.control.heuristic import HeuristicController
 
-CONTROLLERS = {"fixed": FixedController}
+CONTROLLERS = {"fixed": FixedController, "heuristic": HeuristicController}
 
 
 def make_controller(name: str) -> Controller:
