@@ -71,3 +71,16 @@ def test_batched_equals_unbatched(tiny_target, tiny_draft, reference):
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (40, 13, 40, 27)]
     outs = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in outs] == [r[: p.max_tokens] for r, p in zip(reference, params, strict=True)]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_heuristic_controller_is_lossless(method, tiny_target, tiny_draft, reference):
+    llm = LLM(
+        target=str(tiny_target),
+        draft=str(tiny_draft) if method == "draft" else None,
+        method=method,
+        num_speculative_tokens=8,
+        controller="heuristic",
+        max_num_seqs=4,
+    )
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference
