@@ -53,10 +53,11 @@ def sampling_from_args(a: argparse.Namespace) -> SamplingParams:
     return SamplingParams(a.temperature, a.top_p, a.top_k, a.max_tokens, a.seed, a.stop)
 
 
-def llm_from_args(a: argparse.Namespace):
+def llm_from_args(a: argparse.Namespace, **overrides):
+    """The LLM the model flags describe; `overrides` replace any of its keyword arguments."""
     from specdecode.llm import LLM  # heavy imports only once the arguments are known to be valid
 
-    return LLM(
+    kwargs = dict(
         target=a.target,
         draft=a.draft,
         method=a.method,
@@ -69,6 +70,7 @@ def llm_from_args(a: argparse.Namespace):
         device=a.device,
         dtype=a.dtype,
     )
+    return LLM(**{**kwargs, **overrides})
 
 
 def cmd_generate(a: argparse.Namespace) -> None:

@@ -130,23 +130,14 @@ def run_arms(arms: list[Arm], texts: list[tuple[str, str]], max_tokens: int, war
 
 
 def build_arms(a: argparse.Namespace) -> list[Arm]:
-    from specdecode.llm import LLM
+    from specdecode.cli import llm_from_args
 
     # Batch 1 needs one cache slot, so the bench takes the model's whole context: long RAG prompts fit.
-    max_len = a.max_model_len or 8192
-    common = dict(target=a.target, max_num_seqs=1, max_model_len=max_len, device=a.device, dtype=a.dtype)
-    base = LLM(method="none", **common)
+    batch1 = dict(max_num_seqs=1, max_model_len=a.max_model_len or 8192)
+    base = llm_from_args(a, method="none", **batch1)
     arms: list[Arm] = [EngineArm("ours K=0", base)]
     if a.method != "none":
-        spec = LLM(
-            method=a.method,
-            draft=a.draft,
-            num_speculative_tokens=a.num_speculative_tokens,
-            controller=a.controller,
-            ngram_min=a.ngram_min,
-            ngram_max=a.ngram_max,
-            **common,
-        )
+        spec = llm_from_args(a, **batch1)
         arms.append(EngineArm(f"ours {a.method} K={a.num_speculative_tokens}", spec))
     if a.peers:
         arms += hf_arms(a, base)
