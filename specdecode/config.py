@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 MAX_SPECULATIVE_TOKENS = 64
 METHODS = ("draft", "ngram", "self", "none")
+CONTROLLER_NAMES = ("goodput", "fixed", "heuristic", "confidence")  # built by specdecode.control.CONTROLLERS
 
 
 class ConfigError(ValueError):
@@ -52,7 +53,7 @@ class SpeculativeConfig:
     draft: str | None = None
     ngram_min: int = 2
     ngram_max: int = 4
-    controller: str = "fixed"
+    controller: str = "goodput"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -60,6 +61,8 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
+        if self.controller not in CONTROLLER_NAMES:
+            raise ConfigError(f"unknown controller {self.controller!r}; expected one of {', '.join(CONTROLLER_NAMES)}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
 

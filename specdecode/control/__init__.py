@@ -1,17 +1,37 @@
 """Speculation-length controllers, by name."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+
 from specdecode.config import ConfigError
 from specdecode.control.base import Controller, StepStats
+from specdecode.control.confidence import ConfidenceController
 from specdecode.control.fixed import FixedController
+from specdecode.control.goodput import GoodputController
 from specdecode.control.heuristic import HeuristicController
+from specdecode.models.llama import LlamaModel
 
-CONTROLLERS = {"fixed": FixedController, "heuristic": HeuristicController}
+
+def _goodput(target: LlamaModel | None) -> GoodputController:
+    from specdecode.control.calibrate import load_profile  # the profile is keyed by the target's fingerprint
+
+    return GoodputController(load_profile(target) if target is not None else None)
 
 
-def make_controller(name: str) -> Controller:
+# Each builder takes the target model (or None) so that controllers with a cost model can find its profile.
+CONTROLLERS: dict[str, Callable[[LlamaModel | None], Controller]] = {
+    "goodput": _goodput,
+    "fixed": lambda target: FixedController(),
+    "heuristic": lambda target: HeuristicController(),
+    "confidence": lambda target: ConfidenceController(),
+}
+
+
+def make_controller(name: str, target: LlamaModel | None = None) -> Controller:
     if name not in CONTROLLERS:
         raise ConfigError(f"unknown controller {name!r}; expected one of {', '.join(CONTROLLERS)}")
-    return CONTROLLERS[name]()
+    return CONTROLLERS[name](target)
 
 
 __all__ = ["CONTROLLERS", "Controller", "StepStats", "make_controller"]

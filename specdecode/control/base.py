@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from specdecode.drafters.base import Proposal
 from specdecode.engine.sequence import Sequence
 
 
@@ -17,6 +18,9 @@ class StepStats:
     num_accepted: list[int]  # accepted drafts per row
     step_time_s: float  # wall time of propose + verify + commit
     num_verified_tokens: int  # rows * (k + 1) scored by the target, padding included
+    mean_context_len: float = 0.0  # tokens per row before the step, averaged (attention cost grows with it)
+    propose_time_s: float = 0.0  # drafting (and truncation) part of step_time_s
+    verify_time_s: float = 0.0  # target forward + acceptance part of step_time_s
 
 
 class Controller(Protocol):
@@ -28,3 +32,14 @@ class Controller(Protocol):
 
     def forget(self, seq: Sequence) -> None:
         """The sequence finished; drop its statistics."""
+
+
+class Truncating(Protocol):
+    """Optional controller hook: the engine calls `truncate` between propose and verify when it exists.
+
+    It may only shorten each row's drafts using draft-side information (tokens, q, confidence), never the
+    target's, so verification stays lossless.
+    """
+
+    def truncate(self, seqs: list[Sequence], proposal: Proposal) -> Proposal:
+        """The proposal with each row cut to a prefix of its drafts."""

@@ -11,6 +11,18 @@ from specdecode.models.llama import LlamaModel
 from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits, sample_from_probs
 
 
+def draft_confidence(logits: torch.Tensor, q: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """[num_seqs] the draft's top probability for the next token, before it is drawn.
+
+    For greedy rows that is the proposed token's probability under the raw softmax (q itself is one-hot). For
+    sampled rows it is max q, not q(drawn token): a cut that looked at the drawn token would bias which drafts
+    reach verification and break losslessness; one decided from q alone does not.
+    logits: [num_seqs, vocab], q: [num_seqs, vocab] processed.
+    """
+    top_raw = logits.float().softmax(-1).amax(-1)  # [num_seqs]
+    return top_raw if st.all_greedy else torch.where(st.temperature == 0.0, top_raw, q.amax(-1))
+
+
 class DraftModelDrafter:
     """Proposes k tokens by sampling the draft's processed distribution q (argmax for greedy rows)."""
 
@@ -51,12 +63,13 @@ class DraftModelDrafter:
         logits = forward_ragged(self.model, self.cache, slots, feed, last_only=True)  # [num_seqs, 1, vocab]
         for slot, f in zip(slots, feed, strict=True):
             self.cache.set_length(slot, self.cache.lengths[slot] + len(f))
-        tokens, probs = [], []
+        tokens, probs, confidence = [], [], []
         for j in range(k):
             q = process_logits(logits, st)[:, 0]  # [num_seqs, vocab]
             tok = q.argmax(-1) if st.all_greedy else sample_from_probs(q, st.generators)  # [num_seqs]
             tokens.append(tok)
             probs.append(q)
+            confidence.append(draft_confidence(logits[:, 0], q, st))
             if j + 1 < k:
                 logits = forward_ragged(self.model, self.cache, slots, [[t] for t in tok.tolist()], last_only=True)
                 for slot in slots:
@@ -65,4 +78,4 @@ class DraftModelDrafter:
         num = torch.tensor(num_tokens, dtype=torch.long, device=device)  # [num_seqs]
         token_ids = token_ids.masked_fill(torch.arange(k, device=device)[None] >= num[:, None], PAD_TOKEN_ID)
         q_all = None if st.all_greedy else torch.stack(probs, dim=1)  # [num_seqs, k, vocab]
-        return Proposal(token_ids, num, q_all)
+        return Proposal(token_ids, num, q_all, torch.stack(confidence, dim=1))  # confidence [num_seqs, k]

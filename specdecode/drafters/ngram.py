@@ -1,6 +1,7 @@
 """N-gram prompt lookup: find the latest earlier occurrence of the last n tokens and propose what followed.
 
 No model and no training; it pays off when the output copies from the prompt (summaries, edits, RAG).
+Drafts are deterministic (q one-hot), so their confidence may look at the drafts themselves and stay lossless.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from specdecode.engine.sequence import Sequence
 from specdecode.sampling import SamplingTensors
 
 
-def lookup(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
-    """Up to k tokens that followed the latest earlier match of the longest suffix n-gram (n_max down to n_min)."""
+def lookup(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> tuple[list[int], list[float]]:
+    """Up to k tokens that followed the latest earlier match of the longest suffix n-gram (n_max down to n_min),
+    and the confidence of each: among earlier occurrences of the suffix that continued like the drafts before
+    position j, the fraction that continued with draft j too (1.0 when the suffix occurred only once)."""
     length = len(tokens)
     for n in range(min(n_max, length - 1), n_min - 1, -1):
         pattern = tokens[length - n :]
@@ -22,8 +25,19 @@ def lookup(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if hits.size:
             start = hits[-1] + n
-            return tokens[start : start + k].tolist()
-    return []
+            draft = tokens[start : start + k]
+            return draft.tolist(), _continuation_agreement(tokens, hits + n, draft).tolist()
+    return [], []
+
+
+def _continuation_agreement(tokens: np.ndarray, starts: np.ndarray, draft: np.ndarray) -> np.ndarray:
+    """[len(draft)] P(next token = draft[j] | earlier continuation agreed with draft[:j]), over `starts`."""
+    idx = starts[:, None] + np.arange(len(draft))  # [num_hits, len(draft)]
+    inside = idx < len(tokens)
+    cont = np.where(inside, tokens[np.minimum(idx, len(tokens) - 1)], -1)  # [num_hits, len(draft)]
+    agree = np.cumprod(cont == draft[None], axis=1)  # [num_hits, len(draft)] agreed on drafts 0..j
+    before = np.concatenate([np.ones((len(starts), 1), dtype=agree.dtype), agree[:, :-1]], axis=1)
+    return agree.sum(0) / np.maximum(before.sum(0), 1)  # the latest hit always agrees, so never 0/0
 
 
 class NgramDrafter:
@@ -34,11 +48,14 @@ class NgramDrafter:
         pass
 
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
-        drafts = [
-            lookup(np.asarray(s.token_ids, dtype=np.int64), k, self.n_min, self.n_max) if k else []
+        found = [
+            lookup(np.asarray(s.token_ids, dtype=np.int64), k, self.n_min, self.n_max) if k else ([], [])
             for s, k in zip(seqs, num_tokens, strict=True)
         ]
-        return Proposal.from_lists(drafts, max(num_tokens, default=0), self.device)
+        drafts = [d for d, _ in found]
+        # Pad only to the longest draft found, not the K asked for: the target scores the whole padded block.
+        width = max(map(len, drafts), default=0)
+        return Proposal.from_lists(drafts, width, self.device, [c for _, c in found])
 
     def commit(self, seqs: list[Sequence]) -> None:
         pass

@@ -150,10 +150,16 @@ class Engine:
         ks = self._clamp_k(seqs, self.controller.choose(seqs, self.k_max))
         st = sampling_tensors(seqs, self.device)
         proposal = self.drafter.propose(seqs, ks, st)  # propose
+        truncate = getattr(self.controller, "truncate", None)  # optional hook (control.base.Truncating)
+        if truncate is not None:
+            proposal = truncate(seqs, proposal)
+        t1 = time.perf_counter()
         result = self._verify(seqs, proposal, st)  # verify
         num_proposed = proposal.num_tokens.tolist()
         num_accepted = result.num_accepted.tolist()
         rows = result.output_token_ids.tolist()
+        t2 = time.perf_counter()  # after the .tolist() syncs, so queued device work is counted
+        context = sum(s.num_cached for s in seqs) / len(seqs)
         updates = []
         for seq, row, k, a in zip(seqs, rows, num_proposed, num_accepted, strict=True):  # commit
             seq.metrics.num_drafted += k
@@ -162,7 +168,14 @@ class Engine:
             updates.append(self._append(seq, row[: a + 1]))
         self._after_commit(seqs)
         self.last_step = StepStats(
-            seqs, num_proposed, num_accepted, time.perf_counter() - t0, len(seqs) * (proposal.token_ids.shape[1] + 1)
+            seqs,
+            num_proposed,
+            num_accepted,
+            time.perf_counter() - t0,
+            len(seqs) * (proposal.token_ids.shape[1] + 1),
+            mean_context_len=context,
+            propose_time_s=t1 - t0,
+            verify_time_s=t2 - t1,
         )
         self.controller.observe(self.last_step)  # control
         return updates

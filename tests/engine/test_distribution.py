@@ -3,10 +3,14 @@ target's own (computed exactly from the target), with a negative control that mu
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from specdecode import LLM, SamplingParams
+from specdecode.control.confidence import ConfidenceController
+from specdecode.control.cost import CostModel
+from specdecode.control.goodput import GoodputController
 from specdecode.engine.runner import prefill
 from specdecode.sampling import SamplingTensors, process_logits
 from tests.stats import fits
@@ -44,32 +48,50 @@ def exact_joint(llm: LLM) -> torch.Tensor:
     return p1[:, None] * torch.stack(rows)  # [vocab, vocab]
 
 
-def sampled_joint(llm: LLM) -> torch.Tensor:
-    outs = llm.generate([PROMPT] * N, PARAMS)
+def sampled_joint(llm: LLM, n: int = N, drafted: list[int] | None = None) -> torch.Tensor:
+    """[vocab, vocab] counts of (x1, x2); `drafted` receives how many drafts were verified in all."""
+    outs = llm.generate([PROMPT] * n, PARAMS)
     counts = torch.zeros(VOCAB, VOCAB)
     for o in outs:
         counts[o.token_ids[0], o.token_ids[1]] += 1
+    if drafted is not None:
+        drafted.append(sum(o.metrics["num_drafted"] for o in outs))
     return counts
 
 
-def make(pair) -> LLM:
+def make(pair, controller: str = "fixed") -> LLM:
     target, draft = pair
     return LLM(
         target=str(target),
         draft=str(draft),
         method="draft",
         num_speculative_tokens=3,
+        controller=controller,
         max_num_seqs=1024,
         prefill_chunk=8192,
     )
 
 
-def test_joint_of_first_two_tokens_equals_target(pair):
-    llm = make(pair)
-    counts = sampled_joint(llm)
+# Dynamic controllers use fewer samples to stay fast; a cheap-verify cost model keeps goodput speculating at
+# batch 1024 (the CPU prior would rightly turn it off), and confidence cuts rows by the draft's own top-q.
+CONTROLLER_CASES = {
+    "fixed": (lambda: None, N),
+    "goodput": (lambda: GoodputController(cost=CostModel(np.array([1.0, 0.0, 1e-6, 0.0]))), 3000),
+    "confidence": (lambda: ConfidenceController(threshold=0.5), 3000),
+}
+
+
+@pytest.mark.parametrize("controller", list(CONTROLLER_CASES))
+def test_joint_of_first_two_tokens_equals_target(pair, controller):
+    build, n = CONTROLLER_CASES[controller]
+    llm = make(pair, controller)
+    if build() is not None:
+        llm.engine.controller = build()
+    drafted: list[int] = []
+    counts = sampled_joint(llm, n, drafted)
     ok, stat, crit = fits(counts, exact_joint(llm))
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
-    assert llm.engine.drafter is not None
+    assert drafted[0] >= n // 4  # speculation really ran (confidence cuts many rows to zero drafts)
 
 
 def test_draft_q_at_wrong_temperature_is_detected(pair):

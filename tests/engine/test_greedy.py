@@ -22,12 +22,13 @@ def reference(tiny_target) -> list[list[int]]:
     return [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
 
 
-def make_llm(method: str, k: int, target, draft, batch: int) -> LLM:
+def make_llm(method: str, k: int, target, draft, batch: int, controller: str = "fixed") -> LLM:
     return LLM(
         target=str(target),
         draft=str(draft) if method == "draft" else None,
         method=method,
         num_speculative_tokens=k,
+        controller=controller,
         max_num_seqs=batch,
     )
 
@@ -73,14 +74,8 @@ def test_batched_equals_unbatched(tiny_target, tiny_draft, reference):
     assert [o.token_ids for o in outs] == [r[: p.max_tokens] for r, p in zip(reference, params, strict=True)]
 
 
+@pytest.mark.parametrize("controller", ["heuristic", "goodput", "confidence"])
 @pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_heuristic_controller_is_lossless(method, tiny_target, tiny_draft, reference):
-    llm = LLM(
-        target=str(tiny_target),
-        draft=str(tiny_draft) if method == "draft" else None,
-        method=method,
-        num_speculative_tokens=8,
-        controller="heuristic",
-        max_num_seqs=4,
-    )
+def test_dynamic_controllers_are_lossless(method, controller, tiny_target, tiny_draft, reference):
+    llm = make_llm(method, 8, tiny_target, tiny_draft, 4, controller)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference

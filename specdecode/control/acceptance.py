@@ -1,0 +1,67 @@
+"""Per-request acceptance estimates: P(draft j accepted | drafts 1..j-1 accepted), per draft position j.
+
+Counts are exponentially forgotten (every observation of a request scales all its counts by `decay`), and
+each position is shrunk towards a prior with weight `prior_weight`. The prior of position j is the estimate
+of position j-1 times `prior_decay` (position 1's is `prior_first`), so a new request starts at
+0.5, 0.45, 0.405, ... and what is learned at shallow positions carries to deeper ones that were never tried.
+Estimates are clipped to [P_MIN, P_MAX]: no position is ever certain, so nothing gets stuck.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdecode.config import MAX_SPECULATIVE_TOKENS
+
+P_MIN, P_MAX = 0.02, 0.98
+
+
+class AcceptanceTracker:
+    def __init__(
+        self,
+        prior_first: float = 0.5,
+        prior_decay: float = 0.9,
+        prior_weight: float = 1.0,
+        decay: float = 0.9,
+        max_positions: int = MAX_SPECULATIVE_TOKENS,
+    ) -> None:
+        self.prior_first, self.prior_decay, self.prior_weight = prior_first, prior_decay, prior_weight
+        self.decay = decay
+        self.max_positions = max_positions
+        self.hits: dict[str, np.ndarray] = {}  # [max_positions] forgotten count of acceptances at position j
+        self.trials: dict[str, np.ndarray] = {}  # [max_positions] forgotten count of drafts tried at position j
+
+    def estimate(self, request_id: str, k: int) -> np.ndarray:
+        """[k] conditional acceptance probability of draft positions 1..k."""
+        hits = self.hits.get(request_id)
+        trials = self.trials.get(request_id)
+        out = np.empty(k)
+        base = self.prior_first
+        for j in range(k):  # sequential: each position's prior is the previous estimate
+            h, n = (0.0, 0.0) if hits is None else (hits[j], trials[j])
+            out[j] = min(max((h + self.prior_weight * base) / (n + self.prior_weight), P_MIN), P_MAX)
+            base = out[j] * self.prior_decay
+        return out
+
+    def update(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
+        """A row with k drafts and a accepted: successes at positions 1..a, a failure at a + 1 if a < k; deeper
+        positions were never tried and only forget."""
+        if num_proposed <= 0:
+            return
+        hits = self.hits.setdefault(request_id, np.zeros(self.max_positions))
+        trials = self.trials.setdefault(request_id, np.zeros(self.max_positions))
+        hits *= self.decay
+        trials *= self.decay
+        hits[:num_accepted] += 1.0
+        trials[: min(num_accepted + 1, num_proposed)] += 1.0
+
+    def soften(self, request_id: str, keep: float) -> None:
+        """Scale a request's evidence by `keep`: before a probe, so that the probe's outcome is not drowned by
+        counts from long ago (a request at K = 0 observes nothing, so its counts never age on their own)."""
+        if request_id in self.hits:
+            self.hits[request_id] *= keep
+            self.trials[request_id] *= keep
+
+    def forget(self, request_id: str) -> None:
+        self.hits.pop(request_id, None)
+        self.trials.pop(request_id, None)

@@ -1,0 +1,125 @@
+"""Calibration: time real target forwards over a small (batch, tokens per row, context) grid and fit a CostModel.
+
+Usage:
+    python -m specdecode.control.calibrate --target smollm2-135m-instruct [--device cpu] [--dtype float32]
+
+The profile lands in <cache_root>/calibration/<fingerprint>.json, where the goodput controller finds it.
+The cache's K/V are left as zeros: attention costs the same whatever the values, so no prefill is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from specdecode.control.cost import CostModel, load_or_default
+from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.models.loader import cache_root
+
+# ~40 grid points x (1 warm-up + 3 timed) forwards: roughly 20-40 s for the 135M model on a few CPU cores.
+BATCH_SIZES = (1, 2, 4, 8)
+TOKENS_PER_ROW = (1, 2, 4, 8, 12)  # K + 1
+CONTEXT_LENGTHS = (64, 512)
+
+
+def model_fingerprint(model: LlamaModel) -> dict:
+    """What a step-time profile depends on: the architecture and size, where it runs, and torch."""
+    p = model.embed.weight
+    cfg = model.cfg
+    return {
+        "model_type": cfg.model_type,
+        "num_params": sum(t.numel() for t in model.parameters()),
+        "hidden_size": cfg.hidden_size,
+        "num_layers": cfg.num_layers,
+        "vocab_size": cfg.vocab_size,
+        "device": p.device.type,
+        "dtype": str(p.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+    }
+
+
+def profile_path(model: LlamaModel) -> Path:
+    fp = model_fingerprint(model)
+    digest = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:12]
+    name = f"{fp['model_type']}-{fp['num_params'] // 1_000_000}m-{fp['device']}-{fp['dtype']}-{digest}"
+    return cache_root() / "calibration" / f"{name}.json"
+
+
+def load_profile(model: LlamaModel) -> CostModel:
+    """The target's calibration profile if one exists and matches, else the default prior (with a warning when
+    a profile was there but unusable)."""
+    return load_or_default(profile_path(model), model_fingerprint(model))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def time_forward(model: LlamaModel, cache, num_seqs: int, tokens_per_row: int, context: int, repeats: int) -> float:
+    """Median seconds of one padded [num_seqs, tokens_per_row] forward on top of `context` cached tokens."""
+    device = model.embed.weight.device
+    tokens = torch.randint(0, model.cfg.vocab_size, (num_seqs, tokens_per_row), device=device)  # [B, T]
+    meta = AttentionMetadata.build(list(range(num_seqs)), [context] * num_seqs, tokens_per_row, device)
+    model(tokens, meta, cache)  # warm-up: first call at a new shape pays allocation and kernel selection
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        model(tokens, meta, cache)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def calibrate(
+    model: LlamaModel,
+    device: torch.device | str | None = None,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    token_counts: Sequence[int] = TOKENS_PER_ROW,
+    context_lengths: Sequence[int] = CONTEXT_LENGTHS,
+    repeats: int = 3,
+) -> CostModel:
+    """Time the grid and fit. `token_counts` are tokens per row (K + 1); N = B * tokens per row.
+
+    `device` must be where the model lives (it is a check, not a move: moving weights is the caller's job)."""
+    actual = model.embed.weight.device
+    if device is not None and torch.device(device).type != actual.type:
+        raise ValueError(f"model is on {actual}, asked to calibrate on {device}")
+    cache = model.new_cache(max(batch_sizes), max(context_lengths) + max(token_counts))
+    samples = [
+        (b, b * t, c, time_forward(model, cache, b, t, c, repeats))
+        for b in batch_sizes
+        for t in token_counts
+        for c in context_lengths
+    ]
+    return CostModel.fit(samples, model_fingerprint(model))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from specdecode.llm import DTYPES
+    from specdecode.models.llama import load_llama
+    from specdecode.models.loader import resolve_model_dir
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    a = p.parse_args(argv)
+    model = load_llama(resolve_model_dir(a.target), a.device, DTYPES[a.dtype])
+    cost = calibrate(model, a.device)
+    path = cost.save(profile_path(model))
+    terms = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in cost.to_json()["verify"].items())
+    print(f"{path}: {terms}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Goodput-maximising speculation length: pick K to maximise expected tokens per second of the whole batch.
+
+For row i with conditional acceptance estimates p_i[1..], K drafts yield E_i(K) = 1 + sum_{j<=K} prod_{m<=j}
+p_i[m] tokens in expectation. The verify forward is padded to the widest row, so its cost depends on the
+batch K, not on each row's: the controller picks one K maximising sum_i E_i(min(K, cap_i)) / cost(B, K, C),
+then trims rows whose next draft is almost surely rejected (that saves drafting, and the verify width too
+when every row is trimmed).
+
+Guards: hysteresis (the batch K only moves for a predicted gain above `margin`), bounded probing (a row that
+has drafted nothing for `probe_every` steps is given drafts again: free when the batch already speculates,
+otherwise one row at depth 1 at most once per `probe_every` steps), and clipped estimates (no collapse).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdecode.control.acceptance import AcceptanceTracker
+from specdecode.control.base import StepStats
+from specdecode.control.cost import CostModel, default_cost_model
+from specdecode.engine.sequence import Sequence
+
+
+def row_cap(seq: Sequence, k_max: int) -> int:
+    """Drafts the engine will allow this row (it clamps K the same way): the context and max_tokens bound it."""
+    return max(0, min(k_max, seq.room, seq.params.max_tokens - seq.metrics.num_generated - 1))
+
+
+def expected_tokens(reach: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """reach [B, k_max] P(draft j accepted), caps [B] -> [B, k_max + 1] expected tokens per row for each batch K."""
+    k_max = reach.shape[1]
+    cum = np.concatenate([np.zeros((len(reach), 1)), np.cumsum(reach, axis=1)], axis=1)  # [B, k_max + 1]
+    ks = np.minimum(np.arange(k_max + 1)[None], caps[:, None])  # [B, k_max + 1] each row's own K
+    return 1.0 + np.take_along_axis(cum, ks, axis=1)
+
+
+def goodput_curve(reach: np.ndarray, caps: np.ndarray, cost: CostModel, context: float) -> np.ndarray:
+    """[k_max + 1] predicted tokens per second of the batch for each batch K."""
+    num_seqs, k_max = reach.shape
+    tokens = expected_tokens(reach, caps).sum(0)  # [k_max + 1]
+    widest = int(caps.max()) if len(caps) else 0
+    seconds = np.array([cost.predict(num_seqs, min(k, widest), context) for k in range(k_max + 1)])
+    return tokens / np.maximum(seconds, 1e-9)
+
+
+class GoodputController:
+    def __init__(
+        self,
+        cost: CostModel | None = None,
+        acceptance: AcceptanceTracker | None = None,
+        margin: float = 0.03,
+        probe_every: int = 16,
+        probe_keep: float = 0.25,
+        row_floor: float = 0.1,
+    ) -> None:
+        self.cost = cost if cost is not None else default_cost_model()
+        self.acceptance = acceptance if acceptance is not None else AcceptanceTracker()
+        self.margin = margin
+        self.probe_every = probe_every
+        self.probe_keep = probe_keep  # evidence kept when a row is probed
+        # A row drafts position j only if P(draft j accepted) >= this: ~ the cost of one verified token relative
+        # to a whole step for a small model at batch 1, so a draft below it costs more than it can return.
+        self.row_floor = row_floor
+        self.k_batch: int | None = None  # the batch K in force (the hysteresis reference)
+        self.idle: dict[str, int] = {}  # steps since each request last drafted anything
+        self.since_probe = 0  # steps since a probe last widened a non-speculating batch
+
+    def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
+        self.since_probe += 1
+        if k_max <= 0 or not seqs:
+            return [0] * len(seqs)
+        caps = np.array([row_cap(s, k_max) for s in seqs])  # [B]
+        p = np.stack([self.acceptance.estimate(s.request_id, k_max) for s in seqs])  # [B, k_max]
+        reach = np.cumprod(p, axis=1)  # [B, k_max] P(drafts 1..j all accepted)
+        context = float(np.mean([s.num_cached for s in seqs]))
+        k = self._with_hysteresis(goodput_curve(reach, caps, self.cost, context), k_max)
+        # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
+        ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]
+        return self._probe(seqs, ks.tolist(), caps.tolist())
+
+    def _with_hysteresis(self, gain: np.ndarray, k_max: int) -> int:
+        best = int(np.argmax(gain))
+        current = best if self.k_batch is None else min(self.k_batch, k_max)
+        if gain[best] > gain[current] * (1.0 + self.margin):
+            current = best
+        self.k_batch = current
+        return current
+
+    def _probe(self, seqs: list[Sequence], ks: list[int], caps: list[int]) -> list[int]:
+        """Give drafts back to rows that have been silent for a while, so a recovery is noticed."""
+        width = max(ks)
+        for i, s in enumerate(seqs):
+            if ks[i] or caps[i] == 0 or self.idle.get(s.request_id, 0) < self.probe_every:
+                continue
+            if width:  # the batch is padded to `width` anyway: probing this row costs only its drafting
+                ks[i] = min(width, caps[i])
+            elif self.since_probe >= self.probe_every:  # widening the batch costs every row: one probe, depth 1
+                ks[i] = 1
+                self.since_probe = 0
+            else:
+                continue
+            self.idle[s.request_id] = 0
+            self.acceptance.soften(s.request_id, self.probe_keep)
+        return ks
+
+    def observe(self, stats: StepStats) -> None:
+        for s, proposed, accepted in zip(stats.seqs, stats.num_proposed, stats.num_accepted, strict=True):
+            rid = s.request_id
+            self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
+            self.acceptance.update(rid, proposed, accepted)
+        num_seqs = len(stats.seqs)
+        if num_seqs and stats.step_time_s > 0:
+            width = stats.num_verified_tokens // num_seqs - 1
+            # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
+            rest = stats.step_time_s - stats.propose_time_s
+            self.cost.observe(num_seqs, width, stats.mean_context_len, rest, stats.propose_time_s)
+
+    def forget(self, seq: Sequence) -> None:
+        self.acceptance.forget(seq.request_id)
+        self.idle.pop(seq.request_id, None)

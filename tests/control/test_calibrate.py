@@ -1,0 +1,44 @@
+"""Calibration on the tiny model: it times real forwards, fits positive predictions, and its profile is what
+the goodput controller loads for that target (and only for that target)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdecode.control import make_controller
+from specdecode.control.calibrate import calibrate, load_profile, model_fingerprint, profile_path
+from specdecode.control.cost import default_cost_model
+from specdecode.models.llama import load_llama
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_calibrate_tiny_model_and_load_its_profile(tiny_target, cache_dir):
+    model = load_llama(tiny_target)
+    cost = calibrate(model, "cpu", batch_sizes=(1, 2), token_counts=(1, 4), context_lengths=(8, 32), repeats=1)
+    assert all(cost.predict(b, k, c) > 0 for b in (1, 4) for k in (0, 3) for c in (8, 100))
+    assert cost.fingerprint == model_fingerprint(model)
+    path = cost.save(profile_path(model))
+    assert path.parent == cache_dir / "calibration"
+    np.testing.assert_allclose(load_profile(model).verify_coef, cost.verify_coef)
+    np.testing.assert_allclose(make_controller("goodput", model).cost.verify_coef, cost.verify_coef)
+
+
+def test_no_profile_means_the_prior(tiny_target, cache_dir, recwarn):
+    model = load_llama(tiny_target)
+    np.testing.assert_array_equal(load_profile(model).verify_coef, default_cost_model().verify_coef)
+    assert not recwarn.list
+
+
+def test_profile_of_another_model_is_not_used(tiny_target, tiny_draft, cache_dir):
+    target, draft = load_llama(tiny_target), load_llama(tiny_draft)
+    cost = calibrate(draft, None, batch_sizes=(1,), token_counts=(1, 2, 4, 8), context_lengths=(8,), repeats=1)
+    cost.save(profile_path(target))  # a profile for the draft, filed under the target's name
+    with pytest.warns(UserWarning, match="another setup"):
+        loaded = load_profile(target)
+    np.testing.assert_array_equal(loaded.verify_coef, default_cost_model().verify_coef)

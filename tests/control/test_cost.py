@@ -1,0 +1,114 @@
+"""The step-time cost model: NNLS fit of a synthetic step-time function, online healing, profile files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specdecode.control.cost import (
+    CostModel,
+    ProfileError,
+    default_cost_model,
+    load_or_default,
+    nnls,
+    verify_features,
+)
+
+TRUE = np.array([15e-3, 2e-3, 1.5e-3, 0.4e-3])  # seconds: fixed, per row, per token, per token per 1k context
+GRID = [(b, t, c) for b in (1, 2, 4, 8) for t in (1, 3, 6, 9) for c in (64, 512, 1500)]
+FP = {"model_type": "llama", "num_params": 123, "device": "cpu", "dtype": "float32", "torch": "x"}
+
+
+def synthetic_samples(noise: float, seed: int = 0) -> list[tuple[float, float, float, float]]:
+    rng = np.random.default_rng(seed)
+    return [
+        (b, b * t, c, float(verify_features(b, b * t, c) @ TRUE) * (1 + noise * rng.standard_normal()))
+        for b, t, c in GRID
+    ]
+
+
+def max_relative_error(model: CostModel) -> float:
+    errs = [abs(model.predict(b, t - 1, c) / float(verify_features(b, b * t, c) @ TRUE) - 1) for b, t, c in GRID]
+    return max(errs)
+
+
+def test_fit_recovers_synthetic_step_time():
+    fitted = CostModel.fit(synthetic_samples(noise=0.02))
+    assert max_relative_error(fitted) < 0.05
+    assert max_relative_error(default_cost_model()) > 0.05  # negative control: a different model is caught
+
+
+def test_nnls_never_goes_negative():
+    # y depends on the first column only, with noise that unconstrained least squares fits with a negative weight.
+    x = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    y = np.array([1.0, 0.9, 0.8, 0.7])
+    assert np.linalg.lstsq(x, y, rcond=None)[0][1] < 0
+    w = nnls(x, y)
+    assert np.all(w >= 0) and w[1] == 0 and w[0] == pytest.approx(0.85)
+
+
+def test_online_correction_heals_a_wrong_profile():
+    model = CostModel.fit(synthetic_samples(noise=0.0))
+    truth = 2.0 * model.predict(4, 3, 300)  # the machine is twice as slow as when it was profiled
+    assert model.predict(4, 3, 300) == pytest.approx(truth / 2)
+    for _ in range(60):
+        model.observe(4, 3, 300, truth, 0.0)
+    assert model.predict(4, 3, 300) == pytest.approx(truth, rel=0.02)
+
+
+def test_draft_cost_is_learned_online():
+    model = default_cost_model()
+    assert model.predict_draft(4, 3) == 0.0  # the prior assumes free drafting (n-gram)
+    for b, k in [(1, 2), (4, 3), (2, 5), (8, 1)] * 10:
+        model.observe(b, k, 100, model.predict_verify(b, k, 100), 1e-3 * k + 0.5e-3 * b * k)
+    assert model.predict_draft(4, 4) == pytest.approx(1e-3 * 4 + 0.5e-3 * 16, rel=0.02)
+
+
+def test_profile_round_trips(tmp_path):
+    model = CostModel.fit(synthetic_samples(noise=0.01), FP)
+    path = model.save(tmp_path / "p.json")
+    loaded = CostModel.load(path, expect=FP)
+    np.testing.assert_allclose(loaded.verify_coef, model.verify_coef)
+    assert loaded.fingerprint == FP
+    assert "date" in json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", json.dumps({"version": 1, "verify": {"intercept": 1.0}}), json.dumps({"version": 99})],
+    ids=["garbage", "missing-terms", "wrong-version"],
+)
+def test_corrupt_profile_warns_and_falls_back(tmp_path, content):
+    path = tmp_path / "p.json"
+    path.write_text(content)
+    with pytest.raises(ProfileError):
+        CostModel.load(path)
+    with pytest.warns(UserWarning, match="calibration profile"):
+        model = load_or_default(path, FP)
+    np.testing.assert_array_equal(model.verify_coef, default_cost_model().verify_coef)
+
+
+def test_mismatched_profile_warns_and_falls_back(tmp_path):
+    path = CostModel.fit(synthetic_samples(noise=0.0), FP).save(tmp_path / "p.json")
+    other = {**FP, "dtype": "bfloat16"}
+    with pytest.raises(ProfileError, match="dtype"):
+        CostModel.load(path, expect=other)
+    with pytest.warns(UserWarning):
+        model = load_or_default(path, other)
+    np.testing.assert_array_equal(model.verify_coef, default_cost_model().verify_coef)
+    np.testing.assert_allclose(load_or_default(path, FP).verify_coef, TRUE, rtol=1e-6)  # the matching one loads
+
+
+def test_negative_coefficients_are_rejected(tmp_path):
+    path = CostModel(np.array([1.0, 0.0, -1.0, 0.0])).save(tmp_path / "p.json")
+    with pytest.raises(ProfileError, match="non-negative"):
+        CostModel.load(path)
+
+
+def test_missing_profile_is_silently_the_prior(tmp_path, recwarn):
+    model = load_or_default(tmp_path / "absent.json", FP)
+    assert model.predict(1, 0, 0) == pytest.approx(24e-3, rel=0.05)
+    assert model.predict(1, 8, 0) == pytest.approx(43e-3, rel=0.05)
+    assert not recwarn.list

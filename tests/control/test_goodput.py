@@ -1,0 +1,119 @@
+"""The goodput controller on synthetic traces: acceptance falling and recovering, a compute-bound target,
+hysteresis on a noisy stationary trace, per-row trimming and the cost of probing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdecode.config import SamplingParams
+from specdecode.control.base import StepStats
+from specdecode.control.cost import CostModel, default_cost_model
+from specdecode.control.goodput import GoodputController, expected_tokens
+from specdecode.engine.sequence import Sequence
+
+K_MAX = 8
+COMPUTE_BOUND = CostModel(np.array([1e-3, 0.0, 10e-3, 0.0]))  # a token costs 10x the step's fixed part
+
+
+def make_seqs(n: int) -> list[Sequence]:
+    return [Sequence(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=100_000), max_len=200_000) for i in range(n)]
+
+
+def run(
+    ctrl: GoodputController, seqs: list[Sequence], accept_p: list[float], steps: int, seed: int = 0
+) -> list[list[int]]:
+    """Each row accepts each draft with its own probability until the first rejection; the step takes what the
+    controller's own cost model predicts (so only acceptance is being learned)."""
+    rng = np.random.default_rng(seed)
+    history = []
+    for _ in range(steps):
+        ks = ctrl.choose(seqs, K_MAX)
+        accepted = [int(np.argmin(np.append(rng.random(k) < p, False))) for k, p in zip(ks, accept_p, strict=True)]
+        width = max(ks)
+        seconds = default_cost_model().predict(len(seqs), width, 3)
+        ctrl.observe(StepStats(seqs, ks, accepted, seconds, len(seqs) * (width + 1), 3.0, 0.0, seconds))
+        history.append(ks)
+    return history
+
+
+def test_expected_tokens_table():
+    reach = np.array([[0.5, 0.25, 0.1], [0.9, 0.8, 0.7]])  # P(drafts 1..j accepted)
+    out = expected_tokens(reach, np.array([3, 1]))
+    np.testing.assert_allclose(out, [[1, 1.5, 1.75, 1.85], [1, 1.9, 1.9, 1.9]])  # row 2 is capped at K = 1
+
+
+def test_k_falls_when_acceptance_drops():
+    ctrl = GoodputController(cost=default_cost_model())
+    seqs = make_seqs(1)
+    good = run(ctrl, seqs, [0.95], 60)
+    assert good[-1][0] >= 5
+    bad = run(ctrl, seqs, [0.05], 60)
+    assert max(k[0] for k in bad[-20:]) <= 1
+
+
+def test_compute_bound_target_turns_speculation_off():
+    seqs = make_seqs(4)
+    bound = run(GoodputController(cost=COMPUTE_BOUND), seqs, [0.9] * 4, 200)
+    cheap = run(GoodputController(cost=default_cost_model()), make_seqs(4), [0.9] * 4, 200)
+    assert max(max(ks) for ks in cheap[-50:]) >= 4  # control: the same acceptance with cheap tokens speculates
+    steps_speculating = sum(max(ks) > 0 for ks in bound[50:])
+    assert steps_speculating <= 150 / 16 + 1  # only bounded probes remain
+    assert all(ks.count(0) >= 3 for ks in bound[50:])  # a probe touches one row at a time
+
+
+def test_recovers_within_bounded_steps():
+    ctrl = GoodputController(cost=default_cost_model(), probe_every=16)
+    seqs = make_seqs(1)
+    dead = run(ctrl, seqs, [0.0], 100)
+    assert dead[-1] == [0]
+    recovering = run(ctrl, seqs, [0.95], 60)
+    first = next(i for i, ks in enumerate(recovering) if ks[0] >= 4)
+    assert first <= 16 + 20  # one probe period, then a few steps of evidence
+
+
+def count_switches(history: list[list[int]]) -> int:
+    widths = [max(ks) for ks in history]
+    return sum(a != b for a, b in zip(widths, widths[1:], strict=False))
+
+
+def test_hysteresis_keeps_k_steady_on_a_noisy_stationary_trace():
+    switches = {}
+    for margin in (0.03, 0.0):
+        ctrl = GoodputController(cost=default_cost_model(), margin=margin)
+        switches[margin] = count_switches(run(ctrl, make_seqs(1), [0.7], 400, seed=3)[50:])
+    assert switches[0.03] <= 20  # a few in 350 steps
+    assert switches[0.0] > switches[0.03]  # control: without the margin the same trace does oscillate
+
+
+def test_hopeless_row_is_trimmed_while_the_batch_speculates():
+    ctrl = GoodputController(cost=default_cost_model())
+    history = run(ctrl, make_seqs(2), [0.95, 0.0], 100)
+    good, hopeless = zip(*history[-32:], strict=True)
+    assert min(good) >= 4
+    assert sum(k > 0 for k in hopeless) <= 5  # zero except for probes (free here: the batch is padded anyway)
+
+
+def test_forget_drops_the_request():
+    ctrl = GoodputController(cost=default_cost_model())
+    seqs = make_seqs(1)
+    run(ctrl, seqs, [0.0], 50)
+    ctrl.forget(seqs[0])
+    ctrl.k_batch = None
+    assert ctrl.choose(seqs, K_MAX)[0] > 0  # back to the prior
+
+
+@pytest.mark.parametrize("k_max", [0, 1])
+def test_respects_k_max(k_max):
+    ctrl = GoodputController(cost=default_cost_model())
+    assert all(k <= k_max for ks in run_k(ctrl, k_max) for k in ks)
+
+
+def run_k(ctrl: GoodputController, k_max: int) -> list[list[int]]:
+    seqs = make_seqs(2)
+    out = []
+    for _ in range(40):
+        ks = ctrl.choose(seqs, k_max)
+        ctrl.observe(StepStats(seqs, ks, ks, 0.02, 2 * (max(ks) + 1)))
+        out.append(ks)
+    return out
