@@ -1,0 +1,299 @@
+"""The OpenAI-compatible HTTP API over one `AsyncEngine`.
+
+Every request is fully validated (schema, model name, context length, token ids) before it reaches the engine,
+so a streaming response only starts once the request is known to be servable; after that, errors arrive as an
+`error` event in the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdecode.config import ConfigError
+from specdecode.server.async_engine import AsyncEngine, Output, RequestStream
+from specdecode.server.metrics import ServerMetrics
+from specdecode.server.middleware import BodyLimit, CountRequests
+from specdecode.server.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, _Common
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the context left
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str
+    api_key: str | None = None
+    max_waiting: int = 64
+    request_timeout_s: float = 600.0
+    max_body_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.max_waiting < 0:
+            raise ConfigError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"request timeout must be > 0, got {self.request_timeout_s}")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max body size must be >= 1024 bytes, got {self.max_body_bytes}")
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected; its request has been aborted."""
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+    return "invalid request: " + "; ".join(parts)
+
+
+class Server:
+    """Handlers and the validation they share; `build_app` wires them into FastAPI."""
+
+    def __init__(self, llm, config: ServerConfig, metrics: ServerMetrics) -> None:
+        self.llm = llm
+        self.config = config
+        self.metrics = metrics
+        self.engine = AsyncEngine(llm.engine, config.max_waiting, metrics)
+        self.created = int(time.time())
+
+    # ---- checks ---------------------------------------------------------------------------------------
+    def check_auth(self, request: Request) -> None:
+        if self.config.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), self.config.api_key):
+            raise OpenAIError(401, "invalid or missing API key", "invalid_request_error", code="invalid_api_key")
+
+    def check_model(self, req: _Common) -> None:
+        if req.model != self.config.model_name:
+            raise OpenAIError(
+                404,
+                f"The model `{req.model}` does not exist; this server serves `{self.config.model_name}`",
+                "invalid_request_error",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_tokens(self, ids: list[int]) -> None:
+        vocab = self.llm.target.cfg.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise OpenAIError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
+
+    def max_tokens(self, requested: int | None, num_prompt: int, default: int | None) -> int:
+        limit = self.llm.max_model_len
+        if num_prompt >= limit:
+            raise OpenAIError(
+                400,
+                f"This model's maximum context length is {limit} tokens; the prompt has {num_prompt} tokens",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+        left = limit - num_prompt
+        if requested is None:
+            return min(default, left) if default else left
+        if requested > left:
+            raise OpenAIError(
+                400,
+                f"This model's maximum context length is {limit} tokens; you requested "
+                f"{num_prompt + requested} ({num_prompt} in the prompt, {requested} for the completion)",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return requested
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return self.llm.encode(text)
+        except ConfigError as e:
+            raise OpenAIError(400, str(e), param="prompt") from e
+
+    # ---- endpoints ------------------------------------------------------------------------------------
+    async def completions(self, req: CompletionRequest, request: Request):
+        req.check_supported()
+        self.check_model(req)
+        prompt = req.single_prompt()
+        ids = prompt if isinstance(prompt, list) else self.encode(prompt)
+        self.check_tokens(ids)
+        n = self.max_tokens(req.max_tokens, len(ids), COMPLETION_DEFAULT_MAX_TOKENS)
+        return await self.respond(req, request, ids, n, chat=False)
+
+    async def chat(self, req: ChatCompletionRequest, request: Request):
+        req.check_supported()
+        self.check_model(req)
+        try:
+            text = self.llm.apply_chat_template([m.as_template_dict() for m in req.messages])
+        except ConfigError as e:
+            raise OpenAIError(400, str(e), param="messages") from e
+        except Exception as e:  # noqa: BLE001 - a template may reject a conversation in its own words
+            raise OpenAIError(400, f"chat template failed: {e}", param="messages") from e
+        ids = self.encode(text)
+        n = self.max_tokens(req.requested_max_tokens, len(ids), None)
+        return await self.respond(req, request, ids, n, chat=True)
+
+    async def respond(self, req: _Common, request: Request, ids: list[int], max_tokens: int, chat: bool):
+        params = req.sampling(max_tokens)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        stream = self.engine.submit(rid, ids, params)
+        deadline = time.monotonic() + self.config.request_timeout_s
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            events = self.sse(stream, request, deadline, chat, req.model, include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
+        text, out = "", Output()
+        try:
+            while not out.final:
+                out = await self.next_output(stream, request, deadline)
+                text += out.text
+        except ClientGone:
+            return Response(status_code=499)
+        if out.error is not None:
+            raise out.error
+        choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
+        choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        body = self.envelope(rid, "chat.completion" if chat else "text_completion", req.model, [choice])
+        return JSONResponse(body | {"usage": out.usage})
+
+    async def next_output(self, stream: RequestStream, request: Request, deadline: float) -> Output:
+        """The request's next output; aborts it on timeout (504) or when the client has gone."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.engine.abort(stream.request_id)
+                raise OpenAIError(504, f"request timed out after {self.config.request_timeout_s:g} s", "timeout_error")
+            try:
+                return await asyncio.wait_for(stream.queue.get(), timeout=min(left, 1.0))
+            except TimeoutError:
+                if await request.is_disconnected():
+                    self.engine.abort(stream.request_id)
+                    raise ClientGone() from None
+
+    async def sse(
+        self, stream: RequestStream, request: Request, deadline: float, chat: bool, model: str, include_usage: bool
+    ) -> AsyncIterator[str]:
+        rid = stream.request_id
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        done = False
+
+        def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
+            if chat:
+                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            body = self.envelope(rid, kind, model, [choice])
+            return f"data: {json.dumps(body | ({'usage': None} if include_usage else {}))}\n\n"
+
+        try:
+            if chat:
+                yield chunk(None, None, role=True)
+            while True:
+                try:
+                    out = await self.next_output(stream, request, deadline)
+                except OpenAIError as e:
+                    out = Output(error=e)
+                except ClientGone:
+                    done = True
+                    return
+                if out.error is not None:
+                    yield f"data: {json.dumps(out.error.body())}\n\n"
+                    break
+                if out.text or out.final:
+                    yield chunk(out.text, out.finish_reason)
+                if out.final:
+                    if include_usage:
+                        usage = self.envelope(rid, kind, model, []) | {"usage": out.usage}
+                        yield f"data: {json.dumps(usage)}\n\n"
+                    break
+            done = True
+            yield "data: [DONE]\n\n"
+        finally:
+            if not done:  # cancelled mid-stream: the client disconnected
+                self.engine.abort(rid)
+
+    def envelope(self, rid: str, kind: str, model: str, choices: list[dict]) -> dict:
+        return {"id": rid, "object": kind, "created": int(time.time()), "model": model, "choices": choices}
+
+    def models(self) -> dict:
+        card = {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "specdecode",
+            "max_model_len": self.llm.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+
+def build_app(llm, config: ServerConfig):
+    """The ASGI app: FastAPI routes inside the request-counting and body-limit middleware."""
+    metrics = ServerMetrics()
+    server = Server(llm, config, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        server.engine.start()
+        yield
+        server.engine.shutdown()
+
+    app = FastAPI(title="specdecode", version="0.1.0", lifespan=lifespan)
+    app.state.server = server
+    auth = [Depends(server.check_auth)]
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(req: CompletionRequest, request: Request):
+        return await server.completions(req, request)
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        return await server.chat(req, request)
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models():
+        return server.models()
+
+    @app.get("/health")
+    async def health():
+        if not server.engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    add_error_handlers(app)
+    return CountRequests(BodyLimit(app, config.max_body_bytes), metrics), app
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError):
+        return JSONResponse(OpenAIError(400, _validation_message(exc)).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        return JSONResponse(OpenAIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception):
+        err = OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        return JSONResponse(err.body(), status_code=500)

@@ -1,0 +1,214 @@
+"""The engine loop in its own thread; HTTP handlers talk to it through a command inbox and per-request queues.
+
+One loop owns the `Engine`: requests join at step boundaries, leave when finished or aborted, and an exception
+inside a step fails the requests of that batch (500) but never the loop. torch releases the GIL during the
+forward, so the asyncio event loop keeps accepting and streaming while the engine computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from specdecode.config import ConfigError, SamplingParams
+from specdecode.engine.engine import Engine, SeqUpdate
+from specdecode.engine.sequence import Sequence, Status
+from specdecode.server.metrics import ServerMetrics
+from specdecode.server.protocol import OpenAIError
+
+log = logging.getLogger("specdecode.server")
+
+
+@dataclass
+class Output:
+    """One message to a request's stream: new text, and on the last one the reason and usage (or an error)."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict | None = None
+    error: OpenAIError | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+class RequestStream:
+    """The asyncio side of one request; the engine thread puts into it thread-safely."""
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self.loop = loop
+        self.queue: asyncio.Queue[Output] = asyncio.Queue()
+
+    def put(self, out: Output) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
+
+
+def usage_of(seq: Sequence) -> dict:
+    """OpenAI usage plus the speculative counters (also as accepted/rejected prediction tokens)."""
+    m = seq.metrics.as_dict()
+    n_prompt, n_out = len(seq.prompt_ids), seq.metrics.num_generated
+    return {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": n_out,
+        "total_tokens": n_prompt + n_out,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": m["num_accepted"],
+            "rejected_prediction_tokens": m["num_drafted"] - m["num_accepted"],
+        },
+        "speculative": {
+            "drafted_tokens": m["num_drafted"],
+            "accepted_tokens": m["num_accepted"],
+            "acceptance_rate": m["acceptance_rate"],
+            "mean_accepted_tokens": m["mean_accepted_tokens"],
+            "target_forwards": m["num_target_forwards"],
+        },
+    }
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, max_waiting: int, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.capacity = engine.config.max_num_seqs + max_waiting  # running + queued requests
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        self._inbox: deque[tuple] = deque()
+        self._streams: dict[str, RequestStream] = {}
+        self._seqs: dict[str, Sequence] = {}
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ---- the HTTP side --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the loop (again, after a shutdown: an ASGI host may run the lifespan more than once)."""
+        if self.alive:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="specdecode-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        """Queue a request; 429 when running + queued requests are at capacity."""
+        stream = RequestStream(request_id, asyncio.get_running_loop())
+        with self._lock:
+            if len(self._streams) >= self.capacity:
+                raise OpenAIError(
+                    429,
+                    f"server is at capacity ({self.capacity} requests running or queued); retry shortly",
+                    "rate_limit_error",
+                    headers={"Retry-After": "1"},
+                )
+            self._streams[request_id] = stream
+            self._inbox.append(("add", request_id, prompt_ids, params))
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request (client gone, timeout); its slot is free by the next step."""
+        with self._lock:
+            if self._streams.pop(request_id, None) is None:
+                return
+            self._inbox.append(("abort", request_id))
+        self._wake.set()
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self._streams)
+
+    # ---- the engine thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            self._drain_inbox()
+            self.metrics.running.set(len(self.engine.running))
+            self.metrics.waiting.set(len(self.engine.waiting))
+            if not self.engine.has_work():
+                self._wake.wait(timeout=0.5)
+                continue
+            try:
+                updates = self.engine.step()
+            except Exception as e:  # noqa: BLE001 - one failing batch must not stop the server
+                log.exception("engine step failed")
+                self._fail_all(e)
+                continue
+            self._publish(updates)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            with self._lock:
+                if not self._inbox:
+                    return
+                cmd = self._inbox.popleft()
+            if cmd[0] == "add":
+                self._add(*cmd[1:])
+            else:
+                self.engine.abort(cmd[1])
+                self._seqs.pop(cmd[1], None)
+
+    def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        try:
+            self._seqs[request_id] = self.engine.add_request(request_id, prompt_ids, params)
+        except ConfigError as e:
+            self._end(request_id, Output(error=OpenAIError(400, str(e))))
+        except Exception as e:  # noqa: BLE001 - a request the checks missed fails alone, the loop goes on
+            log.exception("add_request failed")
+            self._end(request_id, Output(error=OpenAIError(500, f"internal error: {e}", "server_error")))
+
+    def _publish(self, updates: list[SeqUpdate]) -> None:
+        stats, self.engine.last_step = self.engine.last_step, None
+        if stats is not None:
+            self.metrics.observe_step(stats)
+        for u in updates:
+            rid = u.seq.request_id
+            first = u.seq.metrics.num_generated == len(u.new_token_ids)
+            if first:
+                self.metrics.observe_first_token(u.seq)
+            if u.finished:
+                self.metrics.observe_finished(u.seq)
+                self._seqs.pop(rid, None)
+                self._end(rid, Output(u.new_text, u.new_token_ids, u.seq.finish_reason, usage_of(u.seq)))
+            else:
+                stream = self._streams.get(rid)
+                if stream is not None:
+                    stream.put(Output(u.new_text, u.new_token_ids))
+
+    def _end(self, request_id: str, out: Output) -> None:
+        with self._lock:
+            stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.put(out)
+
+    def _fail_all(self, exc: Exception) -> None:
+        """Abort the requests of the failed batch with a 500; queued ones and new ones are served as usual."""
+        err = OpenAIError(500, f"internal error while decoding: {type(exc).__name__}: {exc}", "server_error")
+        for rid, seq in list(self._seqs.items()):
+            if seq.status is Status.WAITING:
+                continue
+            self._seqs.pop(rid)
+            try:
+                self.engine.abort(rid)
+            except Exception:  # noqa: BLE001 - keep failing the others
+                log.exception("abort after a failed step")
+            self._end(rid, Output(error=err))
+        self.engine.last_step = None
+
+
+def wall_time() -> int:
+    return int(time.time())
