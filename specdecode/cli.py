@@ -5,6 +5,8 @@ Usage:
     specdecode generate --prompts-file prompts.jsonl --json
     echo "Hello" | specdecode generate --no-chat
     specdecode bench --method ngram --prompts ../shared/data/specbench_question.jsonl --json
+    specdecode bench sweep --prompts ../shared/data/specbench_question.jsonl --concurrency 1,4,16
+    specdecode serve --port 8000 --api-key secret
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ import json
 import sys
 from collections.abc import Callable
 
-from specdecode.config import MAX_SPECULATIVE_TOKENS, METHODS, ConfigError, SamplingParams, SpeculativeConfig
+from specdecode.config import (
+    CONTROLLER_NAMES,
+    MAX_SPECULATIVE_TOKENS,
+    METHODS,
+    ConfigError,
+    SamplingParams,
+    SpeculativeConfig,
+)
 from specdecode.prompts import PromptError, read_prompts
 
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, PromptError, FileNotFoundError, PermissionError)
@@ -25,7 +34,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, help="draft model for --method draft")
     p.add_argument("--method", default="ngram", choices=METHODS)
     p.add_argument("--num-speculative-tokens", type=int, default=5, help=f"K (0..{MAX_SPECULATIVE_TOKENS})")
-    p.add_argument("--controller", default="fixed")
+    p.add_argument(
+        "--controller", default="goodput", choices=CONTROLLER_NAMES, help="speculation length per step (K_max = K)"
+    )
     p.add_argument("--ngram-min", type=int, default=2, help="shortest suffix n-gram the n-gram drafter matches")
     p.add_argument("--ngram-max", type=int, default=4, help="longest suffix n-gram, tried first")
     p.add_argument("--max-num-seqs", type=int, default=8)
@@ -94,9 +105,15 @@ def cmd_generate(a: argparse.Namespace) -> None:
 
 
 def cmd_bench(a: argparse.Namespace) -> None:
-    from specdecode.bench.specbench import run_from_args
+    from specdecode.bench.args import run_bench
 
-    run_from_args(a)
+    run_bench(a)
+
+
+def cmd_serve(a: argparse.Namespace) -> None:
+    from specdecode.server.cli import serve
+
+    serve(a)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,10 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specdecode.bench.args import add_bench_args
 
-    bench = sub.add_parser("bench", help="Spec-Bench style benchmark against plain decoding and peers")
+    bench = sub.add_parser("bench", help="benchmarks: Spec-Bench at batch 1 (default) or a concurrency sweep")
     add_model_args(bench)
     add_bench_args(bench)
     bench.set_defaults(func=cmd_bench)
+
+    from specdecode.server.cli import add_serve_args
+
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_model_args(srv)
+    add_serve_args(srv)
+    srv.set_defaults(func=cmd_serve)
     return parser
 
 

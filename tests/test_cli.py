@@ -21,6 +21,7 @@ BAD_ARGS = [
     (["generate", "   "], "empty prompt"),
     (["generate", "hi", "--target", "/nonexistent/model"], "model not found"),
     (["generate", "--prompts-file", "/nonexistent.jsonl"], "prompts file not found"),
+    (["bench", "sweep", "--prompts", "missing.jsonl"], "prompts file not found"),
 ]
 
 

@@ -1,21 +1,99 @@
-"""Command-line arguments of `specdecode bench`."""
+"""Command-line arguments of `specdecode bench [MODE]` and the dispatch to the mode's module.
+
+A mode is one entry in `BENCH_MODES` plus, if it needs flags of its own, one argument group. Flags shared by
+all modes whose sensible default differs by mode (`--max-tokens`, `--output`) default to None here and take
+the mode's value in `run_bench`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BenchMode:
+    module: str  # imported only when the mode runs: it pulls in torch and the models
+    help: str
+    defaults: dict[str, object] = field(default_factory=dict)
+
+
+BENCH_MODES = {
+    "specbench": BenchMode(
+        "specdecode.bench.specbench",
+        "Spec-Bench at batch 1: per-category tok/s against K = 0 and peers",
+        {"max_tokens": 128, "output": "results/bench.json"},
+    ),
+    "sweep": BenchMode(
+        "specdecode.bench.sweep",
+        "closed-loop concurrency sweep of fixed and dynamic speculation lengths",
+        {"max_tokens": 64, "output": "results/sweep.json"},
+    ),
+}
+
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
+DEFAULT_ARMS = ("none", "fixed:1", "fixed:2", "fixed:3", "fixed:5", "fixed:8", "heuristic", "confidence", "goodput")
+
+
+def positive_int_list(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; argparse turns the ValueError into a usage error."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def name_list(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
+    modes = ", ".join(f"{name}: {m.help}" for name, m in BENCH_MODES.items())
+    p.add_argument("mode", nargs="?", default="specbench", choices=BENCH_MODES, help=modes)
     p.add_argument("--prompts", required=True, help="Spec-Bench question.jsonl (or any jsonl with 'prompt')")
-    p.add_argument("--per-category", type=int, default=3, help="prompts per category (0 = all)")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=None, help="per request (specbench 128, sweep 64)")
     p.add_argument(
         "--peers",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also time transformers generate() and its speculative mode",
+        help="also time transformers generate() and its speculative modes (at batch 1)",
     )
-    p.add_argument("--warmup", type=int, default=1, help="untimed prompts per arm first")
+    p.add_argument("--warmup", type=int, default=1, help="untimed requests per arm first")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--json", action="store_true", help="write results JSON (and a Markdown table)")
-    p.add_argument("--output", default="results/bench.json", help="where --json writes")
+    p.add_argument("--output", default=None, help="results JSON; the Markdown and plots go next to it")
+    add_specbench_args(p.add_argument_group("specbench"))
+    add_sweep_args(p.add_argument_group("sweep"))
+
+
+def add_specbench_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--per-category", type=int, default=3, help="prompts per category (0 = all)")
+    g.add_argument("--json", action="store_true", help="write results JSON (and a Markdown table)")
+
+
+def add_sweep_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--concurrency",
+        type=positive_int_list,
+        default=list(DEFAULT_CONCURRENCY),
+        help="requests in flight per level (default 1,2,4,8,16,32)",
+    )
+    g.add_argument(
+        "--arms",
+        type=name_list,
+        default=None,
+        help="controller[:K] list; K defaults to --num-speculative-tokens, 'none' is K = 0 "
+        f"(default {','.join(DEFAULT_ARMS)}, less controllers not registered)",
+    )
+    g.add_argument("--requests-per-level", type=int, default=None, help="requests per level (default max(4, 2C))")
+
+
+def run_bench(a: argparse.Namespace) -> None:
+    mode = BENCH_MODES[a.mode]
+    for key, value in mode.defaults.items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    importlib.import_module(mode.module).run_from_args(a)

@@ -1,0 +1,297 @@
+"""Closed-loop load sweep: tokens/s and per-token latency of fixed and dynamic speculation lengths by concurrency.
+
+Usage:
+    specdecode bench sweep --prompts ../shared/data/specbench_question.jsonl --method ngram \\
+        --concurrency 1,2,4,8,16,32 --arms none,fixed:2,fixed:5,heuristic,goodput --output results/sweep.json
+
+At each concurrency C every arm keeps C requests in its engine: as soon as one finishes the next prompt joins
+(closed loop), until `--requests-per-level` requests are done. All arms share one loaded target (and draft);
+each gets its own engine (cache, drafter, controller), built for the level and freed after it, so memory holds
+one arm's cache at a time. Arms run back to back within a level, in an order rotated from level to level,
+so slow drift of a noisy machine does not always hit the same arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import date
+from itertools import cycle
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from specdecode.config import ConfigError, SamplingParams
+from specdecode.control import CONTROLLERS, Controller, StepStats, make_controller
+from specdecode.drafters import DrafterContext, make_drafter
+from specdecode.engine.engine import Engine
+from specdecode.engine.sequence import Sequence
+
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One engine configuration of the sweep: a controller by name and its K (K_max for dynamic ones)."""
+
+    name: str
+    controller: str
+    k: int
+
+    @property
+    def is_fixed(self) -> bool:
+        return self.controller == "fixed" or self.k == 0
+
+    @classmethod
+    def parse(cls, text: str, k_max: int) -> ArmSpec:
+        """'none' (K = 0), 'fixed:3', 'goodput' (K = k_max) or 'goodput:8'."""
+        name, _, k_text = text.partition(":")
+        if name == "none":
+            return cls("none", "fixed", 0)
+        if name not in CONTROLLERS:
+            raise ConfigError(f"unknown controller {name!r} in arm {text!r}; expected none or {', '.join(CONTROLLERS)}")
+        try:
+            k = int(k_text) if k_text else k_max
+        except ValueError:
+            raise ConfigError(f"arm {text!r}: K must be an integer") from None
+        if k < 0:
+            raise ConfigError(f"arm {text!r}: K must be >= 0")
+        return cls(f"{name}:{k}" if k_text or name == "fixed" else name, name, k)
+
+
+def parse_arms(names: list[str] | None, k_max: int, defaults: tuple[str, ...]) -> list[ArmSpec]:
+    """Explicit names must all exist; from the defaults, controllers not (yet) registered are left out."""
+    if names is None:
+        names = [n for n in defaults if n.partition(":")[0] in ("none", *CONTROLLERS)]
+    arms = [ArmSpec.parse(n, k_max) for n in names]
+    if not arms:
+        raise ConfigError("no arms to run")
+    if len({a.name for a in arms}) != len(arms):
+        raise ConfigError(f"duplicate arms in {','.join(names)}")
+    return arms
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    concurrency: list[int]
+    max_tokens: int = 64
+    requests_per_level: int | None = None  # None: max(4, 2C)
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ConfigError(f"concurrency levels must be >= 1, got {self.concurrency}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.requests_per_level is not None and self.requests_per_level < 1:
+            raise ConfigError(f"requests_per_level must be >= 1, got {self.requests_per_level}")
+
+    def num_requests(self, c: int) -> int:
+        return self.requests_per_level or max(4, 2 * c)
+
+
+@dataclass
+class LevelRun:
+    """What one arm did at one concurrency level."""
+
+    seconds: float
+    tokens: int
+    requests: int
+    tpot_s: list[float]  # per request: (finish - first token) / (tokens - 1), vLLM's TPOT
+    step_s: list[float]  # wall time of every engine step, prefill-only steps included
+    k_max: list[int] = field(default_factory=list)  # per decode step: the largest K proposed to any row
+    k_mean: list[float] = field(default_factory=list)  # per decode step: mean K proposed over rows
+    k_chosen: list[float] = field(default_factory=list)  # per decode step: mean K the controller asked for
+    rows: list[int] = field(default_factory=list)  # per decode step: sequences decoded (the load really seen)
+    drafted: int = 0
+    accepted: int = 0
+    forwards: int = 0
+
+    def summary(self) -> dict[str, float]:
+        tpot = np.array(self.tpot_s) if self.tpot_s else np.array([float("nan")])
+        return {
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "tokens_per_s": self.tokens / self.seconds if self.seconds else 0.0,
+            "tpot_p50_ms": float(np.percentile(tpot, 50)) * 1e3,
+            "tpot_p99_ms": float(np.percentile(tpot, 99)) * 1e3,
+            "step_mean_ms": float(np.mean(self.step_s)) * 1e3 if self.step_s else float("nan"),
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            # Each target forward yields its accepted drafts plus one recovered or bonus token.
+            "mean_accepted_tokens": (self.accepted + self.forwards) / self.forwards if self.forwards else float("nan"),
+            "mean_k": float(np.mean(self.k_mean)) if self.k_mean else 0.0,
+            "max_k": max(self.k_max, default=0),
+            "mean_k_chosen": float(np.mean(self.k_chosen)) if self.k_chosen else 0.0,
+            "mean_rows": float(np.mean(self.rows)) if self.rows else 0.0,
+        }
+
+
+class RecordingController:
+    """An arm's controller that also keeps its last choice: the drafter may propose fewer (no n-gram match),
+    and the engine clamps K near max_tokens, so `num_proposed` alone would hide what the controller wanted."""
+
+    def __init__(self, inner: Controller) -> None:
+        self.inner = inner
+        self.last: list[int] = []
+
+    def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
+        self.last = self.inner.choose(seqs, k_max)
+        return self.last
+
+    def observe(self, stats: StepStats) -> None:
+        self.inner.observe(stats)
+
+    def forget(self, seq: Sequence) -> None:
+        self.inner.forget(seq)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # optional hooks the engine looks up (truncate, ...) pass through
+
+
+def build_engine(base, arm: ArmSpec, num_seqs: int, max_len: int) -> Engine:
+    """An engine for `arm` on the target (and draft) that `base` (an LLM) already loaded: no weights reloaded."""
+    method = base.spec.method if arm.k > 0 else "none"
+    spec = replace(base.spec, method=method, num_speculative_tokens=arm.k, controller=arm.controller)
+    config = replace(base.engine_config, max_num_seqs=num_seqs, max_model_len=max_len)
+    ctx = DrafterContext(base.target, base.draft_model, spec, config, max_len)
+    return Engine(
+        base.target,
+        base.tokenizer,
+        make_drafter(ctx),
+        RecordingController(make_controller(arm.controller, base.target)),
+        config,
+        spec.k,
+        max_len,
+        base.engine.eos_token_ids,
+    )
+
+
+def closed_loop(
+    engine: Engine, prompts: Iterator[list[int]], concurrency: int, num_requests: int, params: SamplingParams, bar
+) -> LevelRun:
+    """Keep `concurrency` requests in the engine until `num_requests` are done; time and trace every step."""
+    recorder = engine.controller
+    assert isinstance(recorder, RecordingController), "build engines with build_engine"
+    seqs: list[Sequence] = []
+    first: dict[str, float] = {}
+    run = LevelRun(0.0, 0, num_requests, [], [])
+
+    def submit() -> None:
+        seqs.append(engine.add_request(f"sweep-{len(seqs)}", next(prompts), params))
+
+    t0 = time.perf_counter()
+    for _ in range(min(concurrency, num_requests)):
+        submit()
+    while engine.has_work():
+        before = engine.last_step
+        s0 = time.perf_counter()
+        updates = engine.step()
+        now = time.perf_counter()
+        run.step_s.append(now - s0)
+        if engine.last_step is not before:  # a decode step ran (prefill-only steps propose nothing)
+            ks = engine.last_step.num_proposed
+            run.k_max.append(max(ks))
+            run.k_mean.append(sum(ks) / len(ks))
+            run.rows.append(len(ks))
+            run.k_chosen.append(sum(recorder.last) / len(recorder.last))
+        for u in updates:
+            first.setdefault(u.seq.request_id, now)
+            if u.finished:
+                n = u.seq.metrics.num_generated
+                if n > 1:
+                    run.tpot_s.append((now - first[u.seq.request_id]) / (n - 1))
+                bar.update(1)
+                if len(seqs) < num_requests:
+                    submit()
+    run.seconds = time.perf_counter() - t0
+    for s in seqs:
+        run.tokens += s.metrics.num_generated
+        run.drafted += s.metrics.num_drafted
+        run.accepted += s.metrics.num_accepted
+        run.forwards += s.metrics.num_target_forwards
+    return run
+
+
+def max_len_for(prompts: list[list[int]], max_tokens: int, k_max: int, limit: int) -> int:
+    """The shortest context that fits every prompt, its output and one step's drafts; caches are sized by it."""
+    longest = max(len(p) for p in prompts)
+    if longest >= limit:
+        raise ConfigError(f"a prompt has {longest} tokens but the context is {limit}; raise --max-model-len")
+    return min(longest + max_tokens + k_max + 1, limit)
+
+
+def run_sweep(base, arms: list[ArmSpec], prompts: list[list[int]], cfg: SweepConfig) -> dict[str, dict[int, LevelRun]]:
+    """Every arm at every level; prompts (token ids) cycle. Returns runs[arm name][concurrency]."""
+    max_len = max_len_for(prompts, cfg.max_tokens, max(a.k for a in arms), base.max_model_len)
+    params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens)
+    warm = SamplingParams(temperature=0.0, max_tokens=min(cfg.max_tokens, WARMUP_TOKENS))
+    runs: dict[str, dict[int, LevelRun]] = {a.name: {} for a in arms}
+    total = sum(cfg.num_requests(c) for c in cfg.concurrency) * len(arms)
+    with tqdm(total=total, desc="sweep", unit="req") as bar:
+        for i, c in enumerate(cfg.concurrency):
+            order = arms[i % len(arms) :] + arms[: i % len(arms)]
+            for arm in order:
+                bar.set_postfix_str(f"C={c} {arm.name}")
+                engine = build_engine(base, arm, c, max_len)
+                if cfg.warmup:
+                    closed_loop(engine, cycle(prompts), c, cfg.warmup, warm, _NullBar())
+                # Every arm sees the same prompts in the same order at a level.
+                runs[arm.name][c] = closed_loop(engine, cycle(prompts), c, cfg.num_requests(c), params, bar)
+                del engine  # frees its cache before the next arm allocates one
+    return runs
+
+
+class _NullBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def encode_prompts(llm, a: argparse.Namespace) -> tuple[list[list[int]], list[str]]:
+    """Spec-Bench prompts through the chat template (as specbench does): token ids and texts (for peers)."""
+    from specdecode.prompts import load_jsonl
+
+    texts = [p.text for p in load_jsonl(a.prompts)]
+    if a.chat:
+        texts = [llm.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+    return [llm.encode(t) for t in texts], texts
+
+
+def run_from_args(a: argparse.Namespace) -> None:
+    from rich.console import Console
+
+    from specdecode.bench.args import DEFAULT_ARMS
+    from specdecode.bench.specbench import machine
+    from specdecode.bench.sweep_peers import run_peers
+    from specdecode.bench.sweep_report import report
+    from specdecode.cli import llm_from_args
+    from specdecode.prompts import load_jsonl
+
+    load_jsonl(a.prompts)  # a bad prompts file fails before any model loads
+    if a.method == "none":
+        raise ConfigError("the sweep compares speculation lengths: give a drafter with --method (ngram, draft, self)")
+    arms = parse_arms(a.arms, a.num_speculative_tokens, DEFAULT_ARMS)
+    cfg = SweepConfig(a.concurrency, a.max_tokens, a.requests_per_level, a.warmup)
+    # The base LLM holds the weights for every arm's engine; its own engine gets one slot as it is not timed.
+    # Its context is the model's whole (as in specbench) so that long RAG prompts fit; caches are sized later.
+    k_max = max(arm.k for arm in arms)
+    base = llm_from_args(a, num_speculative_tokens=k_max, max_num_seqs=1, max_model_len=a.max_model_len or 8192)
+    prompt_ids, texts = encode_prompts(base, a)
+    runs = run_sweep(base, arms, prompt_ids, cfg)
+    peer_texts = [texts[i % len(texts)] for i in range(cfg.num_requests(1))]  # the prompts C = 1 saw
+    peers = run_peers(a, base, peer_texts, cfg) if a.peers and 1 in cfg.concurrency else {}
+    meta = {
+        "command": "specdecode " + " ".join(sys.argv[1:]),
+        "machine": machine(),
+        "date": date.today().isoformat(),
+        "target": a.target,
+        "method": a.method,
+        "draft": a.draft,
+        "num_speculative_tokens": a.num_speculative_tokens,
+        "prompts": a.prompts,
+    }
+    report(Path(a.output), meta, arms, cfg, runs, peers, Console(file=sys.stdout))

@@ -1,0 +1,130 @@
+"""The load sweep on a tiny random model: closed loop holds the load, K traces obey the arm, files are written."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from specdecode.bench.sweep import ArmSpec, RecordingController, SweepConfig, parse_arms, run_sweep
+from specdecode.bench.sweep_report import report
+from specdecode.cli import build_parser
+from specdecode.config import ConfigError
+from specdecode.control import CONTROLLERS, make_controller
+from specdecode.llm import LLM
+
+# Token ids (the tiny vocabulary has 96); the repeats give the n-gram drafter suffixes to match.
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6, 7], [10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12], [20, 21, 20, 21, 20, 21]]
+LEVELS = [1, 2]
+
+
+@pytest.fixture(scope="module")
+def swept(tiny_target, tmp_path_factory):
+    base = LLM(str(tiny_target), method="ngram", num_speculative_tokens=2, max_num_seqs=1, max_model_len=64)
+    arms = parse_arms(["none", "fixed:2", "heuristic"], k_max=2, defaults=())
+    cfg = SweepConfig(LEVELS, max_tokens=4)
+    runs = run_sweep(base, arms, PROMPTS, cfg)
+    out = tmp_path_factory.mktemp("sweep") / "sweep.json"
+    payload = report(out, {"command": "test", "machine": "test", "date": "today"}, arms, cfg, runs, {}, quiet())
+    return runs, payload, out
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO())
+
+
+def test_files_written(swept):
+    _, _, out = swept
+    data = json.loads(out.read_text())
+    assert data.keys() >= {"command", "machine", "date", "concurrency", "results", "k_traces", "sum_tokens_per_s"}
+    assert data["concurrency"] == LEVELS
+    assert set(data["results"]) == {"none", "fixed:2", "heuristic"}
+    assert data["ratios"]["heuristic"]["2"].keys() == {"best_fixed", "vs_best_fixed", "vs_none"}
+    for levels in data["results"].values():
+        assert set(levels) == {"1", "2"}
+        for fig in levels.values():
+            assert fig.keys() >= {"tokens_per_s", "tpot_p50_ms", "tpot_p99_ms", "mean_accepted_tokens", "mean_k"}
+    assert "| none |" in out.with_suffix(".md").read_text()
+    for png in ("sweep_tps.png", "sweep_k.png"):
+        assert (out.parent / png).stat().st_size > 1000
+
+
+def test_every_request_decoded(swept):
+    runs, _, _ = swept
+    for levels in runs.values():
+        for run in levels.values():
+            assert run.requests == 4  # max(4, 2C) for C <= 2
+            assert 0 < run.tokens <= 4 * 4
+            assert run.summary()["tokens_per_s"] > 0
+            assert len(run.tpot_s) == run.requests  # every request made more than one token
+
+
+def test_closed_loop_holds_the_load(swept):
+    runs, _, _ = swept
+    assert max(runs["none"][1].rows) == 1
+    assert max(runs["none"][2].rows) == 2  # a finished request is replaced at once
+    assert max(runs["fixed:2"][2].rows) <= 2
+
+
+def test_k_trace_obeys_the_arm(swept):
+    runs, payload, _ = swept
+    for c in LEVELS:
+        assert set(runs["none"][c].k_max) == {0}
+        assert max(runs["fixed:2"][c].k_max) == 2  # the repeated prompts give drafts: the trace is not vacuous
+        assert payload["k_traces"]["fixed:2"][c]["max"] == runs["fixed:2"][c].k_max
+        # The controller's own choice is recorded apart from what the drafter managed to propose.
+        assert set(runs["none"][c].k_chosen) == {0} and set(runs["fixed:2"][c].k_chosen) == {2}
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "controller", "k"),
+    [
+        ("none", "none", "fixed", 0),
+        ("fixed:3", "fixed:3", "fixed", 3),
+        ("fixed", "fixed:5", "fixed", 5),
+        ("heuristic", "heuristic", "heuristic", 5),
+        ("heuristic:8", "heuristic:8", "heuristic", 8),
+    ],
+)
+def test_arm_names(text, name, controller, k):
+    assert ArmSpec.parse(text, k_max=5) == ArmSpec(name, controller, k)
+
+
+@pytest.mark.parametrize("text", ["nonexistent", "fixed:x", "fixed:-1"])
+def test_bad_arm(text):
+    with pytest.raises(ConfigError):
+        ArmSpec.parse(text, k_max=5)
+
+
+@pytest.mark.skipif("confidence" not in CONTROLLERS, reason="no controller with an optional hook registered")
+def test_recorder_passes_optional_hooks():
+    """The engine looks up `truncate` on its controller: the recording wrapper must not hide it."""
+    assert getattr(RecordingController(make_controller("fixed")), "truncate", None) is None
+    assert callable(getattr(RecordingController(make_controller("confidence")), "truncate", None))
+
+
+def test_default_arms_skip_unregistered_controllers():
+    arms = parse_arms(None, k_max=5, defaults=("none", "fixed:2", "not_a_controller"))
+    assert [a.name for a in arms] == ["none", "fixed:2"]
+
+
+def test_bench_mode_defaults_to_specbench():
+    assert build_parser().parse_args(["bench", "--prompts", "q.jsonl"]).mode == "specbench"
+    a = build_parser().parse_args(["bench", "sweep", "--prompts", "q.jsonl", "--concurrency", "4,1"])
+    assert (a.mode, a.concurrency) == ("sweep", [1, 4])
+
+
+def test_draft_peers_include_dynamic_assisted(tiny_target, tiny_draft):
+    from argparse import Namespace
+
+    from specdecode.bench.sweep_peers import run_peers
+
+    base = LLM(str(tiny_target), draft=str(tiny_draft), method="draft", num_speculative_tokens=2, max_num_seqs=1)
+    a = Namespace(target=str(tiny_target), draft=str(tiny_draft), method="draft", num_speculative_tokens=2)
+    a.device, a.dtype = "cpu", "float32"
+    text = base.tokenizer.decode(PROMPTS[0])
+    runs = run_peers(a, base, [text, text], SweepConfig([1], max_tokens=4, warmup=0))
+    assert list(runs) == ["HF generate", "HF assisted K=2", "HF assisted dynamic"]
+    assert all(r.tokens > 0 and r.summary()["tokens_per_s"] > 0 for r in runs.values())
