@@ -7,6 +7,7 @@ Usage:
     specdecode bench --method ngram --prompts ../shared/data/specbench_question.jsonl --json
     specdecode bench sweep --prompts ../shared/data/specbench_question.jsonl --concurrency 1,4,16
     specdecode serve --port 8000 --api-key secret
+    specdecode calibrate
 """
 
 from __future__ import annotations
@@ -116,6 +117,12 @@ def cmd_serve(a: argparse.Namespace) -> None:
     serve(a)
 
 
+def cmd_calibrate(a: argparse.Namespace) -> None:
+    from specdecode.control.calibrate import run as calibrate
+
+    calibrate(a.target, a.device, a.dtype)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -140,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(srv)
     add_serve_args(srv)
     srv.set_defaults(func=cmd_serve)
+
+    cal = sub.add_parser("calibrate", help="time the target on this machine; the goodput controller's cost profile")
+    cal.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
+    cal.add_argument("--device", default="cpu")
+    cal.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    cal.set_defaults(func=cmd_calibrate)
     return parser
 
 

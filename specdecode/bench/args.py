@@ -30,6 +30,11 @@ BENCH_MODES = {
         "closed-loop concurrency sweep of fixed and dynamic speculation lengths",
         {"max_tokens": 64, "output": "results/sweep.json"},
     ),
+    "serve": BenchMode(
+        "specdecode.bench.serve",
+        "open-loop Poisson arrivals against live servers: TTFT, TPOT, throughput per request rate",
+        {"max_tokens": 64, "output": "results/serve.json"},
+    ),
 }
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
@@ -67,6 +72,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", default=None, help="results JSON; the Markdown and plots go next to it")
     add_specbench_args(p.add_argument_group("specbench"))
     add_sweep_args(p.add_argument_group("sweep"))
+    add_serve_bench_args(p.add_argument_group("serve"))
 
 
 def add_specbench_args(g: argparse._ArgumentGroup) -> None:
@@ -89,6 +95,23 @@ def add_sweep_args(g: argparse._ArgumentGroup) -> None:
         f"(default {','.join(DEFAULT_ARMS)}, less controllers not registered)",
     )
     g.add_argument("--requests-per-level", type=int, default=None, help="requests per level (default max(4, 2C))")
+
+
+def positive_float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return sorted(set(values))
+
+
+def add_serve_bench_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--rates", type=positive_float_list, default=[0.25, 0.5, 1.0, 2.0], help="requests per second (Poisson)"
+    )
+    g.add_argument("--requests-per-rate", type=int, default=16, help="requests sent at each rate")
 
 
 def run_bench(a: argparse.Namespace) -> None:

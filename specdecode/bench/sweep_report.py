@@ -78,7 +78,8 @@ def ratio_table(rat: dict[str, dict[int, dict[str, float | str]]], levels: list[
 def render(arms: list[ArmSpec], figs: Figures, peers: Figures, levels: list[int], console: Console) -> str:
     """Print the tables; return them as Markdown."""
     parts = [
-        level_table("tokens/s (sum: across levels)", "tokens_per_s", ".1f", figs, peers, levels, total=True),
+        level_table("steady-state tokens/s (sum: across levels)", "tokens_per_s", ".1f", figs, peers, levels, True),
+        level_table("tokens/s with the drain", "tokens_per_s_all", ".1f", figs, {}, levels, total=True),
         level_table("p50 per-token latency (ms)", "tpot_p50_ms", ".2f", figs, peers, levels, total=False),
         level_table("mean K chosen per step", "mean_k_chosen", ".2f", figs, {}, levels, total=False),
         level_table("mean K proposed per step", "mean_k", ".2f", figs, {}, levels, total=False),

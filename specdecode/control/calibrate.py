@@ -9,7 +9,6 @@ The cache's K/V are left as zeros: attention costs the same whatever the values,
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import statistics
@@ -35,8 +34,11 @@ def model_fingerprint(model: LlamaModel) -> dict:
     cfg = model.cfg
     return {
         "model_type": cfg.model_type,
-        "num_params": sum(t.numel() for t in model.parameters()),
+        # From the config: on CPU the linears are packed into oneDNN buffers, so parameters() undercounts.
         "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_heads": cfg.num_heads,
+        "num_kv_heads": cfg.num_kv_heads,
         "num_layers": cfg.num_layers,
         "vocab_size": cfg.vocab_size,
         "device": p.device.type,
@@ -48,7 +50,7 @@ def model_fingerprint(model: LlamaModel) -> dict:
 def profile_path(model: LlamaModel) -> Path:
     fp = model_fingerprint(model)
     digest = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:12]
-    name = f"{fp['model_type']}-{fp['num_params'] // 1_000_000}m-{fp['device']}-{fp['dtype']}-{digest}"
+    name = f"{fp['model_type']}-{fp['num_layers']}x{fp['hidden_size']}-{fp['device']}-{fp['dtype']}-{digest}"
     return cache_root() / "calibration" / f"{name}.json"
 
 
@@ -104,22 +106,15 @@ def calibrate(
     return CostModel.fit(samples, model_fingerprint(model))
 
 
-def main(argv: list[str] | None = None) -> None:
+def run(target: str, device: str = "cpu", dtype: str = "float32") -> Path:
+    """Calibrate the target on this machine and write its profile; returns the profile's path."""
     from specdecode.llm import DTYPES
     from specdecode.models.llama import load_llama
     from specdecode.models.loader import resolve_model_dir
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="smollm2-135m-instruct")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    a = p.parse_args(argv)
-    model = load_llama(resolve_model_dir(a.target), a.device, DTYPES[a.dtype])
-    cost = calibrate(model, a.device)
+    model = load_llama(resolve_model_dir(target), device, DTYPES[dtype])
+    cost = calibrate(model, device)
     path = cost.save(profile_path(model))
     terms = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in cost.to_json()["verify"].items())
     print(f"{path}: {terms}")
-
-
-if __name__ == "__main__":
-    main()
+    return path

@@ -4,7 +4,9 @@ For row i with conditional acceptance estimates p_i[1..], K drafts yield E_i(K) 
 p_i[m] tokens in expectation. The verify forward is padded to the widest row, so its cost depends on the
 batch K, not on each row's: the controller picks one K maximising sum_i E_i(min(K, cap_i)) / cost(B, K, C),
 then trims rows whose next draft is almost surely rejected (that saves drafting, and the verify width too
-when every row is trimmed).
+when every row is trimmed). Once the drafts exist, `truncate` picks the verify width again from what was
+actually proposed: a drafter such as n-gram often finds drafts for only a few rows, and at a large batch
+widening every row for them costs more than they return.
 
 Guards: hysteresis (the batch K only moves for a predicted gain above `margin`), bounded probing (a row that
 has drafted nothing for `probe_every` steps is given drafts again: free when the batch already speculates,
@@ -14,10 +16,12 @@ otherwise one row at depth 1 at most once per `probe_every` steps), and clipped 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from specdecode.control.acceptance import AcceptanceTracker
 from specdecode.control.base import StepStats
 from specdecode.control.cost import CostModel, default_cost_model
+from specdecode.drafters.base import Proposal
 from specdecode.engine.sequence import Sequence
 
 
@@ -64,6 +68,7 @@ class GoodputController:
         self.k_batch: int | None = None  # the batch K in force (the hysteresis reference)
         self.idle: dict[str, int] = {}  # steps since each request last drafted anything
         self.since_probe = 0  # steps since a probe last widened a non-speculating batch
+        self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
 
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1
@@ -101,7 +106,30 @@ class GoodputController:
                 continue
             self.idle[s.request_id] = 0
             self.acceptance.soften(s.request_id, self.probe_keep)
+            self.probing.add(s.request_id)
         return ks
+
+    def truncate(self, seqs: list[Sequence], proposal: Proposal) -> Proposal:
+        """The verify width that maximises expected tokens per second given the drafts that exist.
+
+        Drafting is already paid, so only verification cost counts. The cut depends on draft counts and past
+        outcomes only, never on the target, so verification stays lossless.
+        """
+        probing, self.probing = self.probing, set()
+        counts = proposal.num_tokens.tolist()  # [B] drafts each row actually has
+        widest = max(counts, default=0)
+        if widest == 0:
+            return proposal
+        p = np.stack([self.acceptance.estimate(s.request_id, widest) for s in seqs])  # [B, widest]
+        tokens = expected_tokens(np.cumprod(p, axis=1), np.array(counts)).sum(0)  # [widest + 1]
+        context = float(np.mean([s.num_cached for s in seqs]))
+        seconds = np.array([self.cost.predict_verify(len(seqs), w, context) for w in range(widest + 1)])
+        width = int(np.argmax(tokens / np.maximum(seconds, 1e-9)))
+        if width == widest:
+            return proposal
+        keep = [max(width, 1 if s.request_id in probing else 0) for s in seqs]
+        num = proposal.num_tokens
+        return proposal.truncated(torch.tensor(keep, dtype=num.dtype, device=num.device))
 
     def observe(self, stats: StepStats) -> None:
         for s, proposed, accepted in zip(stats.seqs, stats.num_proposed, stats.num_accepted, strict=True):

@@ -117,3 +117,27 @@ def run_k(ctrl: GoodputController, k_max: int) -> list[list[int]]:
         ctrl.observe(StepStats(seqs, ks, ks, 0.02, 2 * (max(ks) + 1)))
         out.append(ks)
     return out
+
+
+def sparse_proposal(num_seqs: int, drafts_in_row0: int):
+    """Only row 0 has drafts (an n-gram drafter that matched once in the batch)."""
+    import torch
+
+    from specdecode.drafters.base import Proposal
+
+    rows = [[5] * drafts_in_row0] + [[] for _ in range(num_seqs - 1)]
+    return Proposal.from_lists(rows, drafts_in_row0, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("num_seqs", [1, 16])
+def test_truncate_cuts_drafts_that_do_not_pay_for_the_batch(num_seqs):
+    """One row with 4 good drafts: worth a wider verify at batch 1, not when 15 other rows pay for it."""
+    ctrl = GoodputController(cost=default_cost_model())
+    seqs = make_seqs(num_seqs)
+    for step in range(20):  # row 0 accepts all 4 drafts or only 2, alternately
+        ctrl.observe(StepStats(seqs[:1], [4], [4 if step % 2 else 2], 0.03, 5, 3.0, 0.0, 0.03))
+    out = ctrl.truncate(seqs, sparse_proposal(num_seqs, 4))
+    kept = out.num_tokens.tolist()
+    assert kept[1:] == [0] * (num_seqs - 1)
+    assert (kept[0] >= 2) if num_seqs == 1 else (kept[0] == 0)
+    assert out.token_ids.shape[1] == kept[0]
