@@ -56,6 +56,7 @@ class GoodputController:
         probe_every: int = 16,
         probe_keep: float = 0.25,
         row_floor: float = 0.1,
+        cheap_draft: float = 0.05,
     ) -> None:
         self.cost = cost if cost is not None else default_cost_model()
         self.acceptance = acceptance if acceptance is not None else AcceptanceTracker()
@@ -65,6 +66,7 @@ class GoodputController:
         # A row drafts position j only if P(draft j accepted) >= this: ~ the cost of one verified token relative
         # to a whole step for a small model at batch 1, so a draft below it costs more than it can return.
         self.row_floor = row_floor
+        self.cheap_draft = cheap_draft
         self.k_batch: int | None = None  # the batch K in force (the hysteresis reference)
         self.idle: dict[str, int] = {}  # steps since each request last drafted anything
         self.since_probe = 0  # steps since a probe last widened a non-speculating batch
@@ -75,13 +77,24 @@ class GoodputController:
         if k_max <= 0 or not seqs:
             return [0] * len(seqs)
         caps = np.array([row_cap(s, k_max) for s in seqs])  # [B]
+        context = float(np.mean([s.num_cached for s in seqs]))
+        if self._drafting_is_cheap(len(seqs), k_max, context):
+            # Drafts that cost (almost) nothing, as n-gram lookups: ask for all of them and let `truncate` pick
+            # the width from what was found. Capping K here would also hide how long accepted runs can be.
+            return caps.tolist()
         p = np.stack([self.acceptance.estimate(s.request_id, k_max) for s in seqs])  # [B, k_max]
         reach = np.cumprod(p, axis=1)  # [B, k_max] P(drafts 1..j all accepted)
-        context = float(np.mean([s.num_cached for s in seqs]))
         k = self._with_hysteresis(goodput_curve(reach, caps, self.cost, context), k_max)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
         ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]
         return self._probe(seqs, ks.tolist(), caps.tolist())
+
+    def _drafting_is_cheap(self, num_seqs: int, k_max: int, context: float) -> bool:
+        """Drafting K_max for every row costs under `cheap_draft` of a plain step (learned from propose times;
+        a draft model starts here too, until its first steps have shown what drafting costs)."""
+        return self.cost.predict_draft(num_seqs, k_max) < self.cheap_draft * self.cost.predict_verify(
+            num_seqs, 0, context
+        )
 
     def _with_hysteresis(self, gain: np.ndarray, k_max: int) -> int:
         best = int(np.argmax(gain))

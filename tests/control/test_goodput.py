@@ -1,5 +1,8 @@
 """The goodput controller on synthetic traces: acceptance falling and recovering, a compute-bound target,
-hysteresis on a noisy stationary trace, per-row trimming and the cost of probing."""
+hysteresis on a noisy stationary trace, per-row trimming and the cost of probing.
+
+choose() decides K when drafting costs something (a draft model), hence cheap_draft=0 in those traces; with
+free drafts (n-gram) it asks for K_max and truncate() decides, tested at the end."""
 
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ def test_expected_tokens_table():
 
 
 def test_k_falls_when_acceptance_drops():
-    ctrl = GoodputController(cost=default_cost_model())
+    ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0)
     seqs = make_seqs(1)
     good = run(ctrl, seqs, [0.95], 60)
     assert good[-1][0] >= 5
@@ -54,8 +57,8 @@ def test_k_falls_when_acceptance_drops():
 
 def test_compute_bound_target_turns_speculation_off():
     seqs = make_seqs(4)
-    bound = run(GoodputController(cost=COMPUTE_BOUND), seqs, [0.9] * 4, 200)
-    cheap = run(GoodputController(cost=default_cost_model()), make_seqs(4), [0.9] * 4, 200)
+    bound = run(GoodputController(cost=COMPUTE_BOUND, cheap_draft=0.0), seqs, [0.9] * 4, 200)
+    cheap = run(GoodputController(cost=default_cost_model(), cheap_draft=0.0), make_seqs(4), [0.9] * 4, 200)
     assert max(max(ks) for ks in cheap[-50:]) >= 4  # control: the same acceptance with cheap tokens speculates
     steps_speculating = sum(max(ks) > 0 for ks in bound[50:])
     assert steps_speculating <= 150 / 16 + 1  # only bounded probes remain
@@ -63,7 +66,7 @@ def test_compute_bound_target_turns_speculation_off():
 
 
 def test_recovers_within_bounded_steps():
-    ctrl = GoodputController(cost=default_cost_model(), probe_every=16)
+    ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0, probe_every=16)
     seqs = make_seqs(1)
     dead = run(ctrl, seqs, [0.0], 100)
     assert dead[-1] == [0]
@@ -80,14 +83,14 @@ def count_switches(history: list[list[int]]) -> int:
 def test_hysteresis_keeps_k_steady_on_a_noisy_stationary_trace():
     switches = {}
     for margin in (0.03, 0.0):
-        ctrl = GoodputController(cost=default_cost_model(), margin=margin)
+        ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0, margin=margin)
         switches[margin] = count_switches(run(ctrl, make_seqs(1), [0.7], 400, seed=3)[50:])
     assert switches[0.03] <= 20  # a few in 350 steps
     assert switches[0.0] > switches[0.03]  # control: without the margin the same trace does oscillate
 
 
 def test_hopeless_row_is_trimmed_while_the_batch_speculates():
-    ctrl = GoodputController(cost=default_cost_model())
+    ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0)
     history = run(ctrl, make_seqs(2), [0.95, 0.0], 100)
     good, hopeless = zip(*history[-32:], strict=True)
     assert min(good) >= 4
@@ -95,7 +98,7 @@ def test_hopeless_row_is_trimmed_while_the_batch_speculates():
 
 
 def test_forget_drops_the_request():
-    ctrl = GoodputController(cost=default_cost_model())
+    ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0)
     seqs = make_seqs(1)
     run(ctrl, seqs, [0.0], 50)
     ctrl.forget(seqs[0])
@@ -105,7 +108,7 @@ def test_forget_drops_the_request():
 
 @pytest.mark.parametrize("k_max", [0, 1])
 def test_respects_k_max(k_max):
-    ctrl = GoodputController(cost=default_cost_model())
+    ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0)
     assert all(k <= k_max for ks in run_k(ctrl, k_max) for k in ks)
 
 
@@ -141,3 +144,13 @@ def test_truncate_cuts_drafts_that_do_not_pay_for_the_batch(num_seqs):
     assert kept[1:] == [0] * (num_seqs - 1)
     assert (kept[0] >= 2) if num_seqs == 1 else (kept[0] == 0)
     assert out.token_ids.shape[1] == kept[0]
+
+
+def test_cheap_drafts_are_all_requested_and_truncate_decides():
+    """With (near) free drafting, as n-gram, choose asks every row for K_max; a costly drafter is capped."""
+    seqs = make_seqs(4)
+    free = GoodputController(cost=default_cost_model())
+    assert free.choose(seqs, K_MAX) == [K_MAX] * 4
+    costly = default_cost_model()
+    costly.draft_coef = np.array([5e-3, 1e-3])  # 5 ms per drafted position: a draft model
+    assert max(GoodputController(cost=costly).choose(seqs, K_MAX)) < K_MAX
