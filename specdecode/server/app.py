@@ -239,16 +239,22 @@ class Server:
         return {"object": "list", "data": [card]}
 
 
-def build_app(llm, config: ServerConfig):
-    """The ASGI app: FastAPI routes inside the request-counting and body-limit middleware."""
+def build_app(llm, config: ServerConfig, engine_thread: bool = True):
+    """The ASGI app: FastAPI routes inside the request-counting and body-limit middleware.
+
+    With `engine_thread` the app's lifespan runs the engine loop in a thread; without, the caller runs
+    `app.state.server.engine.run()` itself (`specdecode serve` does, in the main thread).
+    """
     metrics = ServerMetrics()
     server = Server(llm, config, metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        server.engine.start()
+        if engine_thread:
+            server.engine.start()
         yield
-        server.engine.shutdown()
+        if engine_thread:
+            server.engine.shutdown()
 
     app = FastAPI(title="specdecode", version="0.1.0", lifespan=lifespan)
     app.state.server = server

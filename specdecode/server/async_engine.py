@@ -1,8 +1,12 @@
-"""The engine loop in its own thread; HTTP handlers talk to it through a command inbox and per-request queues.
+"""The engine loop; HTTP handlers talk to it through a command inbox and per-request queues.
 
 One loop owns the `Engine`: requests join at step boundaries, leave when finished or aborted, and an exception
 inside a step fails the requests of that batch (500) but never the loop. torch releases the GIL during the
 forward, so the asyncio event loop keeps accepting and streaming while the engine computes.
+
+`specdecode serve` runs this loop in the main thread and the HTTP server in another: on CPU, PyTorch's OpenMP
+team is fast only for the thread that created it (a decode step of SmolLM2 took 30 ms in the main thread and
+51 ms in a second thread on the 2-core machine). `start()` runs it in a thread instead, for in-process use.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class AsyncEngine:
         self._seqs: dict[str, Sequence] = {}
         self._wake = threading.Event()
         self._stopping = False
+        self._running = False
         self._thread: threading.Thread | None = None
 
     # ---- the HTTP side --------------------------------------------------------------------------------
@@ -91,18 +96,18 @@ class AsyncEngine:
         if self.alive:
             return
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="specdecode-engine", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="specdecode-engine", daemon=True)
         self._thread.start()
 
     def shutdown(self) -> None:
         self._stopping = True
         self._wake.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._running
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
         """Queue a request; 429 when running + queued requests are at capacity."""
@@ -133,7 +138,15 @@ class AsyncEngine:
         return len(self._streams)
 
     # ---- the engine thread ----------------------------------------------------------------------------
-    def _run(self) -> None:
+    def run(self) -> None:
+        """The loop itself, in the calling thread, until `shutdown()`."""
+        self._running = True
+        try:
+            self._loop()
+        finally:
+            self._running = False
+
+    def _loop(self) -> None:
         while not self._stopping:
             self._wake.clear()
             self._drain_inbox()
