@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from datetime import date
 from pathlib import Path
 
 import httpx
@@ -27,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from specdecode.bench.specbench import machine, select_prompts
+from specdecode.bench.specbench import provenance, select_prompts
 from specdecode.config import ConfigError
 from specdecode.prompts import load_jsonl
 
@@ -269,9 +268,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     out = Path(a.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
-        "command": "specdecode " + " ".join(sys.argv[1:]),
-        "machine": machine(),
-        "date": date.today().isoformat(),
+        **provenance(),
         "rates": rates,
         "requests_per_rate": a.requests_per_rate,
         "max_tokens": a.max_tokens,

@@ -203,6 +203,15 @@ def machine() -> str:
     return f"{platform.machine()} {dev}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
+def provenance() -> dict[str, str]:
+    """The command, machine and date every results file carries."""
+    return {
+        "command": "specdecode " + " ".join(sys.argv[1:]),
+        "machine": machine(),
+        "date": date.today().isoformat(),
+    }
+
+
 def run_from_args(a: argparse.Namespace) -> None:
     prompts = select_prompts(load_jsonl(a.prompts), a.per_category)
     arms = build_arms(a)
@@ -218,9 +227,7 @@ def run_from_args(a: argparse.Namespace) -> None:
         out = Path(a.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         payload = {
-            "command": "specdecode " + " ".join(sys.argv[1:]),
-            "machine": machine(),
-            "date": date.today().isoformat(),
+            **provenance(),
             "num_prompts": len(prompts),
             "max_tokens": a.max_tokens,
             "arms": {name: r.table() for name, r in results.items()},

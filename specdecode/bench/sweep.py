@@ -18,7 +18,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from datetime import date
 from itertools import cycle
 from pathlib import Path
 
@@ -277,7 +276,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     from rich.console import Console
 
     from specdecode.bench.args import DEFAULT_ARMS
-    from specdecode.bench.specbench import machine
+    from specdecode.bench.specbench import provenance
     from specdecode.bench.sweep_peers import run_peers
     from specdecode.bench.sweep_report import report
     from specdecode.cli import llm_from_args
@@ -297,9 +296,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     peer_texts = [texts[i % len(texts)] for i in range(cfg.num_requests(1))]  # the prompts C = 1 saw
     peers = run_peers(a, base, peer_texts, cfg) if a.peers and 1 in cfg.concurrency else {}
     meta = {
-        "command": "specdecode " + " ".join(sys.argv[1:]),
-        "machine": machine(),
-        "date": date.today().isoformat(),
+        **provenance(),
         "target": a.target,
         "method": a.method,
         "draft": a.draft,
