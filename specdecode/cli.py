@@ -8,6 +8,7 @@ Usage:
     specdecode bench sweep --prompts ../shared/data/specbench_question.jsonl --concurrency 1,4,16
     specdecode serve --port 8000 --api-key secret
     specdecode calibrate
+    specdecode distill --data responses.npz --out drafts/smol-2l --layers 2 --init-from-target --steps 2000
 """
 
 from __future__ import annotations
@@ -123,6 +124,12 @@ def cmd_calibrate(a: argparse.Namespace) -> None:
     calibrate(a.target, a.device, a.dtype)
 
 
+def cmd_distill(a: argparse.Namespace) -> None:
+    from specdecode.train.args import run_distill
+
+    run_distill(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -153,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--device", default="cpu")
     cal.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     cal.set_defaults(func=cmd_calibrate)
+
+    from specdecode.train.args import add_distill_args
+
+    dist = sub.add_parser("distill", help="train a small draft model for a target by distillation")
+    add_distill_args(dist)
+    dist.set_defaults(func=cmd_distill)
     return parser
 
 

@@ -1,0 +1,229 @@
+"""Distil a small Llama draft from a target: the training loop.
+
+Usage (the CLI wraps `distill`):
+    specdecode distill --target smollm2-135m-instruct \
+        --data ../shared/data/distill/smollm2_135m_instruct_responses_part1.npz --out drafts/smol-2l \
+        --layers 2 --init-from-target --steps 2000 --batch-size 8 --seq-len 512 --device cuda
+
+The teacher is the target itself, run teacher-forced over the data's own tokens; the student learns its full
+next-token distribution at every response position (see objective.py). Resuming from OUT/checkpoint reaches
+the same weights as an uninterrupted run: batches are a function of (seed, step) and all state is saved.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from tqdm import tqdm
+
+from specdecode.config import ConfigError
+from specdecode.models.loader import resolve_model_dir
+from specdecode.train import data as D
+from specdecode.train.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
+from specdecode.train.draft_config import DraftOptions, build_draft_config, freeze_embeddings, init_from_target, summary
+from specdecode.train.export import write_draft_dir
+from specdecode.train.objective import StepStats, distill_loss, lr_factor
+
+LOG_WINDOW = 20  # the reported final loss/accuracy average this many last steps: one batch is noisy
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    target: str
+    data: list[str]
+    out: str
+    draft: DraftOptions = field(default_factory=DraftOptions)
+    steps: int = 1000
+    batch_size: int = 8
+    seq_len: int = 512
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    ce_weight: float = 0.0
+    seed: int = 0
+    save_every: int = 100
+    resume: bool = False
+    overwrite: bool = False
+    device: str = "cpu"
+    eval_data: str | None = None
+    eval_max_windows: int = 512  # caps the held-out pass on large files
+    progress: bool = True
+    command: str = ""  # the command line, recorded in the manifest
+
+    def __post_init__(self) -> None:
+        positive = ("steps", "batch_size", "save_every", "eval_max_windows")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.seq_len < 2:
+            raise ConfigError(f"seq-len must be >= 2, got {self.seq_len}")
+        if not self.lr > 0 or self.warmup < 0 or self.weight_decay < 0 or self.ce_weight < 0:
+            raise ConfigError("lr must be > 0; warmup, weight-decay and ce-weight must be >= 0")
+        if not self.data:
+            raise ConfigError("no --data files given")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite contradict each other: pick one")
+
+
+@dataclass
+class DistillResult:
+    out: Path
+    losses: list[float]  # one per step run in this process
+    accuracies: list[float]
+    manifest: dict
+
+
+def check_output(cfg: DistillConfig) -> Path:
+    """Refuse before any work: an existing OUT needs --overwrite or --resume; --resume needs a checkpoint."""
+    out = Path(cfg.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a directory")
+    if cfg.resume and not (out / CHECKPOINT_DIR).is_dir():
+        raise ConfigError(f"--resume: no checkpoint in {out / CHECKPOINT_DIR}")
+    if out.exists() and not (cfg.resume or cfg.overwrite):
+        raise ConfigError(f"output directory {out} already exists; pass --overwrite to replace it or --resume")
+    return out
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda asked for, but no CUDA device is available")
+    return device
+
+
+def _load_teacher(target_dir: Path, device: torch.device):
+    teacher = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+    teacher.requires_grad_(False)
+    return teacher
+
+
+def _build_student(cfg: DistillConfig, draft_cfg, teacher, device: torch.device):
+    torch.manual_seed(cfg.seed)
+    student = transformers.LlamaForCausalLM(draft_cfg)
+    if cfg.draft.init_from_target and not init_from_target(student, teacher):
+        raise ConfigError("--init-from-target: no draft tensor matches the target's shapes (try the default width)")
+    if cfg.draft.freeze_embeddings:
+        freeze_embeddings(student)
+    return student.to(device).train()
+
+
+def _tensors(batch: D.Batch, device: torch.device) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.from_numpy(a).to(device) for a in (batch.input_ids, batch.loss_mask, batch.labels))
+
+
+def _forward(student, teacher, batch: D.Batch, device: torch.device, ce_weight: float) -> StepStats:
+    input_ids, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
+    with torch.no_grad():
+        teacher_logits = teacher(input_ids).logits  # [batch, seq_len, vocab]
+    student_logits = student(input_ids).logits  # [batch, seq_len, vocab]
+    return distill_loss(student_logits, teacher_logits, mask, labels, ce_weight)
+
+
+def evaluate(student, teacher, samples: D.Samples, windows: np.ndarray, cfg: DistillConfig, device) -> dict:
+    """Held-out token accuracy and KL, weighted by masked positions."""
+    student.eval()
+    hits = kl = total = 0.0
+    with torch.no_grad():
+        for batch in D.eval_batches(samples, windows[: cfg.eval_max_windows], cfg.seq_len, cfg.batch_size):
+            s = _forward(student, teacher, batch, device, 0.0)
+            hits, kl, total = hits + s.accuracy * s.num_tokens, kl + s.kl * s.num_tokens, total + s.num_tokens
+    student.train()
+    return {"accuracy": hits / max(total, 1), "kl": kl / max(total, 1), "tokens": int(total)}
+
+
+def _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_stats) -> dict:
+    tail = slice(-LOG_WINDOW, None)
+    return {
+        "command": cfg.command,
+        "target": cfg.target,
+        "target_dir": str(target_dir),
+        "data": [str(Path(p).resolve()) for p in cfg.data],
+        "eval_data": str(Path(cfg.eval_data).resolve()) if cfg.eval_data else None,
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "seq_len": cfg.seq_len,
+        "lr": cfg.lr,
+        "ce_weight": cfg.ce_weight,
+        "seed": cfg.seed,
+        "tokens_seen": int(totals["tokens"]),
+        "loss_tokens_seen": int(totals["loss_tokens"]),
+        "final_loss": float(np.mean(losses[tail])) if losses else None,
+        "final_accuracy": float(np.mean(accs[tail])) if accs else None,
+        "eval": eval_stats,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "parameters": sum(p.numel() for p in student.parameters()),
+        "trainable_parameters": sum(p.numel() for p in student.parameters() if p.requires_grad),
+        "init_from_target": cfg.draft.init_from_target,
+        "freeze_embeddings": cfg.draft.freeze_embeddings,
+        "draft_config": summary(draft_cfg),
+    }
+
+
+def distill(cfg: DistillConfig) -> DistillResult:
+    """Validate everything, train, and write the draft directory to cfg.out."""
+    out = check_output(cfg)
+    device = _device(cfg.device)
+    target_dir = resolve_model_dir(cfg.target)
+    target_json = json.loads((target_dir / "config.json").read_text())
+    draft_cfg = build_draft_config(target_json, cfg.draft)
+    samples = D.load_samples(cfg.data, draft_cfg.vocab_size)
+    windows = D.window_starts(samples, cfg.seq_len)
+    held_out = D.load_samples([cfg.eval_data], draft_cfg.vocab_size) if cfg.eval_data else None
+
+    teacher = _load_teacher(target_dir, device)
+    student = _build_student(cfg, draft_cfg, teacher, device)
+    params = [p for p in student.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.warmup, cfg.steps))
+    totals = {"tokens": 0, "loss_tokens": 0}
+    start = 0
+    if cfg.resume:
+        start, totals = load_checkpoint(out, student, optimizer, scheduler)
+    elif out.exists():  # --overwrite, now that every input has been checked
+        shutil.rmtree(out)
+
+    losses, accs = _train(cfg, student, teacher, samples, windows, optimizer, scheduler, start, totals, device)
+    eval_stats = None
+    if held_out is not None:
+        eval_stats = evaluate(student, teacher, held_out, D.window_starts(held_out, cfg.seq_len), cfg, device)
+    manifest = _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_stats)
+    write_draft_dir(out, student, target_dir, manifest)
+    return DistillResult(out, losses, accs, manifest)
+
+
+def _train(cfg, student, teacher, samples, windows, optimizer, scheduler, start, totals, device):
+    """Steps start..cfg.steps-1; updates `totals` in place. Returns per-step losses and accuracies."""
+    losses, accs = [], []
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress, desc="distill")
+    stream = D.batches(samples, windows, cfg.seq_len, cfg.batch_size, cfg.seed, start_step=start)
+    t0, tokens0 = time.perf_counter(), totals["tokens"]
+    for step, batch in zip(bar, stream, strict=False):
+        stats = _forward(student, teacher, batch, device, cfg.ce_weight)
+        stats.loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(stats.loss.item())
+        accs.append(stats.accuracy)
+        totals["tokens"] += batch.num_tokens
+        totals["loss_tokens"] += stats.num_tokens
+        rate = (totals["tokens"] - tokens0) / max(time.perf_counter() - t0, 1e-9)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=f"{accs[-1]:.3f}", tok_s=f"{rate:.0f}")
+        if (step + 1) % cfg.save_every == 0:
+            save_checkpoint(Path(cfg.out).expanduser(), student, optimizer, scheduler, step + 1, totals)
+    bar.close()
+    return losses, accs

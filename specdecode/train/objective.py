@@ -1,0 +1,47 @@
+"""What the draft minimises: KL(p_target || q_draft) at response positions, plus optional hard-label CE.
+
+Forward KL (not reverse) because speculative acceptance is sum_x min(p, q): the draft must put mass wherever
+the target does. Token accuracy (draft argmax == target argmax) is the greedy acceptance rate per position.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class StepStats:
+    loss: torch.Tensor  # [] the scalar being minimised
+    kl: float
+    accuracy: float  # fraction of masked positions where the argmaxes agree
+    num_tokens: int  # masked positions in the batch
+
+
+def distill_loss(
+    student_logits: torch.Tensor,  # [batch, seq_len, vocab]
+    teacher_logits: torch.Tensor,  # [batch, seq_len, vocab]
+    loss_mask: torch.Tensor,  # [batch, seq_len] bool
+    labels: torch.Tensor,  # [batch, seq_len] int64
+    ce_weight: float = 0.0,
+) -> StepStats:
+    """Mean over masked positions; only those positions are gathered, so the vocab-wide ops stay small."""
+    q_log = F.log_softmax(student_logits[loss_mask].float(), dim=-1)  # [num_masked, vocab]
+    p_log = F.log_softmax(teacher_logits[loss_mask].float(), dim=-1)  # [num_masked, vocab]
+    kl = F.kl_div(q_log, p_log, log_target=True, reduction="batchmean")
+    loss = kl
+    if ce_weight > 0.0:
+        loss = loss + ce_weight * F.nll_loss(q_log, labels[loss_mask])
+    agree = (q_log.argmax(-1) == p_log.argmax(-1)).float().mean()
+    return StepStats(loss, kl.item(), agree.item(), int(loss_mask.sum()))
+
+
+def lr_factor(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
+    """Linear warmup to 1, then cosine decay to `floor` at `total` steps. `step` counts from 0."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
