@@ -66,7 +66,7 @@ def run_distill(a: argparse.Namespace) -> None:
         device=a.device,
         eval_data=a.eval_data,
         progress=not a.no_progress,
-        command=shlex.join(sys.argv),
+        command=shlex.join(["specdecode", *sys.argv[1:]]),
     )
     result = distill(cfg)
     m = result.manifest
