@@ -9,6 +9,10 @@ Usage:
     specdecode serve --port 8000 --api-key secret
     specdecode calibrate
     specdecode distill --data responses.npz --out drafts/smol-2l --layers 2 --init-from-target --steps 2000
+    specdecode distill generate --prompts ../shared/data/distill/prompts.jsonl.gz --out more.npz --limit 2000
+
+`specdecode distill generate ...` is rewritten to the subcommand `distill-generate` before parsing, so training
+(`specdecode distill --data ...`, which takes no positional argument) parses exactly as before.
 """
 
 from __future__ import annotations
@@ -130,6 +134,12 @@ def cmd_distill(a: argparse.Namespace) -> None:
     run_distill(a)
 
 
+def cmd_distill_generate(a: argparse.Namespace) -> None:
+    from specdecode.train.args import run_generate
+
+    run_generate(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,7 +176,22 @@ def build_parser() -> argparse.ArgumentParser:
     dist = sub.add_parser("distill", help="train a small draft model for a target by distillation")
     add_distill_args(dist)
     dist.set_defaults(func=cmd_distill)
+
+    from specdecode.train.args import add_generate_args
+
+    dgen = sub.add_parser(
+        "distill-generate", help="distillation data: the target's responses to prompts (= `distill generate`)"
+    )
+    add_generate_args(dgen)
+    dgen.set_defaults(func=cmd_distill_generate)
     return parser
+
+
+def route_subcommands(argv: list[str]) -> list[str]:
+    """`distill generate ...` is `distill-generate ...`; every other command line is left as it is."""
+    if argv[:2] == ["distill", "generate"]:
+        return ["distill-generate", *argv[2:]]
+    return argv
 
 
 def run(func: Callable[[argparse.Namespace], None], args: argparse.Namespace) -> int:
@@ -186,6 +211,7 @@ def run(func: Callable[[argparse.Namespace], None], args: argparse.Namespace) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = route_subcommands(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
     return run(args.func, args)
 

@@ -1,7 +1,8 @@
-"""Reading prompts: command-line arguments, a jsonl file (`prompt` or Spec-Bench `turns`), or stdin."""
+"""Reading prompts: command-line arguments, a jsonl file (`prompt` or Spec-Bench `turns`; .gz too), or stdin."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ class Prompt:
     question_id: str | None = None
 
 
-def _parse_line(obj: dict, where: str) -> Prompt:
+def parse_prompt(obj: dict, where: str) -> Prompt:
     if isinstance(obj.get("prompt"), str):
         text = obj["prompt"]
     elif isinstance(obj.get("turns"), list) and obj["turns"] and isinstance(obj["turns"][0], str):
@@ -32,12 +33,19 @@ def _parse_line(obj: dict, where: str) -> Prompt:
     return Prompt(text, str(obj.get("category", "default")), None if qid is None else str(qid))
 
 
-def load_jsonl(path: str | Path) -> list[Prompt]:
+def read_jsonl_objects(path: str | Path) -> list[tuple[dict, str]]:
+    """Every non-blank line's JSON object with its `file:line` location; a `.gz` file is decompressed."""
     path = Path(path)
     if not path.is_file():
         raise PromptError(f"prompts file not found: {path}")
-    prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise PromptError(f"{path}: not a readable gzip file ({e})") from None
+    objects = []
+    for n, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -46,7 +54,12 @@ def load_jsonl(path: str | Path) -> list[Prompt]:
             raise PromptError(f"{path}:{n}: invalid JSON ({e.msg})") from None
         if not isinstance(obj, dict):
             raise PromptError(f"{path}:{n}: expected a JSON object")
-        prompts.append(_parse_line(obj, f"{path}:{n}"))
+        objects.append((obj, f"{path}:{n}"))
+    return objects
+
+
+def load_jsonl(path: str | Path) -> list[Prompt]:
+    prompts = [parse_prompt(obj, where) for obj, where in read_jsonl_objects(path)]
     if not prompts:
         raise PromptError(f"{path}: no prompts")
     return prompts

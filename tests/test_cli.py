@@ -22,6 +22,8 @@ BAD_ARGS = [
     (["generate", "hi", "--target", "/nonexistent/model"], "model not found"),
     (["generate", "--prompts-file", "/nonexistent.jsonl"], "prompts file not found"),
     (["bench", "sweep", "--prompts", "missing.jsonl"], "prompts file not found"),
+    (["distill", "generate", "--prompts", "missing.jsonl", "--out", "x.npz"], "prompts file not found"),
+    (["distill-generate", "--prompts", "specbench_question.jsonl", "--out", "x.npz"], "evaluation only"),
 ]
 
 

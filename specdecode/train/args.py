@@ -76,3 +76,53 @@ def run_distill(a: argparse.Namespace) -> None:
     if m["eval"]:
         line += f", held-out token accuracy {m['eval']['accuracy']:.3f}"
     print(line)
+
+
+def add_generate_args(p: argparse.ArgumentParser) -> None:
+    """`specdecode distill generate` (also spelled `distill-generate`): more data from the target itself."""
+    from specdecode.config import METHODS
+
+    p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
+    p.add_argument("--prompts", required=True, help="jsonl[.gz] of 'prompt' strings (or 'prompt_ids' token lists)")
+    p.add_argument("--out", required=True, help="output .npz (OUT.partial.npz holds progress until it is done)")
+    p.add_argument("--max-tokens", type=int, default=400, help="new tokens per response")
+    p.add_argument("--sampled-fraction", type=float, default=0.4, help="share of prompts sampled at temperature 1")
+    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences the engine runs at once")
+    p.add_argument("--chunk-size", type=int, default=64, help="prompts per flush of the partial output")
+    p.add_argument("--method", default="ngram", choices=METHODS, help="speculation (lossless) to speed it up")
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--draft", default=None, help="draft model for --method draft")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer chat-formatted prompts are skipped")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--seed", type=int, default=0, help="picks the sampled prompts and their seeds")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_generate(a: argparse.Namespace) -> None:
+    from specdecode.train.generate import GenerateConfig, generate_data
+
+    cfg = GenerateConfig(
+        prompts=a.prompts,
+        out=a.out,
+        target=a.target,
+        max_tokens=a.max_tokens,
+        sampled_fraction=a.sampled_fraction,
+        limit=a.limit,
+        batch_size=a.batch_size,
+        chunk_size=a.chunk_size,
+        method=a.method,
+        num_speculative_tokens=a.num_speculative_tokens,
+        draft=a.draft,
+        max_prompt_tokens=a.max_prompt_tokens,
+        device=a.device,
+        dtype=a.dtype,
+        seed=a.seed,
+        overwrite=a.overwrite,
+        progress=not a.no_progress,
+    )
+    r = generate_data(cfg)
+    print(f"{r.num_samples} samples ({r.num_response_tokens:,} response tokens) written to {r.out}", end="")
+    print(f"; {r.num_skipped} prompts skipped as too long" if r.num_skipped else "")
