@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,9 +24,10 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from specdecode.bench.specbench import provenance, select_prompts
+from specdecode.bench.specbench import provenance
 from specdecode.config import ConfigError
 from specdecode.prompts import load_jsonl
+from specdecode.server.process import LiveServer
 
 DEFAULT_RATES = (0.25, 0.5, 1.0, 2.0)
 SERVED_NAME = "bench"
@@ -52,38 +51,6 @@ def parse_arm(arm: str, k_max: int) -> list[str]:
     if k and not k.isdigit():
         raise ConfigError(f"arm {arm!r}: K must be an integer")
     return ["--controller", name, "--num-speculative-tokens", k or str(k_max)]
-
-
-class LiveServer:
-    """A `specdecode serve` child process on a free port, stopped on exit."""
-
-    def __init__(self, flags: list[str], log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "specdecode.cli", "serve", "--port", str(self.port), "--log-level", "warning"]
-        self.log = log
-        self.proc = subprocess.Popen(cmd + flags, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-    def __enter__(self) -> LiveServer:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ConfigError(f"server failed to start: {self.log.read_text().strip().splitlines()[-1:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                time.sleep(0.3)
-        raise ConfigError("server did not become healthy within 300 s")
-
-    def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, t0: float) -> RequestTiming:
@@ -250,7 +217,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     arms = a.arms or ["none", f"fixed:{a.num_speculative_tokens}", "goodput"]
     for arm in arms:
         parse_arm(arm, a.num_speculative_tokens)  # bad arms fail before any server starts
-    picked = select_prompts(load_jsonl(a.prompts), 0)
+    picked = load_jsonl(a.prompts)
     if not picked:
         raise ConfigError(f"no prompts in {a.prompts}")
     rng = np.random.default_rng(0)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -222,6 +221,3 @@ class AsyncEngine:
             self._end(rid, Output(error=err))
         self.engine.last_step = None
 
-
-def wall_time() -> int:
-    return int(time.time())

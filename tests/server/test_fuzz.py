@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from specdecode.llm import LLM
 from specdecode.server.app import ServerConfig, build_app
-from tests.server.conftest import MODEL, ServerProcess
+from tests.server.conftest import MODEL, start_server
 
 PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models"}
 
@@ -47,7 +47,7 @@ def server_errors(schema, max_examples: int) -> list[str]:
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory, tiny_full_vocab):
     flags = ["--max-model-len", "64", "--request-timeout", "20", "--max-num-seqs", "4"]
-    server = ServerProcess(tiny_full_vocab, *flags, log=tmp_path_factory.mktemp("fuzz") / "server.log")
+    server = start_server(tiny_full_vocab, *flags, log=tmp_path_factory.mktemp("fuzz") / "server.log")
     yield server
     server.stop()
 
