@@ -8,6 +8,7 @@ One `forward` serves a ragged batch: row b holds `num_new[b]` new tokens (padded
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,15 +260,20 @@ class LlamaModel(nn.Module):
         cache: KVCache,
         logits_index: torch.Tensor | None = None,  # [num_seqs, n] which of the T positions need logits
         return_hidden: bool = False,
+        layer_ids: Sequence[int] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Logits [num_seqs, n or T, vocab] in fp32 (and final hidden states [num_seqs, T, hidden])."""
+        """Logits [num_seqs, n or T, vocab] in fp32 (and final hidden states [num_seqs, T, hidden]).
+
+        layer_ids runs only those layers (in order), each on its own slice of `cache`: self-speculation by
+        layer skipping drafts this way through the target's weights and K/V.
+        """
         t = tokens.shape[1]
         x = self.embed(tokens)  # [num_seqs, T, hidden]
         cos, sin = self.rope(meta.positions, x.dtype)
         write_pos = meta.start[:, None] + torch.arange(t, device=tokens.device)  # [num_seqs, T]
         mask = meta.attention_mask(t)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], meta, write_pos, mask)
+        for i in range(len(self.layers)) if layer_ids is None else layer_ids:
+            x = self.layers[i](x, cos, sin, cache.k[i], cache.v[i], meta, write_pos, mask)
         hidden = self.norm(x)  # [num_seqs, T, hidden]
         picked = (
             hidden
