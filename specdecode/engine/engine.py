@@ -60,6 +60,9 @@ class Engine:
         self.eos_token_ids = eos_token_ids
         self.device = target.embed.weight.device
         self.cache = target.new_cache(config.max_num_seqs, max_model_len)
+        bind = getattr(drafter, "bind_target_cache", None)  # drafters that read the target's own K/V (layer_skip)
+        if bind is not None:
+            bind(self.cache)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._detok: dict[str, IncrementalDetokenizer] = {}
