@@ -59,3 +59,16 @@ class KVCache:
         if not 0 <= length <= self.max_len:
             raise CacheFullError(f"slot {slot} length {length} outside 0..{self.max_len}")
         self.lengths[slot] = length
+
+    def compact(self, slot: int, start: int, offsets: list[int]) -> None:
+        """Move the K/V written at start + offsets[i] to start + i (every layer): a tree's accepted path.
+
+        Offsets increase (a path runs down a topologically ordered tree), so offsets[i] >= i and the copy
+        never reads a position it has already overwritten.
+        """
+        if offsets == list(range(len(offsets))):
+            return
+        src = torch.tensor(offsets, device=self.k.device) + start
+        dst = torch.arange(start, start + len(offsets), device=self.k.device)
+        self.k[:, slot, :, dst] = self.k[:, slot, :, src]
+        self.v[:, slot, :, dst] = self.v[:, slot, :, src]

@@ -25,6 +25,9 @@ from specdecode.sampling import (
 class VerifyResult:
     output_token_ids: torch.Tensor  # [num_seqs, k + 1] accepted drafts, one recovered/bonus token, then PAD
     num_accepted: torch.Tensor  # [num_seqs] accepted drafts; emitted tokens = num_accepted + 1
+    # [num_seqs, depth] draft index of each accepted node along a tree's path, PAD past num_accepted; None for
+    # chains, whose accepted drafts are simply the first num_accepted.
+    path: torch.Tensor | None = None
 
 
 def verify(

@@ -20,6 +20,9 @@ class Proposal:
     # may depend on the drafts before j but, for sampled drafts, not on draft j itself (see truncated()).
     # None = the drafter has no such notion.
     confidence: torch.Tensor | None = None
+    # [num_seqs, k] int64 tree position of each draft's parent (0 = the pending token; see specdecode/tree.py).
+    # None = a chain. Tree drafts may share a depth; truncated() keeps a topological prefix, still a tree.
+    parents: torch.Tensor | None = None
 
     @classmethod
     def from_lists(
@@ -54,7 +57,8 @@ class Proposal:
         ids = ids.masked_fill(torch.arange(width, device=ids.device)[None] >= num[:, None], PAD_TOKEN_ID)
         probs = None if self.probs is None else self.probs[:, :width]  # [num_seqs, width, vocab]
         conf = None if self.confidence is None else self.confidence[:, :width]  # [num_seqs, width]
-        return Proposal(ids, num, probs, conf)
+        parents = None if self.parents is None else self.parents[:, :width]  # [num_seqs, width]
+        return Proposal(ids, num, probs, conf, parents)
 
 
 class Drafter(Protocol):

@@ -21,7 +21,18 @@ from specdecode.engine.runner import forward_ragged
 from specdecode.engine.sequence import Sequence, Status
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 from specdecode.sampling import SamplingTensors
+from specdecode.tree import tree_layout
 from specdecode.verify import VerifyResult, verify
+from specdecode.verify_tree import verify_tree
+
+
+@dataclass
+class Verified:
+    """The verify step's result, plus what commit needs: where each row started and the target's features."""
+
+    result: VerifyResult
+    starts: list[int]  # target-cache length of each row before the step
+    hidden: torch.Tensor | None  # [num_seqs, k + 1, hidden] post-norm features, when the drafter reads them
 
 
 @dataclass
@@ -60,6 +71,8 @@ class Engine:
         self.eos_token_ids = eos_token_ids
         self.device = target.embed.weight.device
         self.cache = target.new_cache(config.max_num_seqs, max_model_len)
+        # Feature drafters (eagle, medusa, mtp) read the target's hidden states through observe_features().
+        self._needs_features = bool(getattr(drafter, "needs_features", False))
         bind = getattr(drafter, "bind_target_cache", None)  # drafters that read the target's own K/V (layer_skip)
         if bind is not None:
             bind(self.cache)
@@ -140,7 +153,12 @@ class Engine:
                 budget -= len(chunk)
             seqs.append((seq, len(chunk)))
         if chunks:
-            forward_ragged(self.target, self.cache, slots, chunks, last_only=True)
+            out = forward_ragged(self.target, self.cache, slots, chunks, True, return_hidden=self._needs_features)
+            if self._needs_features:
+                hidden = out[1]  # [num_chunks, longest chunk, hidden]
+                chunked = [(seq, n) for seq, n in seqs if n]
+                for b, (seq, n) in enumerate(chunked):
+                    self.drafter.observe_features(seq, seq.num_prefilled, hidden[b, :n])
         for seq, n in seqs:
             seq.num_prefilled += n
             self.cache.set_length(seq.slot, seq.num_prefilled)
@@ -157,7 +175,8 @@ class Engine:
         if truncate is not None:
             proposal = truncate(seqs, proposal)
         t1 = time.perf_counter()
-        result = self._verify(seqs, proposal, st)  # verify
+        verified = self._verify(seqs, proposal, st)  # verify
+        result = verified.result
         num_proposed = proposal.num_tokens.tolist()
         num_accepted = result.num_accepted.tolist()
         rows = result.output_token_ids.tolist()
@@ -169,7 +188,7 @@ class Engine:
             seq.metrics.num_accepted += a
             seq.metrics.num_target_forwards += 1
             updates.append(self._append(seq, row[: a + 1]))
-        self._after_commit(seqs)
+        self._after_commit(seqs, verified)
         self.last_step = StepStats(
             seqs,
             num_proposed,
@@ -190,15 +209,26 @@ class Engine:
             for s, k in zip(seqs, ks, strict=True)
         ]
 
-    def _verify(self, seqs: list[Sequence], proposal: Proposal, st: SamplingTensors) -> VerifyResult:
-        """Score (pending, d_1..d_k) for every row in one target forward, then accept or reject."""
+    def _verify(self, seqs: list[Sequence], proposal: Proposal, st: SamplingTensors) -> Verified:
+        """Score (pending, drafts) for every row in one target forward, then accept or reject.
+
+        A chain is scored causally; a tree with its ancestor mask and positions by depth (specdecode/tree.py).
+        """
         pending = torch.tensor([[s.token_ids[-1]] for s in seqs], dtype=torch.long, device=self.device)
         tokens = torch.cat([pending, proposal.token_ids.clamp(min=0)], dim=1)  # [num_seqs, k + 1]
-        meta = AttentionMetadata.build(
-            [s.slot for s in seqs], [s.num_cached for s in seqs], tokens.shape[1], self.device
-        )
-        logits = self.target(tokens, meta, self.cache)  # [num_seqs, k + 1, vocab]
-        return verify(logits, proposal.token_ids, proposal.num_tokens, proposal.probs, st)
+        slots, starts = [s.slot for s in seqs], [s.num_cached for s in seqs]
+        if proposal.parents is None:
+            meta = AttentionMetadata.build(slots, starts, tokens.shape[1], self.device)
+        else:
+            depth, mask = tree_layout(proposal.parents, proposal.num_tokens)  # [num_seqs, k + 1], [.., k + 1]
+            meta = AttentionMetadata.build(slots, starts, tokens.shape[1], self.device, depth, mask)
+        out = self.target(tokens, meta, self.cache, return_hidden=self._needs_features)
+        logits, hidden = out if self._needs_features else (out, None)  # [num_seqs, k + 1, vocab], [.., hidden]
+        if proposal.parents is None:
+            result = verify(logits, proposal.token_ids, proposal.num_tokens, proposal.probs, st)
+        else:
+            result = verify_tree(logits, proposal.token_ids, proposal.parents, proposal.num_tokens, proposal.probs, st)
+        return Verified(result, starts, hidden)
 
     # ---- commit ---------------------------------------------------------------------------------------
     def _append(self, seq: Sequence, tokens: list[int]) -> SeqUpdate:
@@ -245,12 +275,30 @@ class Engine:
                 return True
         return False
 
-    def _after_commit(self, seqs: list[Sequence]) -> None:
-        """Only commit touches cache lengths: keep pending + accepted tokens, forget the rest."""
-        alive = [s for s in seqs if s.status is not Status.FINISHED]
-        for s in alive:
+    def _after_commit(self, seqs: list[Sequence], verified: Verified) -> None:
+        """Only commit touches the cache: keep pending + accepted tokens, forget the rest.
+
+        A tree's accepted path is first moved to sit right after the pending token. Drafters that read the
+        target's features get those of the tokens just cached.
+        """
+        result = verified.result
+        num_accepted = result.num_accepted.tolist()
+        paths = None if result.path is None else result.path.tolist()
+        for b, s in enumerate(seqs):
+            if s.status is Status.FINISHED:
+                continue
+            # tree positions of the kept tokens: the root (pending), then each accepted node
+            kept = (
+                list(range(num_accepted[b] + 1))
+                if paths is None
+                else [0] + [j + 1 for j in paths[b][: num_accepted[b]]]
+            )
+            self.cache.compact(s.slot, verified.starts[b], kept)
             self.cache.set_length(s.slot, s.num_cached)
-        self.drafter.commit(alive)
+            if verified.hidden is not None:
+                index = torch.tensor(kept, device=self.device)
+                self.drafter.observe_features(s, verified.starts[b], verified.hidden[b, index])  # [kept, hidden]
+        self.drafter.commit([s for s in seqs if s.status is not Status.FINISHED])
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is Status.FINISHED:

@@ -14,9 +14,11 @@ def forward_ragged(
     slots: list[int],
     tokens: list[list[int]],
     last_only: bool,
-) -> torch.Tensor:
+    return_hidden: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Feed tokens[b] after the cached tokens of slots[b]; logits [num_seqs, 1 or T, vocab].
 
+    With return_hidden, also the final hidden states [num_seqs, T, hidden].
     Rows are right-padded to the longest; pad positions write stale K/V past the row's length, which nothing
     reads. Cache lengths are not changed here: the caller commits them.
     """
@@ -27,7 +29,7 @@ def forward_ragged(
     index = None
     if last_only:
         index = torch.tensor([[len(t) - 1] for t in tokens], dtype=torch.long, device=device)  # [num_seqs, 1]
-    return model(padded, meta, cache, index)
+    return model(padded, meta, cache, index, return_hidden=return_hidden)
 
 
 def prefill(model: LlamaModel, cache: KVCache, slot: int, tokens: list[int], chunk: int) -> torch.Tensor:

@@ -56,8 +56,8 @@ def test_missing_rollback_is_detected(tiny_target, tiny_draft):
     engine = llm.engine
     original = engine._after_commit
 
-    def no_rollback(seqs):
-        original(seqs)
+    def no_rollback(seqs, verified):
+        original(seqs, verified)
         for s in seqs:
             if s.status is Status.RUNNING:
                 engine.cache.set_length(s.slot, s.num_cached + 1)  # keeps the first rejected draft's K/V
