@@ -75,8 +75,30 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_serve_bench_args(p.add_argument_group("serve"))
 
 
+def method_arms(text: str) -> list[tuple[str, int, str]]:
+    """'ngram:8:goodput,eagle:12' -> [(method, K, controller)]; K defaults to 5, the controller to fixed."""
+    from specdecode.config import CONTROLLER_NAMES, METHODS
+
+    arms = []
+    for item in name_list(text):
+        parts = item.split(":")
+        method, k, controller = parts[0], parts[1] if len(parts) > 1 else "5", parts[2] if len(parts) > 2 else "fixed"
+        if method not in METHODS or not k.isdigit() or controller not in CONTROLLER_NAMES or len(parts) > 3:
+            raise argparse.ArgumentTypeError(
+                f"bad method arm {item!r}: expected method[:K[:controller]] with method in {', '.join(METHODS)}"
+            )
+        arms.append((method, int(k), controller))
+    return arms
+
+
 def add_specbench_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--per-category", type=int, default=3, help="prompts per category (0 = all)")
+    g.add_argument(
+        "--methods",
+        type=method_arms,
+        default=None,
+        help="compare several drafters in one run: method[:K[:controller]],... (overrides --method)",
+    )
     g.add_argument("--json", action="store_true", help="write results JSON (and a Markdown table)")
 
 

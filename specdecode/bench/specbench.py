@@ -136,7 +136,11 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
     batch1 = dict(max_num_seqs=1, max_model_len=a.max_model_len or 8192)
     base = llm_from_args(a, method="none", **batch1)
     arms: list[Arm] = [EngineArm("ours K=0", base)]
-    if a.method != "none":
+    if a.methods:  # one arm per method, each on its own engine, all in this run
+        for method, k, controller in a.methods:
+            llm = llm_from_args(a, method=method, num_speculative_tokens=k, controller=controller, **batch1)
+            arms.append(EngineArm(f"ours {method} K={k} {controller}", llm))
+    elif a.method != "none":
         spec = llm_from_args(a, **batch1)
         arms.append(EngineArm(f"ours {a.method} K={a.num_speculative_tokens}", spec))
     if a.peers:

@@ -21,6 +21,7 @@ import torch
 from specdecode.control.acceptance import AcceptanceTracker
 from specdecode.control.base import StepStats
 from specdecode.control.cost import CostModel, default_cost_model
+from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
 from specdecode.engine.sequence import Sequence
 
@@ -71,6 +72,10 @@ class GoodputController:
         self.idle: dict[str, int] = {}  # steps since each request last drafted anything
         self.since_probe = 0  # steps since a probe last widened a non-speculating batch
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
+        # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
+        self.tree_mode = False
+        self.tree_calibration = ConfidenceCalibration()
+        self.tree_predicted: dict[str, float] = {}  # this step's predicted accepted drafts per row
 
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1
@@ -78,9 +83,10 @@ class GoodputController:
             return [0] * len(seqs)
         caps = np.array([row_cap(s, k_max) for s in seqs])  # [B]
         context = float(np.mean([s.num_cached for s in seqs]))
-        if self._drafting_is_cheap(len(seqs), k_max, context):
+        if self.tree_mode or self._drafting_is_cheap(len(seqs), k_max, context):
             # Drafts that cost (almost) nothing, as n-gram lookups: ask for all of them and let `truncate` pick
             # the width from what was found. Capping K here would also hide how long accepted runs can be.
+            # Trees likewise: per-position acceptance means little for them, their confidences decide.
             return caps.tolist()
         p = np.stack([self.acceptance.estimate(s.request_id, k_max) for s in seqs])  # [B, k_max]
         reach = np.cumprod(p, axis=1)  # [B, k_max] P(drafts 1..j all accepted)
@@ -133,6 +139,8 @@ class GoodputController:
         widest = max(counts, default=0)
         if widest == 0:
             return proposal
+        if proposal.parents is not None and proposal.confidence is not None:
+            return self._truncate_tree(seqs, proposal, np.array(counts))
         p = np.stack([self.acceptance.estimate(s.request_id, widest) for s in seqs])  # [B, widest]
         tokens = expected_tokens(np.cumprod(p, axis=1), np.array(counts)).sum(0)  # [widest + 1]
         context = float(np.mean([s.num_cached for s in seqs]))
@@ -144,9 +152,20 @@ class GoodputController:
         num = proposal.num_tokens
         return proposal.truncated(torch.tensor(keep, dtype=num.dtype, device=num.device))
 
+    def _truncate_tree(self, seqs: list[Sequence], proposal: Proposal, counts: np.ndarray) -> Proposal:
+        self.tree_mode = True
+        context = float(np.mean([s.num_cached for s in seqs]))
+        conf = proposal.confidence.float().cpu().numpy()  # [B, n]
+        width, predicted = tree_width(conf, counts, self.tree_calibration.scale, self.cost, context)
+        self.tree_predicted = {s.request_id: float(p) for s, p in zip(seqs, predicted, strict=True)}
+        num = proposal.num_tokens
+        return proposal.truncated(torch.full_like(num, width))
+
     def observe(self, stats: StepStats) -> None:
         for s, proposed, accepted in zip(stats.seqs, stats.num_proposed, stats.num_accepted, strict=True):
             rid = s.request_id
+            if rid in self.tree_predicted and proposed:
+                self.tree_calibration.update(accepted, self.tree_predicted[rid])
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
             self.acceptance.update(rid, proposed, accepted)
         num_seqs = len(stats.seqs)
@@ -158,4 +177,5 @@ class GoodputController:
 
     def forget(self, seq: Sequence) -> None:
         self.acceptance.forget(seq.request_id)
+        self.tree_predicted.pop(seq.request_id, None)
         self.idle.pop(seq.request_id, None)
