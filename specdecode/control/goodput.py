@@ -24,6 +24,7 @@ from specdecode.control.cost import CostModel, default_cost_model
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
 from specdecode.engine.sequence import Sequence
+from specdecode.tree import tree_layout
 
 
 def row_cap(seq: Sequence, k_max: int) -> int:
@@ -75,7 +76,8 @@ class GoodputController:
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
         self.tree_mode = False
         self.tree_calibration = ConfidenceCalibration()
-        self.tree_predicted: dict[str, float] = {}  # this step's predicted accepted drafts per row
+        self.tree_verified: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # this step's (confidences, depths)
+        self.tree_idle = 0  # steps since a tree was last verified
 
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1
@@ -137,6 +139,7 @@ class GoodputController:
         probing, self.probing = self.probing, set()
         counts = proposal.num_tokens.tolist()  # [B] drafts each row actually has
         widest = max(counts, default=0)
+        self.tree_mode |= proposal.parents is not None
         if widest == 0:
             return proposal
         if proposal.parents is not None and proposal.confidence is not None:
@@ -153,19 +156,26 @@ class GoodputController:
         return proposal.truncated(torch.tensor(keep, dtype=num.dtype, device=num.device))
 
     def _truncate_tree(self, seqs: list[Sequence], proposal: Proposal, counts: np.ndarray) -> Proposal:
-        self.tree_mode = True
         context = float(np.mean([s.num_cached for s in seqs]))
+        depth, _ = tree_layout(proposal.parents, proposal.num_tokens)
+        depth = depth[:, 1:].cpu().numpy()  # [B, n] depth of each node
         conf = proposal.confidence.float().cpu().numpy()  # [B, n]
-        width, predicted = tree_width(conf, counts, self.tree_calibration.scale, self.cost, context)
-        self.tree_predicted = {s.request_id: float(p) for s, p in zip(seqs, predicted, strict=True)}
+        width = tree_width(conf, depth, counts, self.tree_calibration, self.cost, context)
+        self.tree_idle = 0 if width else self.tree_idle + 1
+        if width == 0 and self.tree_idle >= self.probe_every:  # keep the calibration honest: verify one node
+            width, self.tree_idle = 1, 0
+        self.tree_verified = {
+            s.request_id: (conf[b, : min(width, c)], depth[b, : min(width, c)])
+            for b, (s, c) in enumerate(zip(seqs, counts.tolist(), strict=True))
+        }
         num = proposal.num_tokens
         return proposal.truncated(torch.full_like(num, width))
 
     def observe(self, stats: StepStats) -> None:
         for s, proposed, accepted in zip(stats.seqs, stats.num_proposed, stats.num_accepted, strict=True):
             rid = s.request_id
-            if rid in self.tree_predicted and proposed:
-                self.tree_calibration.update(accepted, self.tree_predicted[rid])
+            if rid in self.tree_verified and proposed:
+                self.tree_calibration.update(*self.tree_verified[rid], accepted)
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
             self.acceptance.update(rid, proposed, accepted)
         num_seqs = len(stats.seqs)
@@ -177,5 +187,5 @@ class GoodputController:
 
     def forget(self, seq: Sequence) -> None:
         self.acceptance.forget(seq.request_id)
-        self.tree_predicted.pop(seq.request_id, None)
+        self.tree_verified.pop(seq.request_id, None)
         self.idle.pop(seq.request_id, None)

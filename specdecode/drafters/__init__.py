@@ -8,6 +8,7 @@ from specdecode.config import ConfigError, EngineConfig, SpeculativeConfig
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.ngram import NgramDrafter
+from specdecode.drafters.ngram_tree import NgramTreeDrafter
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.self_draft import self_drafter
 from specdecode.models.llama import LlamaModel
@@ -31,6 +32,7 @@ def _draft_model(ctx: DrafterContext) -> Drafter:
 DRAFTERS = {
     "draft": _draft_model,
     "ngram": lambda ctx: NgramDrafter(ctx.spec.ngram_min, ctx.spec.ngram_max, ctx.engine.device),
+    "ngram_tree": lambda ctx: NgramTreeDrafter(ctx.spec.ngram_min, ctx.spec.ngram_max, ctx.engine.device),
     "self": lambda ctx: self_drafter(ctx.target, ctx.engine.max_num_seqs, ctx.max_len, ctx.engine.prefill_chunk),
     "none": lambda ctx: NoDrafter(ctx.engine.device),
 }

@@ -33,7 +33,7 @@ def make_llm(method: str, k: int, target, draft, batch: int, controller: str = "
     )
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft", "self"])
+@pytest.mark.parametrize("method", ["ngram", "ngram_tree", "draft", "self"])
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_speculative_equals_plain_greedy(method, k, batch, tiny_target, tiny_draft, reference):
@@ -75,7 +75,7 @@ def test_batched_equals_unbatched(tiny_target, tiny_draft, reference):
 
 
 @pytest.mark.parametrize("controller", ["heuristic", "goodput", "confidence"])
-@pytest.mark.parametrize("method", ["ngram", "draft"])
+@pytest.mark.parametrize("method", ["ngram", "ngram_tree", "draft"])
 def test_dynamic_controllers_are_lossless(method, controller, tiny_target, tiny_draft, reference):
     llm = make_llm(method, 8, tiny_target, tiny_draft, 4, controller)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference
