@@ -81,7 +81,7 @@ class LLM:
             _check_same_vocab(self.target, self.draft_model, self.tokenizer, draft_dir)
         limit = self.target.cfg.context_limit
         self.max_model_len = min(max_model_len or DEFAULT_MAX_MODEL_LEN, limit)
-        ctx = DrafterContext(self.target, self.draft_model, self.spec, self.engine_config, self.max_model_len)
+        ctx = DrafterContext(self.target, self.draft_model, self.spec, self.engine_config, self.max_model_len, target)
         self.engine = Engine(
             self.target,
             self.tokenizer,

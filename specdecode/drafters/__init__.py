@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from specdecode.config import ConfigError, EngineConfig, SpeculativeConfig
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_model import DraftModelDrafter
+from specdecode.drafters.eagle import EagleDrafter
+from specdecode.drafters.medusa import MedusaDrafter
+from specdecode.drafters.mtp import MtpDrafter
 from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.ngram_tree import NgramTreeDrafter
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.self_draft import self_drafter
+from specdecode.drafters.tree_search import TreeShape
+from specdecode.heads import load_heads
+from specdecode.models import onednn
 from specdecode.models.llama import LlamaModel
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"  # shipped heads and layer choices, per target
 
 
 @dataclass
@@ -21,6 +30,7 @@ class DrafterContext:
     spec: SpeculativeConfig
     engine: EngineConfig
     max_len: int
+    target_name: str = ""  # the name the user gave (a built-in name finds the shipped heads)
 
 
 def _draft_model(ctx: DrafterContext) -> Drafter:
@@ -29,11 +39,42 @@ def _draft_model(ctx: DrafterContext) -> Drafter:
     return DraftModelDrafter(ctx.draft, ctx.engine.max_num_seqs, ctx.max_len, ctx.engine.prefill_chunk)
 
 
+def _heads_dir(ctx: DrafterContext, kind: str) -> Path:
+    """--draft names the heads; without it, the heads shipped for a built-in target."""
+    if ctx.spec.draft:
+        return Path(ctx.spec.draft)
+    shipped = ASSETS / "heads" / ctx.target_name / kind
+    if (shipped / "head.json").is_file():
+        return shipped
+    raise ConfigError(
+        f"method {kind!r} needs trained heads: pass --draft DIR (train them with `specdecode distill --head {kind}`);"
+        f" none are shipped for target {ctx.target_name!r}"
+    )
+
+
+def _head_drafter(kind: str):
+    def build(ctx: DrafterContext) -> Drafter:
+        weight = ctx.target.embed.weight
+        heads, cfg, _ = load_heads(_heads_dir(ctx, kind), ctx.target, weight.device, weight.dtype)
+        if onednn.available(weight.device, weight.dtype):
+            onednn.pack_linears(heads)
+        shape = TreeShape()
+        if kind == "eagle":
+            return EagleDrafter(ctx.target, heads, shape, ctx.engine.max_num_seqs, ctx.max_len)
+        drafter = MedusaDrafter if kind == "medusa" else MtpDrafter
+        return drafter(ctx.target, heads, cfg.num_heads, shape)
+
+    return build
+
+
 DRAFTERS = {
     "draft": _draft_model,
     "ngram": lambda ctx: NgramDrafter(ctx.spec.ngram_min, ctx.spec.ngram_max, ctx.engine.device),
     "ngram_tree": lambda ctx: NgramTreeDrafter(ctx.spec.ngram_min, ctx.spec.ngram_max, ctx.engine.device),
     "self": lambda ctx: self_drafter(ctx.target, ctx.engine.max_num_seqs, ctx.max_len, ctx.engine.prefill_chunk),
+    "eagle": _head_drafter("eagle"),
+    "medusa": _head_drafter("medusa"),
+    "mtp": _head_drafter("mtp"),
     "none": lambda ctx: NoDrafter(ctx.engine.device),
 }
 

@@ -1,0 +1,129 @@
+"""EAGLE: one light decoder layer that predicts the target's next feature, drafting a dynamic tree (EAGLE-2).
+
+At position i the head reads (feature f_i, token t_{i+1}) and predicts f_{i+1}; the target's LM head turns
+that into a guess for t_{i+2}. Its own one-layer cache holds the pairs of every cached token (fed from the
+target's real features); a draft node at depth d is fed (its parent's predicted feature, its token) at RoPE
+position m + d - 1, where m is the pending token's position. Each level re-runs only the frontier and its
+ancestors, with a tree mask, behind the committed cache; nothing it writes past the committed length is kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.drafters.base import Proposal
+from specdecode.drafters.features import FeatureStore
+from specdecode.drafters.tree_search import RowTree, TreeShape, grow_trees, to_proposal
+from specdecode.engine.sequence import Sequence
+from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.sampling import SamplingTensors
+
+
+class EagleDrafter:
+    needs_features = True
+
+    def __init__(
+        self, target: LlamaModel, head: torch.nn.Module, shape: TreeShape, max_num_seqs: int, max_len: int
+    ) -> None:
+        self.target = target
+        self.head = head
+        self.shape = shape
+        self.cache = head.new_cache(max_num_seqs, max_len)
+        self.slots: dict[str, int] = {}
+        self.features = FeatureStore(keep_last=False)
+
+    def add_sequence(self, seq: Sequence) -> None:
+        self.slots[seq.request_id] = self.cache.allocate()
+
+    def observe_features(self, seq: Sequence, start: int, feats: torch.Tensor) -> None:
+        self.features.add(seq, start, feats)
+
+    def commit(self, seqs: list[Sequence]) -> None:
+        pass  # the head's cache only ever grows by real features, in _catch_up
+
+    def remove_sequence(self, seq: Sequence) -> None:
+        slot = self.slots.pop(seq.request_id, None)
+        if slot is not None:
+            self.cache.free(slot)
+        self.features.drop(seq)
+
+    def _logp(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.target.lm_head(feats).float().log_softmax(-1)  # [..., vocab]
+
+    def _catch_up(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Feed every cached token's (feature, next token) not yet in the head's cache; [num_seqs, hidden] f̂_m.
+
+        A row with nothing cached (a one-token prompt's first step) gets a zero row and must not draft.
+        """
+        slots = [self.slots[s.request_id] for s in seqs]
+        starts = [self.cache.lengths[slot] for slot in slots]
+        got = [self.features.take(s, s.num_cached) for s in seqs]
+        assert all(f.start == n for f, n in zip(got, starts, strict=True)), "head cache and features out of step"
+        width = max(f.rows.shape[0] for f in got)
+        embed = self.target.embed.weight
+        device = embed.device
+        if width == 0:
+            return torch.zeros((len(seqs), embed.shape[1]), dtype=embed.dtype, device=device)
+        feats = torch.zeros((len(seqs), width, embed.shape[1]), dtype=embed.dtype, device=device)  # [num_seqs, T, H]
+        tokens = torch.zeros((len(seqs), width), dtype=torch.long, device=device)  # [num_seqs, T]
+        for b, (s, f) in enumerate(zip(seqs, got, strict=True)):
+            n = f.rows.shape[0]
+            if n:
+                feats[b, :n] = f.rows
+            tokens[b, :n] = torch.tensor(s.token_ids[f.start + 1 : f.start + 1 + n], dtype=torch.long)
+        meta = AttentionMetadata.build(slots, starts, width, device)
+        out = self.head(feats, tokens, self.target.embed, meta, self.cache)  # [num_seqs, T, hidden]
+        last = torch.tensor([max(f.rows.shape[0] - 1, 0) for f in got], device=device)
+        for slot, f in zip(slots, got, strict=True):
+            self.cache.set_length(slot, self.cache.lengths[slot] + f.rows.shape[0])
+        return out[torch.arange(len(seqs), device=device), last]  # [num_seqs, hidden]
+
+    def _expand(self, seqs: list[Sequence], trees: list[RowTree], frontier: list[list[int]]):
+        """Run each row's frontier and its ancestors as one small tree; child log-probs and features per row."""
+        runs = [_with_ancestors(t, f) for t, f in zip(trees, frontier, strict=True)]
+        width = max(len(r) for r in runs)
+        slots = [self.slots[s.request_id] for s in seqs]
+        starts = [self.cache.lengths[slot] for slot in slots]
+        embed = self.target.embed.weight
+        device = embed.device
+        feats = torch.zeros((len(seqs), width, embed.shape[1]), dtype=embed.dtype, device=device)  # [num_seqs, T, H]
+        tokens = torch.zeros((len(seqs), width), dtype=torch.long, device=device)  # [num_seqs, T]
+        depth = torch.zeros((len(seqs), width), dtype=torch.long, device=device)  # RoPE offset: depth - 1
+        mask = torch.eye(width, dtype=torch.bool, device=device).repeat(len(seqs), 1, 1)  # [num_seqs, T, T]
+        for b, (t, run) in enumerate(zip(trees, runs, strict=True)):
+            where = {node: j for j, node in enumerate(run)}
+            for j, node in enumerate(run):
+                n = t.nodes[node]
+                feats[b, j], tokens[b, j], depth[b, j] = n.state, n.token, n.depth - 1
+                if n.parent >= 0:
+                    mask[b, j] |= mask[b, where[n.parent]]
+        meta = AttentionMetadata.build(slots, starts, width, device, depth, mask)
+        out = self.head(feats, tokens, self.target.embed, meta, self.cache)  # [num_seqs, T, hidden]
+        results = []
+        for b, (run, f) in enumerate(zip(runs, frontier, strict=True)):
+            picked = out[b, [run.index(i) for i in f]]  # [n_frontier, hidden]
+            results.append((self._logp(picked), picked))
+        return results
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
+        device = self.target.embed.weight.device
+        if max(num_tokens, default=0) == 0:
+            self._catch_up(seqs)  # keep the head's cache current even on steps without drafts
+            return Proposal.from_lists([[] for _ in seqs], 0, device)
+        root = self._catch_up(seqs)  # [num_seqs, hidden] predicted feature of the pending position
+        num_tokens = [k if s.num_cached > 0 else 0 for s, k in zip(seqs, num_tokens, strict=True)]
+        trees = grow_trees(
+            self._logp(root), num_tokens, self.shape, lambda t, f: self._expand(seqs, t, f), root_state=root
+        )
+        return to_proposal(trees, device)
+
+
+def _with_ancestors(tree: RowTree, frontier: list[int]) -> list[int]:
+    """The frontier nodes and all their ancestors, in node order (parents first)."""
+    keep: set[int] = set()
+    for i in frontier:
+        while i >= 0 and i not in keep:
+            keep.add(i)
+            i = tree.nodes[i].parent
+    return sorted(keep)

@@ -1,0 +1,68 @@
+"""Multi-token prediction (DeepSeek-MTP style): sequential heads, each fed the previous head's state and token.
+
+Module d maps (state h_d, token at depth d) to h_{d+1}, whose LM-head distribution guesses the token at depth
+d + 1; h_0 is the target's feature of the last cached token and depth 0's token is the pending one. Unlike
+Medusa, a node's children depend on its own path, so each expanded node runs its module once (no cache: the
+modules have no attention, the target's feature carries the context).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.drafters.base import Proposal
+from specdecode.drafters.features import FeatureStore
+from specdecode.drafters.tree_search import RowTree, TreeShape, grow_trees, to_proposal
+from specdecode.engine.sequence import Sequence
+from specdecode.models.llama import LlamaModel
+from specdecode.sampling import SamplingTensors
+
+
+class MtpDrafter:
+    needs_features = True
+
+    def __init__(self, target: LlamaModel, heads: torch.nn.Module, num_heads: int, shape: TreeShape) -> None:
+        self.target = target
+        self.heads = heads
+        self.shape = TreeShape(shape.top_m, shape.beam, min(shape.max_depth, num_heads))
+        self.features = FeatureStore(keep_last=True)
+
+    def add_sequence(self, seq: Sequence) -> None:
+        pass
+
+    def observe_features(self, seq: Sequence, start: int, feats: torch.Tensor) -> None:
+        self.features.add(seq, start, feats)
+
+    def commit(self, seqs: list[Sequence]) -> None:
+        pass
+
+    def remove_sequence(self, seq: Sequence) -> None:
+        self.features.drop(seq)
+
+    def _step(self, depth: int, states: torch.Tensor, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """States [n, hidden] at `depth` and the tokens there -> (next states [n, hidden], log-probs [n, vocab])."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=states.device)
+        nxt = self.heads.forward_step(depth, states, ids, self.target.embed)  # [n, hidden]
+        return nxt, self.target.lm_head(nxt).float().log_softmax(-1)
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
+        device = self.target.embed.weight.device
+        num_tokens = [k if self.features.ready(s) else 0 for s, k in zip(seqs, num_tokens, strict=True)]
+        if max(num_tokens, default=0) == 0:
+            return Proposal.from_lists([[] for _ in seqs], 0, device)
+        last = self.features.last(seqs, self.target.embed.weight)  # [num_seqs, hidden]
+        root_state, root_logp = self._step(0, last, [s.token_ids[-1] for s in seqs])
+
+        def expand(trees: list[RowTree], frontier: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            # the nodes of one level share a depth: one batched module call per level
+            flat = [t.nodes[i] for t, f in zip(trees, frontier, strict=True) for i in f]
+            states = torch.stack([n.state for n in flat])  # [n, hidden] the states that produced each node
+            nxt, logp = self._step(flat[0].depth, states, [n.token for n in flat])
+            out, at = [], 0
+            for f in frontier:
+                out.append((logp[at : at + len(f)], nxt[at : at + len(f)]))
+                at += len(f)
+            return out
+
+        return to_proposal(grow_trees(root_logp, num_tokens, self.shape, expand, root_state), device)
