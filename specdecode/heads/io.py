@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -26,18 +25,15 @@ def build_heads(cfg: HeadConfig) -> nn.Module:
 
 
 def save_heads(module: nn.Module, cfg: HeadConfig, out_dir: str | Path, manifest: dict) -> Path:
-    """Write to a temporary sibling, then swap it in: a crash never leaves a half-written head directory."""
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-    save_file(state, tmp / WEIGHTS_FILE)
-    (tmp / CONFIG_FILE).write_text(json.dumps({"config": cfg.to_json(), "manifest": manifest}, indent=1))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+    """Written atomically (a crash never leaves a half-written head directory); a checkpoint inside is kept."""
+    from specdecode.train.export import write_atomically
+
+    def fill(tmp: Path) -> None:
+        state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+        save_file(state, tmp / WEIGHTS_FILE)
+        (tmp / CONFIG_FILE).write_text(json.dumps({"config": cfg.to_json(), "manifest": manifest}, indent=1))
+
+    return write_atomically(Path(out_dir), fill)
 
 
 def load_heads(path: str | Path, target: LlamaModel, device: str | torch.device, dtype: torch.dtype):

@@ -11,6 +11,10 @@ def add_distill_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
     p.add_argument("--data", nargs="+", required=True, help="npz files of prompt + target response tokens")
     p.add_argument("--out", required=True, help="output directory for the draft (HF format + manifest.json)")
+    p.add_argument(
+        "--head", choices=("eagle", "medusa", "mtp"), default=None, help="train draft heads instead of a draft model"
+    )
+    p.add_argument("--num-head-tokens", type=int, default=4, help="Medusa heads / MTP depths (with --head)")
     p.add_argument("--layers", type=int, default=2, help="draft decoder layers")
     p.add_argument("--hidden-size", type=int, default=None, help="draft width (default: the target's)")
     p.add_argument("--intermediate-size", type=int, default=None, help="MLP width (default: target's ratio)")
@@ -67,9 +71,15 @@ def run_distill(a: argparse.Namespace) -> None:
         eval_data=a.eval_data,
         progress=not a.no_progress,
         command=shlex.join(["specdecode", *sys.argv[1:]]),
+        head=a.head,
+        num_head_tokens=a.num_head_tokens,
     )
     result = distill(cfg)
     m = result.manifest
+    if cfg.head is not None:
+        acc = "/".join(f"{x:.3f}" for x in m["final_accuracy"] or [])
+        print(f"{cfg.head} heads written to {result.out}: {m['parameters']:,} parameters, top-1 agreement {acc}")
+        return
     line = f"draft written to {result.out}: {m['parameters']:,} parameters"
     if m["final_loss"] is not None:
         line += f", final loss {m['final_loss']:.4f}, token accuracy {m['final_accuracy']:.3f}"

@@ -25,11 +25,13 @@ import transformers
 from tqdm import tqdm
 
 from specdecode.config import ConfigError
+from specdecode.heads.config import HEAD_KINDS
 from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
 from specdecode.train.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
 from specdecode.train.draft_config import DraftOptions, build_draft_config, freeze_embeddings, init_from_target, summary
 from specdecode.train.export import write_draft_dir
+from specdecode.train.heads import train_heads
 from specdecode.train.objective import StepStats, distill_loss, lr_factor
 
 LOG_WINDOW = 20  # the reported final loss/accuracy average this many last steps: one batch is noisy
@@ -58,6 +60,8 @@ class DistillConfig:
     eval_max_windows: int = 512  # caps the held-out pass on large files
     progress: bool = True
     command: str = ""  # the command line, recorded in the manifest
+    head: str | None = None  # train draft heads of this kind (eagle, medusa, mtp) instead of a draft model
+    num_head_tokens: int = 4  # Medusa heads / MTP depths
 
     def __post_init__(self) -> None:
         positive = ("steps", "batch_size", "save_every", "eval_max_windows")
@@ -72,6 +76,10 @@ class DistillConfig:
             raise ConfigError("no --data files given")
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite contradict each other: pick one")
+        if self.head is not None and self.head not in HEAD_KINDS:
+            raise ConfigError(f"unknown --head {self.head!r}; expected one of {', '.join(HEAD_KINDS)}")
+        if self.num_head_tokens < 1:
+            raise ConfigError(f"num-head-tokens must be >= 1, got {self.num_head_tokens}")
 
 
 @dataclass
@@ -176,6 +184,10 @@ def distill(cfg: DistillConfig) -> DistillResult:
     """Validate everything, train, and write the draft directory to cfg.out."""
     out = check_output(cfg)
     device = _device(cfg.device)
+    if cfg.head is not None:
+        if cfg.overwrite and out.exists():
+            shutil.rmtree(out)
+        return train_heads(cfg, out, device)
     target_dir = resolve_model_dir(cfg.target)
     target_json = json.loads((target_dir / "config.json").read_text())
     draft_cfg = build_draft_config(target_json, cfg.draft)

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -21,12 +22,22 @@ MANIFEST = "manifest.json"
 
 def write_draft_dir(out: Path, student, target_dir: Path, manifest: dict) -> Path:
     """Write the final directory at `out`, keeping any training checkpoint inside it for later --resume."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         student.save_pretrained(tmp)  # transformers >= 5 always writes safetensors (config.json + model.safetensors)
         AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+    return write_atomically(out, fill)
+
+
+def write_atomically(out: Path, fill: Callable[[Path], None]) -> Path:
+    """`fill` writes the directory's files into a sibling temporary directory, which then replaces `out`; a
+    training checkpoint inside `out` moves over."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
+    try:
+        fill(tmp)
         if (out / CHECKPOINT_DIR).is_dir():
             os.replace(out / CHECKPOINT_DIR, tmp / CHECKPOINT_DIR)
         _swap_into_place(tmp, out)

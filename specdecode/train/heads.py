@@ -1,0 +1,134 @@
+"""`specdecode distill --head eagle|medusa|mtp`: train draft heads on the target's teacher-forced features.
+
+Usage:
+    specdecode distill --head medusa --num-head-tokens 4 --target smollm2-135m-instruct \
+        --data ../shared/data/distill/smollm2_135m_instruct_responses_part2.npz --out heads/medusa \
+        --steps 400 --batch-size 4 --seq-len 256 --lr 1e-3
+
+The target runs once per batch without gradients (our oneDNN-packed runtime on CPU) and gives the features
+and distributions the heads learn from (head_objective.py); the heads share its frozen embedding and LM head.
+Same data windows, schedule, checkpoints and --resume as the draft distillation.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from specdecode.heads import HeadConfig, build_heads, save_heads
+from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
+from specdecode.models.loader import resolve_model_dir
+from specdecode.train import data as D
+from specdecode.train.checkpoint import load_checkpoint, save_checkpoint
+from specdecode.train.head_objective import HeadStats, Teacher, head_loss
+from specdecode.train.objective import lr_factor
+
+
+def lm_head_weight(target: LlamaModel) -> torch.Tensor:
+    """[vocab, H] the target's LM head as a dense tensor (on CPU the runtime packs it for oneDNN)."""
+    w = target.lm_head.weight
+    return w.to_dense() if w.is_mkldnn else w
+
+
+@torch.no_grad()  # not inference_mode: its tensors could not enter the heads' autograd graph
+def teacher_batch(target: LlamaModel, batch: D.Batch, device: torch.device) -> Teacher:
+    ids = torch.from_numpy(batch.input_ids).to(device)  # [B, T]
+    b, t = ids.shape
+    meta = AttentionMetadata.build(list(range(b)), [0] * b, t, device)
+    logits, hidden = target(ids, meta, target.new_cache(b, t), return_hidden=True)  # [B, T, V], [B, T, H]
+    mask = torch.from_numpy(batch.loss_mask).to(device)
+    return Teacher(hidden, logits.log_softmax(-1), ids, mask)
+
+
+def _step(cfg, heads, target, lm_head, batch, device) -> HeadStats:
+    t = teacher_batch(target, batch, device)
+    return head_loss(cfg.head, heads, t, lm_head, target.embed)
+
+
+def evaluate_heads(cfg, heads, target, lm_head, samples: D.Samples, device) -> dict:
+    windows = D.window_starts(samples, cfg.seq_len)[: cfg.eval_max_windows]
+    heads.eval()
+    hits, total = None, 0
+    with torch.no_grad():
+        for batch in D.eval_batches(samples, windows, cfg.seq_len, cfg.batch_size):
+            s = _step(cfg, heads, target, lm_head, batch, device)
+            acc = np.array(s.accuracy) * s.num_tokens
+            hits, total = (acc if hits is None else hits + acc), total + s.num_tokens
+    heads.train()
+    return {"accuracy": (hits / max(total, 1)).tolist(), "tokens": int(total)}
+
+
+def train_heads(cfg, out: Path, device: torch.device):
+    """Train, evaluate and write the heads for `cfg` (a DistillConfig with `head` set)."""
+    from specdecode.train.distill import DistillResult  # the draft trainer dispatches here
+
+    target_dir = resolve_model_dir(cfg.target)
+    target = load_llama(target_dir, device, torch.float32)
+    target.requires_grad_(False)
+    samples = D.load_samples(cfg.data, target.cfg.vocab_size)
+    windows = D.window_starts(samples, cfg.seq_len)
+    held_out = D.load_samples([cfg.eval_data], target.cfg.vocab_size) if cfg.eval_data else None
+    hcfg = HeadConfig(cfg.head, 1 if cfg.head == "eagle" else cfg.num_head_tokens, target.cfg)
+    torch.manual_seed(cfg.seed)
+    heads = build_heads(hcfg).to(device).train()
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.warmup, cfg.steps))
+    totals, start = {"tokens": 0, "loss_tokens": 0}, 0
+    if cfg.resume:
+        start, totals = load_checkpoint(out, heads, optimizer, scheduler)
+    lm_head = lm_head_weight(target)
+    losses, accs = _train(cfg, heads, target, lm_head, samples, windows, optimizer, scheduler, start, totals, device)
+    eval_stats = evaluate_heads(cfg, heads, target, lm_head, held_out, device) if held_out is not None else None
+    tail = slice(-20, None)
+    manifest = {
+        "command": cfg.command,
+        "target": cfg.target,
+        "kind": cfg.head,
+        "num_heads": hcfg.num_heads,
+        "data": [str(Path(p).resolve()) for p in cfg.data],
+        "eval_data": str(Path(cfg.eval_data).resolve()) if cfg.eval_data else None,
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "seq_len": cfg.seq_len,
+        "lr": cfg.lr,
+        "seed": cfg.seed,
+        "tokens_seen": int(totals["tokens"]),
+        "final_loss": float(np.mean(losses[tail])) if losses else None,
+        "final_accuracy": np.mean(accs[tail], axis=0).tolist() if accs else None,
+        "eval": eval_stats,
+        "parameters": sum(p.numel() for p in heads.parameters()),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    save_heads(heads, hcfg, out, manifest)
+    first_acc = [a[0] for a in accs]
+    return DistillResult(out, losses, first_acc, manifest)
+
+
+def _train(cfg, heads, target, lm_head, samples, windows, optimizer, scheduler, start, totals, device):
+    losses, accs = [], []
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress, desc=cfg.head)
+    stream = D.batches(samples, windows, cfg.seq_len, cfg.batch_size, cfg.seed, start_step=start)
+    t0, tokens0 = time.perf_counter(), totals["tokens"]
+    for step, batch in zip(bar, stream, strict=False):
+        stats = _step(cfg, heads, target, lm_head, batch, device)
+        stats.loss.backward()
+        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(stats.loss.item())
+        accs.append(stats.accuracy)
+        totals["tokens"] += batch.num_tokens
+        totals["loss_tokens"] += stats.num_tokens
+        rate = (totals["tokens"] - tokens0) / max(time.perf_counter() - t0, 1e-9)
+        acc = "/".join(f"{a:.2f}" for a in stats.accuracy)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=acc, tok_s=f"{rate:.0f}")
+        if (step + 1) % cfg.save_every == 0:
+            save_checkpoint(Path(cfg.out).expanduser(), heads, optimizer, scheduler, step + 1, totals)
+    bar.close()
+    return losses, accs
