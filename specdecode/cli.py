@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from specdecode.config import (
     CONTROLLER_NAMES,
@@ -128,6 +130,13 @@ def cmd_calibrate(a: argparse.Namespace) -> None:
     calibrate(a.target, a.device, a.dtype)
 
 
+def cmd_select_layers(a: argparse.Namespace) -> None:
+    from specdecode.drafters.layer_select import run_select
+
+    out = a.out or f"layer_skip-{Path(a.target).name}.json"
+    run_select(a.target, out, a.device, a.min_kept, shlex.join(["specdecode", *sys.argv[1:]]))
+
+
 def cmd_distill(a: argparse.Namespace) -> None:
     from specdecode.train.args import run_distill
 
@@ -170,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--device", default="cpu")
     cal.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     cal.set_defaults(func=cmd_calibrate)
+
+    sel = sub.add_parser(
+        "select-layers", help="choose the layers the layer_skip drafter keeps (on the target's outputs)"
+    )
+    sel.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
+    sel.add_argument("--out", default=None, help="where to write the choice (JSON); pass it as --draft later")
+    sel.add_argument("--min-kept", type=int, default=8, help="stop removing layers at this many")
+    sel.add_argument("--device", default="cpu")
+    sel.set_defaults(func=cmd_select_layers)
 
     from specdecode.train.args import add_distill_args
 

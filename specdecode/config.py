@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_SPECULATIVE_TOKENS = 64
-METHODS = ("draft", "ngram", "ngram_tree", "eagle", "medusa", "mtp", "self", "none")
+METHODS = ("draft", "ngram", "ngram_tree", "eagle", "medusa", "mtp", "layer_skip", "self", "none")
 CONTROLLER_NAMES = ("goodput", "fixed", "heuristic", "confidence")  # built by specdecode.control.CONTROLLERS
 
 

@@ -9,6 +9,8 @@ from specdecode.config import ConfigError, EngineConfig, SpeculativeConfig
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.eagle import EagleDrafter
+from specdecode.drafters.layer_select import LayerChoice
+from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.mtp import MtpDrafter
 from specdecode.drafters.ngram import NgramDrafter
@@ -67,6 +69,17 @@ def _head_drafter(kind: str):
     return build
 
 
+def _layer_skip(ctx: DrafterContext) -> Drafter:
+    """--draft names a layer choice (JSON from `specdecode select-layers`); else the one shipped for the target."""
+    path = Path(ctx.spec.draft) if ctx.spec.draft else ASSETS / "layer_skip" / f"{ctx.target_name}.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"method 'layer_skip' needs a layer choice: run `specdecode select-layers --target {ctx.target_name}"
+            " --out F` and pass --draft F"
+        )
+    return LayerSkipDrafter(ctx.target, LayerChoice.load(path, ctx.target.cfg.num_layers).layer_ids)
+
+
 DRAFTERS = {
     "draft": _draft_model,
     "ngram": lambda ctx: NgramDrafter(ctx.spec.ngram_min, ctx.spec.ngram_max, ctx.engine.device),
@@ -75,6 +88,7 @@ DRAFTERS = {
     "eagle": _head_drafter("eagle"),
     "medusa": _head_drafter("medusa"),
     "mtp": _head_drafter("mtp"),
+    "layer_skip": _layer_skip,
     "none": lambda ctx: NoDrafter(ctx.engine.device),
 }
 

@@ -241,6 +241,11 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # [head_dim / 2]
 
+    def lm_head_weight(self) -> torch.Tensor:
+        """[vocab, hidden] the LM head as a dense tensor (on CPU the runtime may have packed it for oneDNN)."""
+        w = self.lm_head.weight
+        return w.to_dense() if w.is_mkldnn else w
+
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.embed.weight
         cfg = self.cfg

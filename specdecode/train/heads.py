@@ -29,12 +29,6 @@ from specdecode.train.head_objective import HeadStats, Teacher, head_loss
 from specdecode.train.objective import lr_factor
 
 
-def lm_head_weight(target: LlamaModel) -> torch.Tensor:
-    """[vocab, H] the target's LM head as a dense tensor (on CPU the runtime packs it for oneDNN)."""
-    w = target.lm_head.weight
-    return w.to_dense() if w.is_mkldnn else w
-
-
 @torch.no_grad()  # not inference_mode: its tensors could not enter the heads' autograd graph
 def teacher_batch(target: LlamaModel, batch: D.Batch, device: torch.device) -> Teacher:
     ids = torch.from_numpy(batch.input_ids).to(device)  # [B, T]
@@ -81,7 +75,7 @@ def train_heads(cfg, out: Path, device: torch.device):
     totals, start = {"tokens": 0, "loss_tokens": 0}, 0
     if cfg.resume:
         start, totals = load_checkpoint(out, heads, optimizer, scheduler)
-    lm_head = lm_head_weight(target)
+    lm_head = target.lm_head_weight()
     losses, accs = _train(cfg, heads, target, lm_head, samples, windows, optimizer, scheduler, start, totals, device)
     eval_stats = evaluate_heads(cfg, heads, target, lm_head, held_out, device) if held_out is not None else None
     tail = slice(-20, None)
