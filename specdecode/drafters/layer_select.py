@@ -4,7 +4,8 @@ Teacher-forced over calibration answers, the full model's argmax is the referenc
 is the answer itself). Each middle layer is scored once by the agreement that remains when it alone is
 skipped; then the r least important layers are skipped together, for every r, and the agreement a and the
 draft cost c (kept layers plus the LM head, as a fraction of a full step) give an estimated speedup
-max_K E[tokens | a, K] / (K c + verify(K)). The r that maximises it wins. A one-shot ranking, not SWIFT's
+max_K E[tokens | a, K] / (K c + verify(K)). The r that maximises it wins (ties, such as
+every r estimated at 1.0 because none pays, go to the best agreement per kept layer). A one-shot ranking, not SWIFT's
 Bayesian search: ~2n forwards instead of hundreds. Agreement is measured with the skipped model's own K/V
 for the context while drafting reads the full model's, so the engine's measured acceptance is the real test.
 """
@@ -114,7 +115,7 @@ def select_layers(
         bar.update()
     order = sorted(middle, key=lambda i: -alone[i])  # least important first
     curve = [{"skipped": [], "agreement": 1.0, "estimated_speedup": 1.0}]
-    best = LayerChoice(list(range(n)), 1.0, 1.0)
+    best: LayerChoice | None = None  # skipping nothing is no drafter: the best r >= 1, even if it loses
     for r in range(1, n - max(min_kept, 2) + 1):
         skipped = set(order[:r])
         kept = [i for i in range(n) if i not in skipped]
@@ -123,9 +124,10 @@ def select_layers(
         curve.append({"skipped": sorted(skipped), "agreement": a, "estimated_speedup": speed})
         bar.update()
         bar.set_postfix(kept=len(kept), agreement=f"{a:.3f}", speedup=f"{speed:.2f}")
-        if speed > best.estimated_speedup:
+        if best is None or (speed, a / len(kept)) > (best.estimated_speedup, best.agreement / len(best.layer_ids)):
             best = LayerChoice(kept, a, speed)
     bar.close()
+    assert best is not None
     best.curve = curve
     best.num_tokens = int(counted.sum())
     best.date = datetime.now(UTC).isoformat(timespec="seconds")
