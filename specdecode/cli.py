@@ -8,6 +8,7 @@ Usage:
     specdecode bench sweep --prompts ../shared/data/specbench_question.jsonl --concurrency 1,4,16
     specdecode serve --port 8000 --api-key secret
     specdecode calibrate
+    specdecode select-layers --out choice.json --vocab-data ../shared/data/distill/responses.npz
     specdecode distill --data responses.npz --out drafts/smol-2l --layers 2 --init-from-target --steps 2000
     specdecode distill generate --prompts ../shared/data/distill/prompts.jsonl.gz --out more.npz --limit 2000
 
@@ -133,8 +134,15 @@ def cmd_calibrate(a: argparse.Namespace) -> None:
 def cmd_select_layers(a: argparse.Namespace) -> None:
     from specdecode.drafters.layer_select import run_select
 
+    if a.num_skip is not None and a.num_skip < 1:
+        raise ConfigError(f"--num-skip must be >= 1, got {a.num_skip}")
+    if a.vocab_size < 1:
+        raise ConfigError(f"--vocab-size must be >= 1, got {a.vocab_size}")
+    if a.vocab_data is not None and not Path(a.vocab_data).is_file():
+        raise ConfigError(f"--vocab-data {a.vocab_data}: no such file")
     out = a.out or f"layer_skip-{Path(a.target).name}.json"
-    run_select(a.target, out, a.device, a.min_kept, shlex.join(["specdecode", *sys.argv[1:]]))
+    command = shlex.join(["specdecode", *sys.argv[1:]])
+    run_select(a.target, out, a.device, a.num_skip, a.vocab_data, a.vocab_size, command)
 
 
 def cmd_distill(a: argparse.Namespace) -> None:
@@ -185,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sel.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
     sel.add_argument("--out", default=None, help="where to write the choice (JSON); pass it as --draft later")
-    sel.add_argument("--min-kept", type=int, default=8, help="stop removing layers at this many")
+    sel.add_argument("--num-skip", type=int, default=None, help="skip this many layers (default: best estimate)")
+    sel.add_argument(
+        "--vocab-data", default=None, help="distillation .npz whose response tokens rank a draft vocabulary subset"
+    )
+    sel.add_argument("--vocab-size", type=int, default=16384, help="size of that subset (with --vocab-data)")
     sel.add_argument("--device", default="cpu")
     sel.set_defaults(func=cmd_select_layers)
 

@@ -9,7 +9,7 @@ from specdecode.config import ConfigError, EngineConfig, SpeculativeConfig
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.eagle import EagleDrafter
-from specdecode.drafters.layer_select import LayerChoice
+from specdecode.drafters.layer_select import LayerSkipChoice
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.mtp import MtpDrafter
@@ -70,14 +70,16 @@ def _head_drafter(kind: str):
 
 
 def _layer_skip(ctx: DrafterContext) -> Drafter:
-    """--draft names a layer choice (JSON from `specdecode select-layers`); else the one shipped for the target."""
+    """--draft names a layer choice (JSON from `specdecode select-layers`); else the one shipped for the target.
+    No choice: a clear error naming the command (calibrating silently would cost minutes at start-up)."""
     path = Path(ctx.spec.draft) if ctx.spec.draft else ASSETS / "layer_skip" / f"{ctx.target_name}.json"
     if not path.is_file():
         raise ConfigError(
             f"method 'layer_skip' needs a layer choice: run `specdecode select-layers --target {ctx.target_name}"
             " --out F` and pass --draft F"
         )
-    return LayerSkipDrafter(ctx.target, LayerChoice.load(path, ctx.target.cfg.num_layers).layer_ids)
+    choice = LayerSkipChoice.load(path, ctx.target.cfg.num_layers)
+    return LayerSkipDrafter(ctx.target, choice.layer_ids, choice.load_vocab_subset(path))
 
 
 DRAFTERS = {

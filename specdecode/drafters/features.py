@@ -47,9 +47,7 @@ class FeatureStore:
     def last(self, seqs: list[Sequence], like: torch.Tensor) -> torch.Tensor:
         """[num_seqs, hidden] the feature of each row's last cached token (whose next token is the pending one);
         zeros for rows that are not ready (they get no drafts). `like` gives dtype, device and width."""
-        rows = [
-            self.by_request[s.request_id].rows[-1] if self.ready(s) else torch.zeros_like(like[0]) for s in seqs
-        ]
+        rows = [self.by_request[s.request_id].rows[-1] if self.ready(s) else torch.zeros_like(like[0]) for s in seqs]
         return torch.stack(rows)
 
     def take(self, seq: Sequence, upto: int) -> Features:

@@ -1,13 +1,15 @@
 """Which layers the layer-skip drafter keeps, chosen on the target's own outputs (after SWIFT).
 
-Teacher-forced over calibration answers, the full model's argmax is the reference (on the answer positions it
-is the answer itself). Each middle layer is scored once by the agreement that remains when it alone is
-skipped; then the r least important layers are skipped together, for every r, and the agreement a and the
-draft cost c (kept layers plus the LM head, as a fraction of a full step) give an estimated speedup
-max_K E[tokens | a, K] / (K c + verify(K)). The r that maximises it wins (ties, such as
-every r estimated at 1.0 because none pays, go to the best agreement per kept layer). A one-shot ranking, not SWIFT's
-Bayesian search: ~2n forwards instead of hundreds. Agreement is measured with the skipped model's own K/V
-for the context while drafting reads the full model's, so the engine's measured acceptance is the real test.
+Teacher-forced over calibration answers, the full model's argmax is the reference. A candidate layer set is
+scored under the conditions the drafter meets: every position's query runs through the kept layers only, but
+attends to the full model's K/V for the context (the engine's cache) and to its own K/V for itself. One
+forward scores all positions at once (a custom mask over [full context | own token]), so a score costs one
+partial forward. The search: each middle layer is scored alone; then layers are dropped greedily, each round
+trying the `candidates` best-ranked remaining layers and dropping the one that keeps the highest agreement.
+With an agreement a and a draft cost c (kept layers plus the draft's LM head, as a fraction of a full step,
+counted in weights read) the estimated speedup is max_K (1 + a + ... + a^K) / (1 + K c + VERIFY_SLOPE K)
+(every draft position assumed accepted at the first draft's rate a); without `num_skip` the number of skipped
+layers (at least one) that maximises it wins. The first and last layer are always kept.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ VERIFY_SLOPE = 0.03  # verifying K + 1 tokens costs ~1 + 0.03 K plain steps at b
 
 
 @dataclass
-class LayerChoice:
+class LayerSkipChoice:
     layer_ids: list[int]  # the layers the draft runs, in order
-    agreement: float  # top-1 agreement with the full model on the calibration tokens
+    agreement: float  # top-1 agreement with the full model on the calibration tokens (drafting conditions)
     estimated_speedup: float
+    vocab_subset: str | None = None  # a .npy of token ids next to the JSON: the draft's LM head rows
     curve: list[dict] = field(default_factory=list)  # per round: skipped layers, agreement, estimated speedup
     num_tokens: int = 0
     date: str = ""
@@ -42,15 +45,23 @@ class LayerChoice:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")
 
     @classmethod
-    def load(cls, path: str | Path, num_layers: int) -> LayerChoice:
+    def load(cls, path: str | Path, num_layers: int) -> LayerSkipChoice:
         try:
-            data = json.loads(Path(path).read_text())
-            choice = cls(**data)
+            choice = cls(**json.loads(Path(path).read_text()))
         except (OSError, ValueError, TypeError) as e:
             raise ConfigError(f"{path}: not a layer-skip choice ({e})") from None
         if not choice.layer_ids or not all(0 <= i < num_layers for i in choice.layer_ids):
             raise ConfigError(f"{path}: layer ids must lie in 0..{num_layers - 1}")
         return choice
+
+    def load_vocab_subset(self, path: str | Path) -> torch.Tensor | None:
+        """[S] int64 token ids, from the .npy named in the choice (relative to the choice's JSON `path`)."""
+        if self.vocab_subset is None:
+            return None
+        try:
+            return torch.from_numpy(np.load(Path(path).parent / self.vocab_subset).astype(np.int64))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{path}: cannot read its vocabulary subset ({e})") from None
 
 
 def estimated_speedup(agreement: float, cost: float, k_max: int = 8) -> float:
@@ -62,12 +73,13 @@ def estimated_speedup(agreement: float, cost: float, k_max: int = 8) -> float:
     return best
 
 
-def draft_cost(target: LlamaModel, num_kept: int) -> float:
-    """A draft token's cost as a fraction of a full step: weights read (kept layers + LM head) over all weights."""
+def draft_cost(target: LlamaModel, num_kept: int, head_rows: int | None = None) -> float:
+    """A draft token's cost as a fraction of a full step: weights read (kept layers + draft head) over all."""
     cfg = target.cfg
     per_layer = _layer_params(cfg)
     head = cfg.vocab_size * cfg.hidden_size
-    return (num_kept * per_layer + head) / (cfg.num_layers * per_layer + head)
+    draft_head = (head_rows or cfg.vocab_size) * cfg.hidden_size
+    return (num_kept * per_layer + draft_head) / (cfg.num_layers * per_layer + head)
 
 
 def _layer_params(cfg) -> int:
@@ -75,64 +87,142 @@ def _layer_params(cfg) -> int:
     return cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
 
 
+@dataclass
+class _DraftingMetadata(AttentionMetadata):
+    """Metadata whose mask is given: each query sees the full model's context K/V and its own K/V only."""
+
+    mask: torch.Tensor | None = None  # [B, 1, T, 2T] bool
+
+    def attention_mask(self, num_tokens: int) -> torch.Tensor | None:
+        return self.mask
+
+
+class AgreementProbe:
+    """Scores layer sets on fixed calibration sequences. The full model fills cache positions 0..T-1 once; a
+    layer set then reruns only the counted tokens (W per row, from each row's start) at cache positions
+    T..T+W-1 with their true RoPE positions, query i attending to the full keys before it and to its own key:
+    exactly the first draft's view in the engine."""
+
+    def __init__(self, target: LlamaModel, seqs: list[list[int]], starts: list[int], subset: torch.Tensor) -> None:
+        self.target, self.subset = target, subset  # subset: [S] token ids the draft's head scores
+        self.head = target.lm_head_weight()[subset]  # [S, hidden]
+        b, t = len(seqs), max(map(len, seqs))
+        w = max(len(s) - st for s, st in zip(seqs, starts, strict=True))
+        device = target.embed.weight.device
+        ids = torch.tensor([s + [0] * (t - len(s)) for s in seqs], dtype=torch.long, device=device)  # [B, T]
+        self.cache = target.new_cache(b, t + w)
+        full = AttentionMetadata.build(list(range(b)), [0] * b, t, device)
+        none = torch.zeros((b, 0), dtype=torch.long, device=device)  # skip the LM head: the probe scores hidden
+        hidden = target(ids, full, self.cache, none, return_hidden=True)[1]  # [B, T, hidden]
+        start = torch.tensor(starts, device=device)[:, None]  # [B, 1]
+        positions = start + torch.arange(w, device=device)  # [B, W] absolute positions of the counted tokens
+        self.counted = positions < torch.tensor([len(s) for s in seqs], device=device)[:, None]  # [B, W]
+        positions = positions.clamp(max=t - 1)
+        self.tokens = torch.gather(ids, 1, positions)  # [B, W]
+        picked = torch.gather(hidden, 1, positions[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, W, hidden]
+        self.reference = (picked[self.counted] @ target.lm_head_weight().T).argmax(-1)  # [N] full model's argmax
+        context = torch.arange(t, device=device)[None, None] < positions[..., None]  # [B, W, T] keys before i
+        own = torch.eye(w, dtype=torch.bool, device=device).expand(b, w, w)  # [B, W, W]
+        self.meta = _DraftingMetadata(
+            slots=full.slots,
+            start=torch.full((b,), t, device=device),
+            positions=positions,
+            kv_len=t + w,
+            slot_range=full.slot_range,
+            mask=torch.cat((context, own), dim=2)[:, None],  # [B, 1, W, T + W]
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.counted.sum())
+
+    @torch.inference_mode()
+    def agreement(self, layer_ids: list[int]) -> float:
+        none = torch.zeros((self.tokens.shape[0], 0), dtype=torch.long, device=self.tokens.device)
+        _, hidden = self.target(self.tokens, self.meta, self.cache, none, return_hidden=True, layer_ids=layer_ids)
+        ids = (hidden[self.counted] @ self.head.T).argmax(-1)  # [N] indices into the head's rows
+        return float((self.subset[ids] == self.reference).float().mean())
+
+
 @torch.inference_mode()
-def _argmax(target: LlamaModel, seqs: list[list[int]], layer_ids: list[int] | None) -> torch.Tensor:
-    """Teacher-forced argmax [B, T] of every sequence, in one right-padded batch."""
-    width = max(map(len, seqs))
-    device = target.embed.weight.device
-    ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], dtype=torch.long, device=device)  # [B, T]
-    meta = AttentionMetadata.build(list(range(len(seqs))), [0] * len(seqs), width, device)
-    return target(ids, meta, target.new_cache(len(seqs), width), layer_ids=layer_ids).argmax(-1)
-
-
 def select_layers(
     target: LlamaModel,
     seqs: list[list[int]],
     starts: list[int] | None = None,
+    num_skip: int | None = None,
+    vocab_subset: torch.Tensor | None = None,
+    candidates: int = 3,
     min_kept: int = 4,
+    patience: int = 3,
     progress: bool = True,
     command: str = "",
-) -> LayerChoice:
-    """seqs: token sequences; starts[b]: the first position of b whose next-token agreement counts (default 0)."""
+) -> LayerSkipChoice:
+    """seqs: token sequences; starts[b]: the first position of b whose next-token agreement counts (default 0).
+    num_skip: skip exactly that many layers; None: as many as maximise the estimated speedup, searching until
+    `patience` rounds in a row fail to improve it."""
     n = target.cfg.num_layers
     if n < 3:
         raise ConfigError(f"layer skipping needs at least 3 layers, the target has {n}")
-    width = max(map(len, seqs))
-    pos = torch.arange(width)[None]  # [1, T]
-    lo = torch.tensor(starts or [0] * len(seqs))[:, None]
-    hi = torch.tensor([len(s) for s in seqs])[:, None]
-    counted = ((pos >= lo) & (pos < hi)).to(target.embed.weight.device)  # [B, T]
-    reference = _argmax(target, seqs, None)
-
-    def agreement(layer_ids: list[int]) -> float:
-        return float((_argmax(target, seqs, layer_ids) == reference)[counted].float().mean())
+    max_skip = n - max(min_kept, 2)
+    if num_skip is not None and not 1 <= num_skip <= n - 2:
+        raise ConfigError(f"--num-skip must be in 1..{n - 2} (the first and last layer stay), got {num_skip}")
+    rounds = num_skip if num_skip is not None else max_skip
+    device = target.embed.weight.device
+    subset = (torch.arange(target.cfg.vocab_size) if vocab_subset is None else vocab_subset).to(device)
+    probe = AgreementProbe(target, seqs, starts or [0] * len(seqs), subset)
+    cost = lambda kept: draft_cost(target, kept, None if vocab_subset is None else len(subset))  # noqa: E731
 
     middle = list(range(1, n - 1))
-    bar = tqdm(total=len(middle) + n - max(min_kept, 2), desc="select layers", disable=not progress)
+    bar = tqdm(total=len(middle) + rounds * candidates, desc="select layers", disable=not progress)
     alone = {}
     for layer in middle:
-        alone[layer] = agreement([i for i in range(n) if i != layer])
+        alone[layer] = probe.agreement([i for i in range(n) if i != layer])
         bar.update()
-    order = sorted(middle, key=lambda i: -alone[i])  # least important first
-    curve = [{"skipped": [], "agreement": 1.0, "estimated_speedup": 1.0}]
-    best: LayerChoice | None = None  # skipping nothing is no drafter: the best r >= 1, even if it loses
-    for r in range(1, n - max(min_kept, 2) + 1):
-        skipped = set(order[:r])
-        kept = [i for i in range(n) if i not in skipped]
-        a = agreement(kept)
-        speed = estimated_speedup(a, draft_cost(target, len(kept)))
+    skipped: list[int] = []
+    a = probe.agreement(list(range(n)))  # below 1 only through the vocabulary subset
+    curve = [{"skipped": [], "agreement": a, "estimated_speedup": estimated_speedup(a, cost(n))}]
+    for _ in range(rounds):
+        best_round = max(range(len(curve)), key=lambda r: curve[r]["estimated_speedup"])
+        if num_skip is None and len(curve) - 1 - best_round >= patience:
+            break  # agreement only falls from here: more skipping will not pay
+        remaining = sorted((i for i in middle if i not in skipped), key=lambda i: -alone[i])[:candidates]
+        scores = {
+            i: alone[i] if not skipped else probe.agreement([j for j in range(n) if j not in {*skipped, i}])
+            for i in remaining
+        }
+        bar.update(candidates if skipped else 0)
+        drop = max(remaining, key=lambda i: scores[i])
+        skipped.append(drop)
+        a = scores[drop]
+        speed = estimated_speedup(a, cost(n - len(skipped)))
         curve.append({"skipped": sorted(skipped), "agreement": a, "estimated_speedup": speed})
-        bar.update()
-        bar.set_postfix(kept=len(kept), agreement=f"{a:.3f}", speedup=f"{speed:.2f}")
-        if best is None or (speed, a / len(kept)) > (best.estimated_speedup, best.agreement / len(best.layer_ids)):
-            best = LayerChoice(kept, a, speed)
+        bar.set_postfix(kept=n - len(skipped), agreement=f"{a:.3f}", speedup=f"{speed:.2f}")
+    # num_skip given: the last round; else the best estimate (ties, e.g. every round at 1.0, to fewer skips)
+    pick = curve[-1] if num_skip is not None else max(curve[1:], key=lambda c: c["estimated_speedup"])
     bar.close()
-    assert best is not None
-    best.curve = curve
-    best.num_tokens = int(counted.sum())
-    best.date = datetime.now(UTC).isoformat(timespec="seconds")
-    best.command = command
-    return best
+    kept = [i for i in range(n) if i not in pick["skipped"]]
+    return LayerSkipChoice(
+        kept,
+        pick["agreement"],
+        pick["estimated_speedup"],
+        None,
+        curve,
+        probe.num_tokens,
+        datetime.now(UTC).isoformat(timespec="seconds"),
+        command,
+    )
+
+
+def response_tokens(npz_path: str | Path) -> list[np.ndarray]:
+    """The response tokens of a distillation data file (tokens, offsets, prompt_len, response_len)."""
+    try:
+        data = np.load(npz_path)
+        tokens, offsets = data["tokens"], data["offsets"]
+        prompt_len, response_len = data["prompt_len"], data["response_len"]
+    except (OSError, KeyError, ValueError) as e:
+        raise ConfigError(f"{npz_path}: not a distillation data file ({e})") from None
+    starts = offsets[: len(prompt_len)] + prompt_len
+    return [tokens[s : s + r] for s, r in zip(starts, response_len, strict=True)]
 
 
 def frequent_tokens(token_arrays: list[np.ndarray], size: int) -> torch.Tensor:
@@ -152,10 +242,18 @@ CALIBRATION_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
     "Give me a recipe for a simple vegetable soup.",
     "Why do leaves change color in autumn?",
+    "Describe the rules of chess for a beginner.",
+    "Write a polite email asking a colleague to review a report.",
+    "How does compound interest work? Give an example.",
+    "What should I pack for a three-day hiking trip?",
+    "Translate 'good morning, how are you?' into French and Spanish.",
+    "Compare trains and airplanes for travelling 500 kilometres.",
+    "Write a haiku about the sea.",
+    "Explain what a database index is and when to use one.",
 )
 
 
-def calibration_sequences(target_name: str, device: str, max_tokens: int = 64):
+def calibration_sequences(target_name: str, device: str, max_tokens: int = 24):
     """(target, prompt + answer token lists, where each answer starts) for the target's own greedy answers to
     CALIBRATION_PROMPTS (chat template applied)."""
     from specdecode.config import SamplingParams
@@ -168,12 +266,29 @@ def calibration_sequences(target_name: str, device: str, max_tokens: int = 64):
     return llm.target, [o.prompt_token_ids + o.token_ids for o in outs], [len(o.prompt_token_ids) - 1 for o in outs]
 
 
-def run_select(target_name: str, out: str | Path, device: str = "cpu", min_kept: int = 8, command: str = "") -> None:
+def run_select(
+    target_name: str,
+    out: str | Path,
+    device: str = "cpu",
+    num_skip: int | None = None,
+    vocab_data: str | None = None,
+    vocab_size: int = 16384,
+    command: str = "",
+) -> LayerSkipChoice:
+    """Calibrate and write the choice to `out` (and, from `vocab_data`, the vocabulary subset next to it)."""
+    subset = None if vocab_data is None else frequent_tokens(response_tokens(vocab_data), vocab_size)
     target, seqs, starts = calibration_sequences(target_name, device)
-    choice = select_layers(target, seqs, starts, min_kept=min_kept, command=command)
+    choice = select_layers(target, seqs, starts, num_skip, subset, command=command)
+    out = Path(out)
+    if subset is not None:
+        choice.vocab_subset = out.with_suffix(".vocab.npy").name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        np.save(out.with_suffix(".vocab.npy"), subset.numpy().astype(np.uint16 if subset.max() < 2**16 else np.uint32))
     choice.save(out)
     skipped = sorted(set(range(target.cfg.num_layers)) - set(choice.layer_ids))
     print(
         f"keep {len(choice.layer_ids)} of {target.cfg.num_layers} layers (skip {skipped}): agreement "
-        f"{choice.agreement:.3f}, estimated speedup {choice.estimated_speedup:.2f}x; written to {out}"
+        f"{choice.agreement:.3f} on {choice.num_tokens} tokens, estimated speedup {choice.estimated_speedup:.2f}x;"
+        f" written to {out}"
     )
+    return choice

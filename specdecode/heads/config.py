@@ -35,6 +35,5 @@ class HeadConfig:
         theirs = (target.hidden_size, target.vocab_size, target.num_layers)
         if ours != theirs:
             raise ConfigError(
-                f"these {self.kind} heads were trained for a target with (hidden, vocab, layers) = {ours}, "
-                f"not {theirs}"
+                f"these {self.kind} heads were trained for a target with (hidden, vocab, layers) = {ours}, not {theirs}"
             )

@@ -220,4 +220,3 @@ class AsyncEngine:
                 log.exception("abort after a failed step")
             self._end(rid, Output(error=err))
         self.engine.last_step = None
-

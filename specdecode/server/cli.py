@@ -35,6 +35,7 @@ def serve(a: argparse.Namespace) -> None:
     asgi, app = build_app(llm, config, engine_thread=False)
     http = uvicorn.Server(uvicorn.Config(asgi, host=a.host, port=a.port, log_level=a.log_level, lifespan="on"))
     engine = app.state.server.engine
+
     # The engine loop keeps the main thread (see server/async_engine.py); HTTP runs beside it. When the HTTP
     # server stops (it failed to bind, say), the loop stops too; SIGTERM and Ctrl-C stop both.
     def run_http() -> None:
