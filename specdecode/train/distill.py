@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,16 +21,16 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from tqdm import tqdm
 
 from specdecode.config import ConfigError
 from specdecode.heads.config import HEAD_KINDS
 from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
-from specdecode.train.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
+from specdecode.train.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from specdecode.train.draft_config import DraftOptions, build_draft_config, freeze_embeddings, init_from_target, summary
 from specdecode.train.export import write_draft_dir
 from specdecode.train.heads import train_heads
+from specdecode.train.loop import run_steps
 from specdecode.train.objective import StepStats, distill_loss, lr_factor
 
 LOG_WINDOW = 20  # the reported final loss/accuracy average this many last steps: one batch is noisy
@@ -207,35 +206,13 @@ def distill(cfg: DistillConfig) -> DistillResult:
     elif out.exists():  # --overwrite, now that every input has been checked
         shutil.rmtree(out)
 
-    losses, accs = _train(cfg, student, teacher, samples, windows, optimizer, scheduler, start, totals, device)
+    def forward(batch: D.Batch) -> StepStats:
+        return _forward(student, teacher, batch, device, cfg.ce_weight)
+
+    losses, accs = run_steps(cfg, student, forward, samples, windows, optimizer, scheduler, start, totals, "distill")
     eval_stats = None
     if held_out is not None:
         eval_stats = evaluate(student, teacher, held_out, D.window_starts(held_out, cfg.seq_len), cfg, device)
     manifest = _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_stats)
     write_draft_dir(out, student, target_dir, manifest)
     return DistillResult(out, losses, accs, manifest)
-
-
-def _train(cfg, student, teacher, samples, windows, optimizer, scheduler, start, totals, device):
-    """Steps start..cfg.steps-1; updates `totals` in place. Returns per-step losses and accuracies."""
-    losses, accs = [], []
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress, desc="distill")
-    stream = D.batches(samples, windows, cfg.seq_len, cfg.batch_size, cfg.seed, start_step=start)
-    t0, tokens0 = time.perf_counter(), totals["tokens"]
-    for step, batch in zip(bar, stream, strict=False):
-        stats = _forward(student, teacher, batch, device, cfg.ce_weight)
-        stats.loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(stats.loss.item())
-        accs.append(stats.accuracy)
-        totals["tokens"] += batch.num_tokens
-        totals["loss_tokens"] += stats.num_tokens
-        rate = (totals["tokens"] - tokens0) / max(time.perf_counter() - t0, 1e-9)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=f"{accs[-1]:.3f}", tok_s=f"{rate:.0f}")
-        if (step + 1) % cfg.save_every == 0:
-            save_checkpoint(Path(cfg.out).expanduser(), student, optimizer, scheduler, step + 1, totals)
-    bar.close()
-    return losses, accs

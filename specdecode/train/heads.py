@@ -12,20 +12,19 @@ Same data windows, schedule, checkpoints and --resume as the draft distillation.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from specdecode.heads import HeadConfig, build_heads, save_heads
 from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
-from specdecode.train.checkpoint import load_checkpoint, save_checkpoint
+from specdecode.train.checkpoint import load_checkpoint
 from specdecode.train.head_objective import HeadStats, Teacher, head_loss
+from specdecode.train.loop import run_steps
 from specdecode.train.objective import lr_factor
 
 
@@ -76,7 +75,11 @@ def train_heads(cfg, out: Path, device: torch.device):
     if cfg.resume:
         start, totals = load_checkpoint(out, heads, optimizer, scheduler)
     lm_head = target.lm_head_weight()
-    losses, accs = _train(cfg, heads, target, lm_head, samples, windows, optimizer, scheduler, start, totals, device)
+
+    def forward(batch: D.Batch) -> HeadStats:
+        return _step(cfg, heads, target, lm_head, batch, device)
+
+    losses, accs = run_steps(cfg, heads, forward, samples, windows, optimizer, scheduler, start, totals, cfg.head)
     eval_stats = evaluate_heads(cfg, heads, target, lm_head, held_out, device) if held_out is not None else None
     tail = slice(-20, None)
     manifest = {
@@ -101,28 +104,3 @@ def train_heads(cfg, out: Path, device: torch.device):
     save_heads(heads, hcfg, out, manifest)
     first_acc = [a[0] for a in accs]
     return DistillResult(out, losses, first_acc, manifest)
-
-
-def _train(cfg, heads, target, lm_head, samples, windows, optimizer, scheduler, start, totals, device):
-    losses, accs = [], []
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress, desc=cfg.head)
-    stream = D.batches(samples, windows, cfg.seq_len, cfg.batch_size, cfg.seed, start_step=start)
-    t0, tokens0 = time.perf_counter(), totals["tokens"]
-    for step, batch in zip(bar, stream, strict=False):
-        stats = _step(cfg, heads, target, lm_head, batch, device)
-        stats.loss.backward()
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(stats.loss.item())
-        accs.append(stats.accuracy)
-        totals["tokens"] += batch.num_tokens
-        totals["loss_tokens"] += stats.num_tokens
-        rate = (totals["tokens"] - tokens0) / max(time.perf_counter() - t0, 1e-9)
-        acc = "/".join(f"{a:.2f}" for a in stats.accuracy)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=acc, tok_s=f"{rate:.0f}")
-        if (step + 1) % cfg.save_every == 0:
-            save_checkpoint(Path(cfg.out).expanduser(), heads, optimizer, scheduler, step + 1, totals)
-    bar.close()
-    return losses, accs

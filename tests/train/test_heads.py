@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from specdecode import LLM, SamplingParams
 from specdecode.heads import HeadConfig, build_heads, load_heads
 from specdecode.models.llama import AttentionMetadata, load_llama
-from specdecode.train import heads as heads_mod
+from specdecode.train import loop as loop_mod
 from specdecode.train.distill import DistillConfig, distill
 from specdecode.tree import tree_layout
 
@@ -52,16 +52,16 @@ def test_heads_learn_and_reload(kind, tiny_target, train_npz, eval_npz, tmp_path
 
 def test_head_resume_matches_uninterrupted_run(tiny_target, train_npz, tmp_path, monkeypatch):
     straight = distill(_cfg(tiny_target, [train_npz], tmp_path / "a", "medusa", steps=8, save_every=100)).out
-    real_save = heads_mod.save_checkpoint
+    real_save = loop_mod.save_checkpoint
 
     def save_then_crash(*args, **kwargs):
         real_save(*args, **kwargs)
         raise Interrupted
 
-    monkeypatch.setattr(heads_mod, "save_checkpoint", save_then_crash)
+    monkeypatch.setattr(loop_mod, "save_checkpoint", save_then_crash)
     with pytest.raises(Interrupted):
         distill(_cfg(tiny_target, [train_npz], tmp_path / "b", "medusa", steps=8, save_every=4))
-    monkeypatch.setattr(heads_mod, "save_checkpoint", real_save)
+    monkeypatch.setattr(loop_mod, "save_checkpoint", real_save)
     resumed = distill(_cfg(tiny_target, [train_npz], tmp_path / "b", "medusa", steps=8, save_every=4, resume=True))
     a, b = load_file(straight / "heads.safetensors"), load_file(resumed.out / "heads.safetensors")
     for k in a:

@@ -1,0 +1,60 @@
+"""The optimisation loop shared by draft and head distillation: one step per batch, a progress bar, checkpoints.
+
+`forward(batch)` returns the step's statistics (loss to minimise, accuracy, tokens the loss counts); the loop
+owns backward, clipping, the optimizer and scheduler steps, the token totals and the checkpoint cadence.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from specdecode.train import data as D
+from specdecode.train.checkpoint import save_checkpoint
+
+
+def run_steps(
+    cfg: Any,  # DistillConfig: steps, batch_size, seq_len, seed, save_every, out, progress
+    module: torch.nn.Module,
+    forward: Callable[[D.Batch], Any],
+    samples: D.Samples,
+    windows: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    start: int,
+    totals: dict,
+    desc: str,
+) -> tuple[list[float], list]:
+    """Steps start..cfg.steps-1; updates `totals` in place. Returns per-step losses and accuracies."""
+    losses, accs = [], []
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress, desc=desc)
+    stream = D.batches(samples, windows, cfg.seq_len, cfg.batch_size, cfg.seed, start_step=start)
+    t0, tokens0 = time.perf_counter(), totals["tokens"]
+    for step, batch in zip(bar, stream, strict=False):
+        stats = forward(batch)
+        stats.loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(stats.loss.item())
+        accs.append(stats.accuracy)
+        totals["tokens"] += batch.num_tokens
+        totals["loss_tokens"] += stats.num_tokens
+        rate = (totals["tokens"] - tokens0) / max(time.perf_counter() - t0, 1e-9)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=_fmt(stats.accuracy), tok_s=f"{rate:.0f}")
+        if (step + 1) % cfg.save_every == 0:
+            save_checkpoint(Path(cfg.out).expanduser(), module, optimizer, scheduler, step + 1, totals)
+    bar.close()
+    return losses, accs
+
+
+def _fmt(accuracy: float | list[float]) -> str:
+    """One accuracy, or one per head/depth joined by '/'."""
+    values = accuracy if isinstance(accuracy, list) else [accuracy]
+    return "/".join(f"{a:.3f}" for a in values)
