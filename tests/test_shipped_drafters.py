@@ -10,7 +10,8 @@ import pytest
 
 from specdecode import LLM, SamplingParams
 from specdecode.drafters import ASSETS
-from specdecode.heads.io import CONFIG_FILE, WEIGHTS_FILE
+from specdecode.drafters.subset_head import load_subset
+from specdecode.heads.io import CONFIG_FILE, VOCAB_FILE, WEIGHTS_FILE
 
 TARGET = "smollm2-135m-instruct"
 CHATS = [
@@ -34,6 +35,7 @@ def test_shipped_eagle_head_files():
     assert manifest["command"].startswith("specdecode distill --head eagle") and manifest["tokens_seen"] > 0
     assert (path / WEIGHTS_FILE).stat().st_size < 25_000_000
     assert not (path / "checkpoint").exists()  # optimizer state is not shipped
+    assert len(load_subset(path / VOCAB_FILE, 49152)) == 16384  # the cheap drafting head's tokens
 
 
 @pytest.mark.parametrize(("method", "k"), [("eagle", 6), ("layer_skip", 2)])

@@ -17,8 +17,10 @@ from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.ngram_tree import NgramTreeDrafter
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.self_draft import self_drafter
+from specdecode.drafters.subset_head import load_subset
 from specdecode.drafters.tree_search import TreeShape
 from specdecode.heads import load_heads
+from specdecode.heads.io import VOCAB_FILE
 from specdecode.models import onednn
 from specdecode.models.llama import LlamaModel
 
@@ -57,12 +59,15 @@ def _heads_dir(ctx: DrafterContext, kind: str) -> Path:
 def _head_drafter(kind: str):
     def build(ctx: DrafterContext) -> Drafter:
         weight = ctx.target.embed.weight
-        heads, cfg, _ = load_heads(_heads_dir(ctx, kind), ctx.target, weight.device, weight.dtype)
+        path = _heads_dir(ctx, kind)
+        heads, cfg, _ = load_heads(path, ctx.target, weight.device, weight.dtype)
         if onednn.available(weight.device, weight.dtype):
             onednn.pack_linears(heads)
         shape = TreeShape()
-        if kind == "eagle":
-            return EagleDrafter(ctx.target, heads, shape, ctx.engine.max_num_seqs, ctx.max_len)
+        if kind == "eagle":  # an optional vocab.npy beside the head restricts its candidates (a cheaper LM head)
+            vocab = path / VOCAB_FILE
+            subset = load_subset(vocab, ctx.target.cfg.vocab_size) if vocab.is_file() else None
+            return EagleDrafter(ctx.target, heads, shape, ctx.engine.max_num_seqs, ctx.max_len, subset)
         drafter = MedusaDrafter if kind == "medusa" else MtpDrafter
         return drafter(ctx.target, heads, cfg.num_heads, shape)
 

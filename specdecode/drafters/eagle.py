@@ -13,6 +13,7 @@ import torch
 
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.features import FeatureStore
+from specdecode.drafters.subset_head import SubsetHead
 from specdecode.drafters.tree_search import RowTree, TreeShape, grow_trees, to_proposal
 from specdecode.engine.sequence import Sequence
 from specdecode.models.llama import AttentionMetadata, LlamaModel
@@ -23,10 +24,17 @@ class EagleDrafter:
     needs_features = True
 
     def __init__(
-        self, target: LlamaModel, head: torch.nn.Module, shape: TreeShape, max_num_seqs: int, max_len: int
+        self,
+        target: LlamaModel,
+        head: torch.nn.Module,
+        shape: TreeShape,
+        max_num_seqs: int,
+        max_len: int,
+        vocab_subset: torch.Tensor | None = None,  # [S] token ids: candidates only from these (a cheaper head)
     ) -> None:
         self.target = target
         self.head = head
+        self.subset_head = None if vocab_subset is None else SubsetHead(target, vocab_subset)
         self.shape = shape
         self.cache = head.new_cache(max_num_seqs, max_len)
         self.slots: dict[str, int] = {}
@@ -48,6 +56,8 @@ class EagleDrafter:
         self.features.drop(seq)
 
     def _logp(self, feats: torch.Tensor) -> torch.Tensor:
+        if self.subset_head is not None:
+            return self.subset_head.logits(feats).log_softmax(-1)  # [..., vocab], -inf outside the subset
         return self.target.lm_head(feats).float().log_softmax(-1)  # [..., vocab]
 
     def _catch_up(self, seqs: list[Sequence]) -> torch.Tensor:

@@ -10,13 +10,12 @@ stay inside the subset and q is 0 outside it, which keeps verification lossless.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_model import draft_confidence
+from specdecode.drafters.subset_head import SubsetHead
 from specdecode.engine.sequence import Sequence
 from specdecode.kv import KVCache
-from specdecode.models import onednn
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits, sample_from_probs
 
@@ -26,9 +25,7 @@ class LayerSkipDrafter:
         self.target = target
         self.layer_ids = list(layer_ids)
         self.cache: KVCache | None = None
-        device = target.embed.weight.device
-        self.subset = None if vocab_subset is None else vocab_subset.to(device)  # [S] int64 token ids
-        self.head = None if vocab_subset is None else _subset_head(target, self.subset)
+        self.head = None if vocab_subset is None else SubsetHead(target, vocab_subset)
 
     def bind_target_cache(self, cache: KVCache) -> None:
         self.cache = cache
@@ -46,13 +43,11 @@ class LayerSkipDrafter:
         """Draft logits [num_seqs, 1, vocab] for tokens [num_seqs, 1] at positions `starts`."""
         device = tokens.device
         meta = AttentionMetadata.build(slots, starts, 1, device)
-        if self.subset is None:
+        if self.head is None:
             return self.target(tokens, meta, self.cache, layer_ids=self.layer_ids)
         none = torch.zeros((len(slots), 0), dtype=torch.long, device=device)  # skip the full LM head
         _, hidden = self.target(tokens, meta, self.cache, none, return_hidden=True, layer_ids=self.layer_ids)
-        small = self.head(hidden).float()  # [num_seqs, 1, S]
-        full = torch.full((*small.shape[:2], self.target.cfg.vocab_size), float("-inf"), device=device)
-        return full.index_copy_(-1, self.subset, small)  # [num_seqs, 1, vocab], -inf outside the subset
+        return self.head.logits(hidden)  # [num_seqs, 1, vocab], -inf outside the subset
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
@@ -77,15 +72,3 @@ class LayerSkipDrafter:
         token_ids = token_ids.masked_fill(torch.arange(k, device=device)[None] >= num[:, None], PAD_TOKEN_ID)
         q_all = None if st.all_greedy else torch.stack(probs, dim=1)  # [num_seqs, k, vocab]
         return Proposal(token_ids, num, q_all, torch.stack(confidence, dim=1))
-
-
-def _subset_head(target: LlamaModel, subset: torch.Tensor) -> nn.Module:
-    """The LM head's rows for `subset` ([S] ids) as a linear; packed for oneDNN like the target's own head
-    (unpacked, the small head reads slower than the target's full packed head on CPU)."""
-    weight = target.lm_head_weight()[subset]  # [S, hidden]
-    head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
-    head.weight.data.copy_(weight)
-    holder = nn.Sequential(head.requires_grad_(False))
-    if onednn.available(weight.device, weight.dtype):
-        onednn.pack_linears(holder)
-    return holder[0]

@@ -4,7 +4,9 @@ chain-deep and tree-wide, at batch 1 and 4; sampling runs; bad head directories 
 from __future__ import annotations
 
 import json
+import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,3 +82,29 @@ def test_bad_head_directories(tmp_path, tiny_target, heads):
         LLM(target=str(tiny_target), draft=str(broken), method="medusa")
     with pytest.raises(ConfigError, match="needs trained heads"):
         LLM(target=str(tiny_target), method="mtp")
+
+
+def _with_vocab(tmp_path, heads_dir, ids: np.ndarray):
+    out = tmp_path / "eagle_subset"
+    shutil.copytree(heads_dir, out)
+    np.save(out / "vocab.npy", ids)
+    return out
+
+
+def test_eagle_vocab_subset_is_lossless_and_restricts_candidates(tmp_path, heads, tiny_target, reference):
+    vocab = load_llama(tiny_target).cfg.vocab_size
+    subset = np.arange(0, vocab, 2)  # even token ids only
+    path = _with_vocab(tmp_path, heads["eagle"], subset)
+    llm = LLM(target=str(tiny_target), draft=str(path), method="eagle", num_speculative_tokens=6, max_num_seqs=4)
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    drafter = llm.engine.drafter
+    logp = drafter._logp(torch.randn(3, drafter.target.cfg.hidden_size))  # [3, vocab]
+    assert torch.isinf(logp[:, 1::2]).all() and torch.isfinite(logp[:, ::2]).all()
+
+
+def test_eagle_bad_vocab_subset(tmp_path, heads, tiny_target):
+    vocab = load_llama(tiny_target).cfg.vocab_size
+    path = _with_vocab(tmp_path, heads["eagle"], np.array([0, vocab]))
+    with pytest.raises(ConfigError, match="vocabulary subset"):
+        LLM(target=str(tiny_target), draft=str(path), method="eagle")

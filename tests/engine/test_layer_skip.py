@@ -76,7 +76,7 @@ def layer_skip_llm(target, choice, k: int = 3, batch: int = 4) -> LLM:
 @pytest.mark.parametrize(("k", "batch", "subset"), [(1, 1, False), (4, 1, True), (3, 4, False), (2, 4, True)])
 def test_layer_skip_greedy_equals_plain(deep_target, choice_file, subset_file, reference, k, batch, subset):
     llm = layer_skip_llm(deep_target, subset_file if subset else choice_file, k, batch)
-    assert isinstance(llm.engine.drafter, LayerSkipDrafter) and (llm.engine.drafter.subset is not None) == subset
+    assert isinstance(llm.engine.drafter, LayerSkipDrafter) and (llm.engine.drafter.head is not None) == subset
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == reference
     assert 0 < sum(o.metrics["num_accepted"] for o in outs) < sum(o.metrics["num_drafted"] for o in outs)

@@ -1,0 +1,48 @@
+"""The target's LM head restricted to a vocabulary subset: the cheap head of a drafter that reuses the target's.
+
+On a small target the LM head is a large share of a step (49k x 576 of SmolLM2-135M's weights, ~21%); scoring
+only the S most frequent tokens reads S / V of it. Drafts then stay inside the subset: a sampled draft has
+q = 0 outside it and a greedy or tree candidate is one-hot, so verification stays lossless either way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdecode.config import ConfigError
+from specdecode.models import onednn
+from specdecode.models.llama import LlamaModel
+
+
+class SubsetHead:
+    def __init__(self, target: LlamaModel, subset: torch.Tensor) -> None:
+        weight = target.lm_head_weight()
+        self.subset = subset.to(weight.device)  # [S] int64 token ids
+        self.vocab_size = target.cfg.vocab_size
+        head = nn.Linear(weight.shape[1], len(self.subset), bias=False, device=weight.device, dtype=weight.dtype)
+        head.weight.data.copy_(weight[self.subset])  # [S, hidden]
+        holder = nn.Sequential(head.requires_grad_(False))
+        if onednn.available(weight.device, weight.dtype):  # unpacked, the small head reads slower than the full
+            onednn.pack_linears(holder)
+        self.linear = holder[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] -> float logits [..., vocab], -inf outside the subset."""
+        small = self.linear(hidden).float()  # [..., S]
+        full = torch.full((*small.shape[:-1], self.vocab_size), float("-inf"), device=small.device)
+        return full.index_copy_(-1, self.subset, small)
+
+
+def load_subset(path: str | Path, vocab_size: int) -> torch.Tensor:
+    """[S] int64 token ids from a .npy file: distinct, inside the vocabulary."""
+    try:
+        ids = torch.from_numpy(np.load(path).astype(np.int64)).flatten()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot read a vocabulary subset ({e})") from None
+    if len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or len(ids.unique()) != len(ids):
+        raise ConfigError(f"{path}: a vocabulary subset must be distinct token ids in 0..{vocab_size - 1}")
+    return ids
