@@ -203,8 +203,26 @@ def render(results: dict[str, ArmResult], console: Console) -> str:
 
 
 def machine() -> str:
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()}-core CPU"
-    return f"{platform.machine()} {dev}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    from specdecode.models import onednn
+
+    if torch.cuda.is_available():
+        return f"{platform.machine()} {torch.cuda.get_device_name()}, torch {torch.__version__}"
+    cpu = platform.processor() or _cpu_model()
+    packed = "oneDNN-packed" if onednn.available(torch.device("cpu"), torch.float32) else "plain F.linear"
+    return (
+        f"{platform.machine()} {os.cpu_count()}-core CPU ({cpu}), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {packed} fp32 linears"
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown model"
 
 
 def provenance() -> dict[str, str]:
