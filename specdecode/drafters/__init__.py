@@ -84,7 +84,7 @@ def _layer_skip(ctx: DrafterContext) -> Drafter:
             " --out F` and pass --draft F"
         )
     choice = LayerSkipChoice.load(path, ctx.target.cfg.num_layers)
-    return LayerSkipDrafter(ctx.target, choice.layer_ids, choice.load_vocab_subset(path))
+    return LayerSkipDrafter(ctx.target, choice.layer_ids, choice.load_vocab_subset(path, ctx.target.cfg.vocab_size))
 
 
 DRAFTERS = {

@@ -24,7 +24,9 @@ import torch
 from tqdm import tqdm
 
 from specdecode.config import ConfigError
+from specdecode.drafters.subset_head import load_subset
 from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.train import data as D
 
 VERIFY_SLOPE = 0.03  # verifying K + 1 tokens costs ~1 + 0.03 K plain steps at batch 1 on CPU (measured, 9 wide 1.27x)
 
@@ -54,14 +56,9 @@ class LayerSkipChoice:
             raise ConfigError(f"{path}: layer ids must lie in 0..{num_layers - 1}")
         return choice
 
-    def load_vocab_subset(self, path: str | Path) -> torch.Tensor | None:
+    def load_vocab_subset(self, path: str | Path, vocab_size: int) -> torch.Tensor | None:
         """[S] int64 token ids, from the .npy named in the choice (relative to the choice's JSON `path`)."""
-        if self.vocab_subset is None:
-            return None
-        try:
-            return torch.from_numpy(np.load(Path(path).parent / self.vocab_subset).astype(np.int64))
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{path}: cannot read its vocabulary subset ({e})") from None
+        return None if self.vocab_subset is None else load_subset(Path(path).parent / self.vocab_subset, vocab_size)
 
 
 def estimated_speedup(agreement: float, cost: float, k_max: int = 8) -> float:
@@ -213,18 +210,6 @@ def select_layers(
     )
 
 
-def response_tokens(npz_path: str | Path) -> list[np.ndarray]:
-    """The response tokens of a distillation data file (tokens, offsets, prompt_len, response_len)."""
-    try:
-        data = np.load(npz_path)
-        tokens, offsets = data["tokens"], data["offsets"]
-        prompt_len, response_len = data["prompt_len"], data["response_len"]
-    except (OSError, KeyError, ValueError) as e:
-        raise ConfigError(f"{npz_path}: not a distillation data file ({e})") from None
-    starts = offsets[: len(prompt_len)] + prompt_len
-    return [tokens[s : s + r] for s, r in zip(starts, response_len, strict=True)]
-
-
 def frequent_tokens(token_arrays: list[np.ndarray], size: int) -> torch.Tensor:
     """[size] the most frequent token ids (a draft vocabulary subset), sorted by id."""
     counts = np.bincount(np.concatenate(token_arrays).astype(np.int64))
@@ -276,14 +261,17 @@ def run_select(
     command: str = "",
 ) -> LayerSkipChoice:
     """Calibrate and write the choice to `out` (and, from `vocab_data`, the vocabulary subset next to it)."""
-    subset = None if vocab_data is None else frequent_tokens(response_tokens(vocab_data), vocab_size)
     target, seqs, starts = calibration_sequences(target_name, device)
+    subset = None
+    if vocab_data is not None:  # checked like distillation data: a token beyond the vocabulary is an error
+        subset = frequent_tokens(D.load_samples([vocab_data], target.cfg.vocab_size).responses(), vocab_size)
     choice = select_layers(target, seqs, starts, num_skip, subset, command=command)
     out = Path(out)
     if subset is not None:
-        choice.vocab_subset = out.with_suffix(".vocab.npy").name
+        vocab_file = out.with_suffix(".vocab.npy")
+        choice.vocab_subset = vocab_file.name
         out.parent.mkdir(parents=True, exist_ok=True)
-        np.save(out.with_suffix(".vocab.npy"), subset.numpy().astype(np.uint16 if subset.max() < 2**16 else np.uint32))
+        np.save(vocab_file, subset.numpy().astype(np.uint16 if subset.max() < 2**16 else np.uint32))
     choice.save(out)
     skipped = sorted(set(range(target.cfg.num_layers)) - set(choice.layer_ids))
     print(

@@ -35,6 +35,11 @@ class Samples:
     def num_samples(self) -> int:
         return len(self.prompt_len)
 
+    def responses(self) -> list[np.ndarray]:
+        """Each sample's response tokens: what follows its prompt."""
+        starts = self.offsets[:-1] + self.prompt_len
+        return [self.tokens[s:e] for s, e in zip(starts.tolist(), self.offsets[1:].tolist(), strict=True)]
+
 
 @dataclass(frozen=True)
 class Batch:

@@ -20,12 +20,12 @@ from specdecode.drafters.layer_select import (
     LayerSkipChoice,
     estimated_speedup,
     frequent_tokens,
-    response_tokens,
     select_layers,
 )
 from specdecode.drafters.layer_skip import LayerSkipDrafter
 from specdecode.engine.engine import sampling_tensors
 from specdecode.models.llama import AttentionMetadata, load_llama
+from specdecode.train.data import load_samples
 from tests.tiny import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -157,7 +157,7 @@ def test_estimated_speedup_and_frequent_tokens(tmp_path):
         prompt_len=np.array([2, 1], dtype=np.int32),
         response_len=np.array([2, 1], dtype=np.int32),
     )
-    assert [r.tolist() for r in response_tokens(data)] == [[7, 7], [8]]
+    assert [r.tolist() for r in load_samples([data], 96).responses()] == [[7, 7], [8]]
 
 
 def test_missing_or_bad_choice(deep_target, tmp_path, capsys):
@@ -178,6 +178,6 @@ def test_shipped_choice_for_smollm2():
     assert choice.layer_ids[0] == 0 and choice.layer_ids[-1] == 29 and len(choice.layer_ids) < 30
     assert choice.layer_ids == sorted(set(choice.layer_ids)) and 0 < choice.agreement <= 1
     assert choice.num_tokens >= 256 and choice.command.startswith("specdecode select-layers")
-    subset = choice.load_vocab_subset(path)
+    subset = choice.load_vocab_subset(path, 49152)
     assert subset is not None and len(set(subset.tolist())) == len(subset) and int(subset.max()) < 49152
     assert (path.parent / choice.vocab_subset).stat().st_size < 100_000
