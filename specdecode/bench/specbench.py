@@ -207,7 +207,7 @@ def machine() -> str:
 
     if torch.cuda.is_available():
         return f"{platform.machine()} {torch.cuda.get_device_name()}, torch {torch.__version__}"
-    cpu = platform.processor() or _cpu_model()
+    cpu = _cpu_model()
     packed = "oneDNN-packed" if onednn.available(torch.device("cpu"), torch.float32) else "plain F.linear"
     return (
         f"{platform.machine()} {os.cpu_count()}-core CPU ({cpu}), torch {torch.__version__}, "

@@ -26,7 +26,7 @@ class SubsetHead:
         head = nn.Linear(weight.shape[1], len(self.subset), bias=False, device=weight.device, dtype=weight.dtype)
         head.weight.data.copy_(weight[self.subset])  # [S, hidden]
         holder = nn.Sequential(head.requires_grad_(False))
-        if onednn.available(weight.device, weight.dtype):  # unpacked, the small head reads slower than the full
+        if onednn.available(weight.device, weight.dtype):  # the same choice as for the target's own linears
             onednn.pack_linears(holder)
         self.linear = holder[0]
 
