@@ -13,10 +13,12 @@ from transformers import AutoTokenizer
 from specdecode.config import ConfigError, EngineConfig, SamplingParams, SpeculativeConfig
 from specdecode.control import make_controller
 from specdecode.drafters import DrafterContext, make_drafter
+from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
 from specdecode.engine.engine import Engine
 from specdecode.engine.sequence import Sequence
 from specdecode.models.llama import LlamaModel, load_llama
 from specdecode.models.loader import resolve_model_dir
+from specdecode.models.shipped_draft import DEFAULT_DRAFTS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -67,6 +69,8 @@ class LLM:
         ngram_max: int = 4,
         prefill_chunk: int = 512,
     ) -> None:
+        if method == "draft" and draft is None:  # the draft shipped for a built-in target, if there is one
+            draft = DEFAULT_DRAFTS.get(target)
         self.spec = SpeculativeConfig(method, num_speculative_tokens, draft, ngram_min, ngram_max, controller)
         self.engine_config = EngineConfig(max_num_seqs, max_model_len, device, dtype, prefill_chunk)
         if device == "cpu":
@@ -79,6 +83,9 @@ class LLM:
             draft_dir = resolve_model_dir(draft)
             self.draft_model = load_llama(draft_dir, device, DTYPES[dtype])
             _check_same_vocab(self.target, self.draft_model, self.tokenizer, draft_dir)
+            if (draft_dir / VOCAB_FILE).is_file():  # a --draft-vocab draft scores only its drafting vocabulary
+                subset = load_subset(draft_dir / VOCAB_FILE, self.draft_model.cfg.vocab_size)
+                SubsetLMHead.install(self.draft_model, subset)
         limit = self.target.cfg.context_limit
         self.max_model_len = min(max_model_len or DEFAULT_MAX_MODEL_LEN, limit)
         ctx = DrafterContext(self.target, self.draft_model, self.spec, self.engine_config, self.max_model_len, target)

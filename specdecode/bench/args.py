@@ -75,19 +75,35 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_serve_bench_args(p.add_argument_group("serve"))
 
 
-def method_arms(text: str) -> list[tuple[str, int, str]]:
-    """'ngram:8:goodput,eagle:12' -> [(method, K, controller)]; K defaults to 5, the controller to fixed."""
+@dataclass(frozen=True)
+class MethodArm:
+    """One engine arm of `--methods`: a drafter, its K and controller, and for `draft` the draft model."""
+
+    method: str
+    k: int
+    controller: str
+    draft: str | None = None  # `draft@SPEC`: this arm's draft (a directory or built-in name); else --draft
+
+
+def method_arms(text: str) -> list[MethodArm]:
+    """'ngram:8:goodput,eagle:12,draft@drafts/1l:2' -> MethodArms; K defaults to 5, the controller to fixed."""
     from specdecode.config import CONTROLLER_NAMES, METHODS
 
     arms = []
     for item in name_list(text):
-        parts = item.split(":")
-        method, k, controller = parts[0], parts[1] if len(parts) > 1 else "5", parts[2] if len(parts) > 2 else "fixed"
-        if method not in METHODS or not k.isdigit() or controller not in CONTROLLER_NAMES or len(parts) > 3:
+        head, at, rest = item.partition("@")
+        if at:  # draft@SPEC[:K[:controller]]
+            method, (draft, *tail) = head, rest.split(":")
+        else:
+            (method, *tail), draft = item.split(":"), None
+        k, controller = tail[0] if tail else "5", tail[1] if len(tail) > 1 else "fixed"
+        bad_draft = at and (method != "draft" or not draft)
+        if method not in METHODS or not k.isdigit() or controller not in CONTROLLER_NAMES or len(tail) > 2 or bad_draft:
             raise argparse.ArgumentTypeError(
-                f"bad method arm {item!r}: expected method[:K[:controller]] with method in {', '.join(METHODS)}"
+                f"bad method arm {item!r}: expected method[:K[:controller]] with method in {', '.join(METHODS)}, "
+                "or draft@DRAFT[:K[:controller]]"
             )
-        arms.append((method, int(k), controller))
+        arms.append(MethodArm(method, int(k), controller, draft))
     return arms
 
 
@@ -97,7 +113,8 @@ def add_specbench_args(g: argparse._ArgumentGroup) -> None:
         "--methods",
         type=method_arms,
         default=None,
-        help="compare several drafters in one run: method[:K[:controller]],... (overrides --method)",
+        help="compare several drafters in one run: method[:K[:controller]],... (overrides --method); "
+        "draft@DIR[:K[:controller]] gives a draft arm its own draft model",
     )
     g.add_argument("--json", action="store_true", help="write results JSON (and a Markdown table)")
 

@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from specdecode.config import SamplingParams
+from specdecode.bench.draft_tradeoff import plot_tradeoff, render_tradeoff, step_costs
+from specdecode.config import SamplingParams, SpeculativeConfig
 from specdecode.prompts import Prompt, load_jsonl
 
 
@@ -137,18 +138,34 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
     base = llm_from_args(a, method="none", **batch1)
     arms: list[Arm] = [EngineArm("ours K=0", base)]
     if a.methods:  # one arm per method, each on its own engine, all in this run
-        for method, k, controller in a.methods:
-            llm = llm_from_args(a, method=method, num_speculative_tokens=k, controller=controller, **batch1)
-            arms.append(EngineArm(f"ours {method} K={k} {controller}", llm))
+        for m in a.methods:
+            draft = {"draft": m.draft} if m.draft else {}
+            llm = llm_from_args(
+                a, method=m.method, num_speculative_tokens=m.k, controller=m.controller, **draft, **batch1
+            )
+            arms.append(EngineArm(f"ours {arm_label(llm.spec)}", llm))
     elif a.method != "none":
-        spec = llm_from_args(a, **batch1)
-        arms.append(EngineArm(f"ours {a.method} K={a.num_speculative_tokens}", spec))
+        llm = llm_from_args(a, **batch1)
+        arms.append(EngineArm(f"ours {arm_label(llm.spec)}", llm))
     if a.peers:
-        arms += hf_arms(a, base)
+        arms += hf_arms(a, base, [arm.llm for arm in arms[1:]])
     return arms
 
 
-def hf_arms(a: argparse.Namespace, base) -> list[Arm]:
+def draft_name(spec: str) -> str:
+    """A draft's short name in arm names: a built-in name, or the directory's last component."""
+    return spec.rstrip("/").split("/")[-1]
+
+
+def arm_label(spec: SpeculativeConfig) -> str:
+    """'ngram K=8 goodput', 'draft[smollm2-135m-instruct-draft] K=2 fixed'."""
+    name = f"draft[{draft_name(spec.draft)}]" if spec.method == "draft" and spec.draft else spec.method
+    return f"{name} K={spec.num_speculative_tokens} {spec.controller}"
+
+
+def hf_arms(a: argparse.Namespace, base, ours: list) -> list[Arm]:
+    """HF generate, plus per n-gram arm prompt lookup and per draft arm assisted generation, each with our
+    arm's K (K_max for a dynamic controller) and the same draft model, at a constant K."""
     from transformers import AutoModelForCausalLM
 
     from specdecode.models.loader import resolve_model_dir
@@ -157,23 +174,34 @@ def hf_arms(a: argparse.Namespace, base) -> list[Arm]:
     model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(a.target), dtype=dtype).to(a.device).eval()
     eos = sorted(base.engine.eos_token_ids)
     arms: list[Arm] = [HFArm("HF generate", model, base.tokenizer, eos)]
-    k = a.num_speculative_tokens
-    if a.method == "ngram":
-        arms.append(HFArm(f"HF prompt lookup K={k}", model, base.tokenizer, eos, prompt_lookup_num_tokens=k))
-    elif a.method == "draft" and a.draft:
-        draft = AutoModelForCausalLM.from_pretrained(resolve_model_dir(a.draft), dtype=dtype).to(a.device).eval()
-        arms.append(
-            HFArm(
-                f"HF assisted K={k}",
-                model,
-                base.tokenizer,
-                eos,
-                assistant_model=draft,
-                num_assistant_tokens=k,
-                num_assistant_tokens_schedule="constant",
+    drafts: dict[str, torch.nn.Module] = {}
+    for llm in ours:  # our speculative LLMs, one per arm
+        spec = llm.spec
+        if spec.method == "ngram":
+            k = spec.num_speculative_tokens
+            arms.append(HFArm(f"HF prompt lookup K={k}", model, base.tokenizer, eos, prompt_lookup_num_tokens=k))
+        elif spec.method == "draft" and spec.draft:
+            if spec.draft not in drafts:
+                path = resolve_model_dir(spec.draft)
+                drafts[spec.draft] = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(a.device).eval()
+            arms.append(
+                HFArm(
+                    f"HF assisted [{draft_name(spec.draft)}] K={spec.num_speculative_tokens}",
+                    model,
+                    base.tokenizer,
+                    eos,
+                    assistant_model=drafts[spec.draft],
+                    num_assistant_tokens=spec.num_speculative_tokens,
+                    num_assistant_tokens_schedule="constant",
+                )
             )
-        )
-    return arms
+    return _unique(arms)
+
+
+def _unique(arms: list[Arm]) -> list[Arm]:
+    """Two of our arms with the same peer (e.g. K=5 fixed and goodput) time that peer once."""
+    seen: set[str] = set()
+    return [a for a in arms if not (a.name in seen or seen.add(a.name))]
 
 
 def render(results: dict[str, ArmResult], console: Console) -> str:
@@ -245,6 +273,9 @@ def run_from_args(a: argparse.Namespace) -> None:
     results = run_arms(arms, texts, a.max_tokens, a.warmup)
     console = Console(file=sys.stdout)
     md = render(results, console)
+    costs = step_costs(arms)
+    tables = {name: r.table() for name, r in results.items()}
+    md += "\n" + render_tradeoff(tables, costs, console)
     if a.json:
         out = Path(a.output)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -252,11 +283,14 @@ def run_from_args(a: argparse.Namespace) -> None:
             **provenance(),
             "num_prompts": len(prompts),
             "max_tokens": a.max_tokens,
-            "arms": {name: r.table() for name, r in results.items()},
+            "arms": tables,
+            "step_costs": costs,
             "samples": {
                 name: {c: [asdict(s) for s in ss] for c, ss in r.samples.items()} for name, r in results.items()
             },
         }
         out.write_text(json.dumps(payload, indent=1))
         out.with_suffix(".md").write_text(md + "\n")
+        if costs:
+            plot_tradeoff(tables, costs, out.with_name(out.stem + "_tradeoff.png"))
         console.print(f"wrote {out} and {out.with_suffix('.md')}")

@@ -19,7 +19,7 @@ ASSISTANT_CONFIDENCE = 0.4
 
 def peer_arms(a: argparse.Namespace, base) -> list[Arm]:
     """specbench's peers (plain, prompt lookup or assisted with the same K) plus assisted's dynamic mode."""
-    arms = hf_arms(a, base)
+    arms = hf_arms(a, base, [base])
     for arm in list(arms):
         if isinstance(arm, HFArm) and "assistant_model" in arm.kwargs:
             dynamic = {

@@ -17,10 +17,9 @@ from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.ngram_tree import NgramTreeDrafter
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.self_draft import self_drafter
-from specdecode.drafters.subset_head import load_subset
+from specdecode.drafters.subset_head import VOCAB_FILE, load_subset
 from specdecode.drafters.tree_search import TreeShape
 from specdecode.heads import load_heads
-from specdecode.heads.io import VOCAB_FILE
 from specdecode.models import onednn
 from specdecode.models.llama import LlamaModel
 

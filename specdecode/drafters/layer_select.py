@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from specdecode.config import ConfigError
-from specdecode.drafters.subset_head import load_subset
+from specdecode.drafters.subset_head import frequent_tokens, load_subset
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 from specdecode.train import data as D
 
@@ -208,13 +208,6 @@ def select_layers(
         datetime.now(UTC).isoformat(timespec="seconds"),
         command,
     )
-
-
-def frequent_tokens(token_arrays: list[np.ndarray], size: int) -> torch.Tensor:
-    """[size] the most frequent token ids (a draft vocabulary subset), sorted by id."""
-    counts = np.bincount(np.concatenate(token_arrays).astype(np.int64))
-    top = np.argsort(-counts, kind="stable")[:size]
-    return torch.from_numpy(np.sort(top))
 
 
 # Calibration instructions written for this purpose (never Spec-Bench prompts, which are for evaluation only).

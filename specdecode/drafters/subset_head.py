@@ -17,6 +17,8 @@ from specdecode.config import ConfigError
 from specdecode.models import onednn
 from specdecode.models.llama import LlamaModel
 
+VOCAB_FILE = "vocab.npy"  # beside a draft model or EAGLE head: the token ids it drafts from
+
 
 class SubsetHead:
     def __init__(self, target: LlamaModel, subset: torch.Tensor) -> None:
@@ -46,3 +48,26 @@ def load_subset(path: str | Path, vocab_size: int) -> torch.Tensor:
     if len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or len(ids.unique()) != len(ids):
         raise ConfigError(f"{path}: a vocabulary subset must be distinct token ids in 0..{vocab_size - 1}")
     return ids
+
+
+class SubsetLMHead(nn.Module):
+    """A model's LM head restricted to a subset, as a module: a draft model scores only its drafting
+    vocabulary. Installed by `install(model, subset)`; the model's forward then returns -inf outside it."""
+
+    def __init__(self, head: SubsetHead) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head.logits(hidden)  # [..., hidden] -> [..., vocab]
+
+    @staticmethod
+    def install(model: LlamaModel, subset: torch.Tensor) -> None:
+        model.lm_head = SubsetLMHead(SubsetHead(model, subset))
+
+
+def frequent_tokens(token_arrays: list[np.ndarray], size: int) -> torch.Tensor:
+    """[size] the most frequent token ids (a draft vocabulary subset), sorted by id."""
+    counts = np.bincount(np.concatenate(token_arrays).astype(np.int64))
+    top = np.argsort(-counts, kind="stable")[:size]
+    return torch.from_numpy(np.sort(top))

@@ -18,7 +18,6 @@ from specdecode.models.llama import LlamaModel
 
 CONFIG_FILE = "head.json"
 WEIGHTS_FILE = "heads.safetensors"
-VOCAB_FILE = "vocab.npy"  # optional: the token ids an EAGLE head drafts from (drafters/subset_head.py)
 
 
 def build_heads(cfg: HeadConfig) -> nn.Module:

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from specdecode.models.llama import SUPPORTED_MODEL_TYPES
+from specdecode.models.shipped_draft import BUILTIN_DRAFTS, materialize
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -87,6 +88,8 @@ def resolve_model_dir(spec: str, *, cache_dir: str | Path | None = None, progres
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
     if spec in BUILTIN_MODELS:
         return _converted(BUILTIN_MODELS[spec].gguf_path(spec), spec, root, progress)
+    if spec in BUILTIN_DRAFTS:  # shipped without the target's embedding: rebuilt from the target on first use
+        return materialize(spec, root, resolve_model_dir(BUILTIN_DRAFTS[spec], cache_dir=root, progress=progress))
     path = Path(spec).expanduser()
     if path.is_dir():
         return _checked_hf_dir(path)
@@ -97,7 +100,7 @@ def resolve_model_dir(spec: str, *, cache_dir: str | Path | None = None, progres
         raise ModelLoadError(f"unsupported model file {path}: expected a .gguf file or a Hugging Face directory{why}")
     raise ModelLoadError(
         f"model not found: {spec} (expected a local Hugging Face directory with config.json and "
-        f"*.safetensors, a .gguf file, or one of: {', '.join(BUILTIN_MODELS)})"
+        f"*.safetensors, a .gguf file, or one of: {', '.join([*BUILTIN_MODELS, *BUILTIN_DRAFTS])})"
     )
 
 

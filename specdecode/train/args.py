@@ -22,6 +22,12 @@ def add_distill_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-heads", type=int, default=None, help="key/value heads (default: the target's ratio)")
     p.add_argument("--init-from-target", action="store_true", help="copy every target tensor whose shape fits")
     p.add_argument("--freeze-embeddings", action="store_true", help="keep the input embedding fixed")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="draft only the N most frequent response tokens (a cheaper LM head; written as vocab.npy)",
+    )
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=512)
@@ -50,6 +56,7 @@ def run_distill(a: argparse.Namespace) -> None:
         num_kv_heads=a.num_kv_heads,
         init_from_target=a.init_from_target,
         freeze_embeddings=a.freeze_embeddings,
+        vocab_subset=a.draft_vocab,
     )
     cfg = DistillConfig(
         target=a.target,

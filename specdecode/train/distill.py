@@ -23,6 +23,7 @@ import torch
 import transformers
 
 from specdecode.config import ConfigError
+from specdecode.drafters.subset_head import frequent_tokens
 from specdecode.heads.config import HEAD_KINDS
 from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
@@ -111,6 +112,11 @@ def _device(name: str) -> torch.device:
     return device
 
 
+def _eos_ids(target_json: dict) -> list[int]:
+    eos = target_json.get("eos_token_id")
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
 def _load_teacher(target_dir: Path, device: torch.device):
     teacher = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
     teacher.requires_grad_(False)
@@ -131,21 +137,42 @@ def _tensors(batch: D.Batch, device: torch.device) -> tuple[torch.Tensor, ...]:
     return tuple(torch.from_numpy(a).to(device) for a in (batch.input_ids, batch.loss_mask, batch.labels))
 
 
-def _forward(student, teacher, batch: D.Batch, device: torch.device, ce_weight: float) -> StepStats:
+def student_logits(student, input_ids: torch.Tensor, subset: torch.Tensor | None) -> torch.Tensor:
+    """[batch, seq_len, S] logits over the draft vocabulary (S = vocab without a subset): with one, only the
+    subset's rows of the LM head are multiplied, as at inference."""
+    if subset is None:
+        return student(input_ids).logits
+    hidden = student.model(input_ids).last_hidden_state  # [batch, seq_len, hidden]
+    return torch.nn.functional.linear(hidden, student.lm_head.weight[subset])
+
+
+def _forward(student, teacher, batch: D.Batch, device, ce_weight: float, subset: torch.Tensor | None) -> StepStats:
     input_ids, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
     with torch.no_grad():
         teacher_logits = teacher(input_ids).logits  # [batch, seq_len, vocab]
-    student_logits = student(input_ids).logits  # [batch, seq_len, vocab]
-    return distill_loss(student_logits, teacher_logits, mask, labels, ce_weight)
+    logits = student_logits(student, input_ids, subset)  # [batch, seq_len, S]
+    return distill_loss(logits, teacher_logits, mask, labels, ce_weight, subset)
 
 
-def evaluate(student, teacher, samples: D.Samples, windows: np.ndarray, cfg: DistillConfig, device) -> dict:
+def draft_subset(cfg: DistillConfig, samples: D.Samples, eos_ids: list[int]) -> torch.Tensor | None:
+    """[S] sorted token ids of --draft-vocab: the most frequent response tokens, end-of-turn ids always in."""
+    size = cfg.draft.vocab_subset
+    if size is None:
+        return None
+    ids = frequent_tokens(samples.responses(), size)
+    missing = [i for i in eos_ids if i not in set(ids.tolist())]
+    if missing:  # a draft that can never propose the end of its answer wastes the last step of every request
+        ids = torch.cat([ids[: len(ids) - len(missing)], torch.tensor(missing)]).sort().values
+    return ids
+
+
+def evaluate(student, teacher, samples: D.Samples, windows: np.ndarray, cfg: DistillConfig, device, subset) -> dict:
     """Held-out token accuracy and KL, weighted by masked positions."""
     student.eval()
     hits = kl = total = 0.0
     with torch.no_grad():
         for batch in D.eval_batches(samples, windows[: cfg.eval_max_windows], cfg.seq_len, cfg.batch_size):
-            s = _forward(student, teacher, batch, device, 0.0)
+            s = _forward(student, teacher, batch, device, 0.0, subset)
             hits, kl, total = hits + s.accuracy * s.num_tokens, kl + s.kl * s.num_tokens, total + s.num_tokens
     student.train()
     return {"accuracy": hits / max(total, 1), "kl": kl / max(total, 1), "tokens": int(total)}
@@ -175,6 +202,7 @@ def _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_st
         "trainable_parameters": sum(p.numel() for p in student.parameters() if p.requires_grad),
         "init_from_target": cfg.draft.init_from_target,
         "freeze_embeddings": cfg.draft.freeze_embeddings,
+        "draft_vocab": cfg.draft.vocab_subset,
         "draft_config": summary(draft_cfg),
     }
 
@@ -196,6 +224,8 @@ def distill(cfg: DistillConfig) -> DistillResult:
 
     teacher = _load_teacher(target_dir, device)
     student = _build_student(cfg, draft_cfg, teacher, device)
+    subset = draft_subset(cfg, samples, _eos_ids(target_json))
+    subset = None if subset is None else subset.to(device)
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.warmup, cfg.steps))
@@ -207,12 +237,13 @@ def distill(cfg: DistillConfig) -> DistillResult:
         shutil.rmtree(out)
 
     def forward(batch: D.Batch) -> StepStats:
-        return _forward(student, teacher, batch, device, cfg.ce_weight)
+        return _forward(student, teacher, batch, device, cfg.ce_weight, subset)
 
     losses, accs = run_steps(cfg, student, forward, samples, windows, optimizer, scheduler, start, totals, "distill")
     eval_stats = None
     if held_out is not None:
-        eval_stats = evaluate(student, teacher, held_out, D.window_starts(held_out, cfg.seq_len), cfg, device)
+        windows = D.window_starts(held_out, cfg.seq_len)
+        eval_stats = evaluate(student, teacher, held_out, windows, cfg, device, subset)
     manifest = _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_stats)
-    write_draft_dir(out, student, target_dir, manifest)
+    write_draft_dir(out, student, target_dir, manifest, None if subset is None else subset.cpu().numpy())
     return DistillResult(out, losses, accs, manifest)

@@ -37,9 +37,10 @@ class DraftOptions:
     num_kv_heads: int | None = None  # None: the target's grouping ratio, as near as divides
     init_from_target: bool = False
     freeze_embeddings: bool = False
+    vocab_subset: int | None = None  # draft only the N most frequent response tokens (q = 0 elsewhere)
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads"):
+        for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_subset"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")

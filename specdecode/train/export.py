@@ -13,20 +13,25 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from transformers import AutoTokenizer
 
+from specdecode.drafters.subset_head import VOCAB_FILE
 from specdecode.train.checkpoint import CHECKPOINT_DIR
 
 MANIFEST = "manifest.json"
 
 
-def write_draft_dir(out: Path, student, target_dir: Path, manifest: dict) -> Path:
-    """Write the final directory at `out`, keeping any training checkpoint inside it for later --resume."""
+def write_draft_dir(out: Path, student, target_dir: Path, manifest: dict, subset: np.ndarray | None = None) -> Path:
+    """Write the final directory at `out`, keeping any training checkpoint inside it for later --resume.
+    `subset` ([S] token ids) is the draft vocabulary of a --draft-vocab draft."""
 
     def fill(tmp: Path) -> None:
         student.save_pretrained(tmp)  # transformers >= 5 always writes safetensors (config.json + model.safetensors)
         AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if subset is not None:
+            np.save(tmp / VOCAB_FILE, subset.astype(np.int64))
 
     return write_atomically(out, fill)
 

@@ -22,21 +22,40 @@ class StepStats:
 
 
 def distill_loss(
-    student_logits: torch.Tensor,  # [batch, seq_len, vocab]
+    student_logits: torch.Tensor,  # [batch, seq_len, S]: S = vocab, or the subset's size
     teacher_logits: torch.Tensor,  # [batch, seq_len, vocab]
     loss_mask: torch.Tensor,  # [batch, seq_len] bool
     labels: torch.Tensor,  # [batch, seq_len] int64
     ce_weight: float = 0.0,
+    subset: torch.Tensor | None = None,  # [S] token ids the student drafts from (sorted), or None: all
 ) -> StepStats:
-    """Mean over masked positions; only those positions are gathered, so the vocab-wide ops stay small."""
-    q_log = F.log_softmax(student_logits[loss_mask].float(), dim=-1)  # [num_masked, vocab]
-    p_log = F.log_softmax(teacher_logits[loss_mask].float(), dim=-1)  # [num_masked, vocab]
+    """Mean over masked positions; only those positions are gathered, so the vocab-wide ops stay small.
+
+    With a subset the student learns the target's distribution renormalised over it (the mass outside is lost
+    to a draft that never proposes those tokens anyway); hard labels outside it are left out of the CE, and
+    accuracy still compares with the target's argmax over the whole vocabulary.
+    """
+    q_log = F.log_softmax(student_logits[loss_mask].float(), dim=-1)  # [num_masked, S]
+    teacher = teacher_logits[loss_mask].float()  # [num_masked, vocab]
+    target_argmax = teacher.argmax(-1)  # [num_masked]
+    if subset is not None:
+        teacher = teacher[:, subset]  # [num_masked, S]
+    p_log = F.log_softmax(teacher, dim=-1)  # [num_masked, S]
     kl = F.kl_div(q_log, p_log, log_target=True, reduction="batchmean")
     loss = kl
     if ce_weight > 0.0:
-        loss = loss + ce_weight * F.nll_loss(q_log, labels[loss_mask])
-    agree = (q_log.argmax(-1) == p_log.argmax(-1)).float().mean()
+        loss = loss + ce_weight * F.nll_loss(q_log, _subset_labels(labels[loss_mask], subset), ignore_index=-100)
+    drafted = q_log.argmax(-1) if subset is None else subset[q_log.argmax(-1)]  # [num_masked] token ids
+    agree = (drafted == target_argmax).float().mean()
     return StepStats(loss, kl.item(), agree.item(), int(loss_mask.sum()))
+
+
+def _subset_labels(labels: torch.Tensor, subset: torch.Tensor | None) -> torch.Tensor:
+    """[n] token ids -> [n] indices into the subset, -100 (ignored) for tokens outside it."""
+    if subset is None:
+        return labels
+    pos = torch.searchsorted(subset, labels).clamp(max=len(subset) - 1)  # subset is sorted
+    return torch.where(subset[pos] == labels, pos, torch.full_like(pos, -100))
 
 
 def lr_factor(step: int, warmup: int, total: int, floor: float = 0.1) -> float:

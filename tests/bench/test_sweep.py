@@ -126,5 +126,5 @@ def test_draft_peers_include_dynamic_assisted(tiny_target, tiny_draft):
     a.device, a.dtype = "cpu", "float32"
     text = base.tokenizer.decode(PROMPTS[0])
     runs = run_peers(a, base, [text, text], SweepConfig([1], max_tokens=4, warmup=0))
-    assert list(runs) == ["HF generate", "HF assisted K=2", "HF assisted dynamic"]
+    assert list(runs) == ["HF generate", f"HF assisted [{tiny_draft.name}] K=2", "HF assisted dynamic"]
     assert all(r.tokens > 0 and r.summary()["tokens_per_s"] > 0 for r in runs.values())

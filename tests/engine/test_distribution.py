@@ -11,6 +11,7 @@ from specdecode import LLM, SamplingParams
 from specdecode.control.confidence import ConfidenceController
 from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController
+from specdecode.drafters.subset_head import SubsetLMHead
 from specdecode.engine.runner import prefill
 from specdecode.sampling import SamplingTensors, process_logits
 from tests.stats import fits
@@ -110,3 +111,15 @@ def test_draft_q_at_wrong_temperature_is_detected(pair):
 
     llm.engine.drafter.propose = lying_propose
     assert not fits(sampled_joint(llm), exact_joint(llm))[0]
+
+
+def test_draft_with_a_vocabulary_subset_stays_lossless(pair):
+    """A draft that can only propose 5 of the 12 tokens (q = 0 elsewhere, as with `--draft-vocab`): the
+    target's tokens outside the subset come back through the residual, so the joint is still the target's."""
+    llm = make(pair)
+    SubsetLMHead.install(llm.draft_model, torch.tensor([0, 2, 5, 7, 11]))
+    drafted: list[int] = []
+    counts = sampled_joint(llm, 4000, drafted)
+    ok, stat, crit = fits(counts, exact_joint(llm))
+    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
+    assert drafted[0] >= 4000

@@ -1,0 +1,144 @@
+"""Drafts shipped inside the package, stored without the tensors they share with their target.
+
+A draft distilled with `--init-from-target --freeze-embeddings` keeps the target's embedding (and, tied, its
+LM head): for SmolLM2-135M that is 49,152 x 576 floats, 113 MB of a 2-layer draft's 141 MB in fp32. The
+shipped copy holds only the rest (decoder layers and final norm, in bf16) plus the draft vocabulary
+(vocab.npy) and the training manifest. On first use `materialize` rebuilds a complete Hugging Face directory
+in the model cache (the target's embedding + the layers in fp32 + the target's tokenizer), which specdecode
+and `transformers.AutoModelForCausalLM` both load like any other draft.
+
+Usage:
+    python -m specdecode.models.shipped_draft DRAFT_DIR specdecode/assets/drafts/smollm2-135m-instruct-draft
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from specdecode.config import ConfigError
+
+DRAFT_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "drafts"
+PACKED_WEIGHTS = "layers.safetensors"
+EMBEDDING = "model.embed_tokens.weight"
+CARRIED = ("config.json", "vocab.npy", "manifest.json")  # copied as they are (vocab.npy only when present)
+
+# Built-in draft name -> the built-in target it was distilled from, and the reverse: the default draft.
+BUILTIN_DRAFTS: dict[str, str] = {"smollm2-135m-instruct-draft": "smollm2-135m-instruct"}
+DEFAULT_DRAFTS: dict[str, str] = {target: draft for draft, target in BUILTIN_DRAFTS.items()}
+
+
+def _target_embedding(target_dir: Path) -> torch.Tensor:
+    """[vocab, hidden] the target's input embedding, read from whichever shard holds it."""
+    for shard in sorted(target_dir.glob("*.safetensors")):
+        with safe_open(shard, framework="pt") as f:
+            if EMBEDDING in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                return f.get_tensor(EMBEDDING)
+    raise ConfigError(f"{target_dir}: no {EMBEDDING} in the target's weights")
+
+
+def pack_draft(src: Path, dst: Path, target_dir: Path) -> Path:
+    """Write the shippable form of the draft directory `src` to `dst` (replaced if it exists)."""
+    config = json.loads((src / "config.json").read_text())
+    if not config.get("tie_word_embeddings"):
+        raise ConfigError(f"{src}: only drafts with a tied LM head can be packed (they share the target's)")
+    tensors = load_file(src / "model.safetensors")
+    if not torch.equal(tensors.get(EMBEDDING, torch.empty(0)), _target_embedding(target_dir)):
+        raise ConfigError(f"{src}: the embedding differs from the target's; train with --freeze-embeddings")
+    own = {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items() if k not in (EMBEDDING, "lm_head.weight")}
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        save_file(own, tmp / PACKED_WEIGHTS, metadata={"format": "pt"})
+        for name in CARRIED:
+            if (src / name).is_file():
+                shutil.copy(src / name, tmp / name)
+        _note_packing(tmp / "manifest.json", src)
+        if dst.exists():
+            shutil.rmtree(dst)
+        tmp.rename(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst
+
+
+def _note_packing(manifest_path: Path, src: Path) -> None:
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest["packed"] = {
+        "from": str(src),
+        "dtype": "bfloat16",
+        "shared_with_target": [EMBEDDING, "lm_head.weight (tied)"],
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def materialize(name: str, root: Path, target_dir: Path) -> Path:
+    """The complete Hugging Face directory of built-in draft `name` under `root`, built now if absent."""
+    asset = DRAFT_ASSETS / name
+    if not (asset / PACKED_WEIGHTS).is_file():
+        raise ConfigError(f"built-in draft {name!r} is missing from {asset}; reinstall specdecode")
+    key = hashlib.sha256((asset / PACKED_WEIGHTS).read_bytes() + str(target_dir).encode()).hexdigest()[:12]
+    final = root / f"{name}-{key}"
+    if (final / "config.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=root))
+    try:
+        tensors = {k: v.float() for k, v in load_file(asset / PACKED_WEIGHTS).items()}
+        tensors[EMBEDDING] = _target_embedding(target_dir).float()
+        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        for f in target_dir.iterdir():  # the target's tokenizer: a draft shares its vocabulary
+            if f.name.startswith(("tokenizer", "special_tokens")) or f.name == "chat_template.jinja":
+                shutil.copy(f, tmp / f.name)
+        for n in CARRIED:
+            if (asset / n).is_file():
+                shutil.copy(asset / n, tmp / n)
+        tmp.chmod(0o755)
+        _publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    try:
+        tmp.rename(final)
+    except OSError:
+        if not (final / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp)  # another process built the same directory first; keep theirs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="pack a distilled draft for shipping (weights it shares stay out)")
+    p.add_argument("src", type=Path, help="the draft directory `specdecode distill` wrote")
+    p.add_argument("dst", type=Path, help="where the packed draft goes, e.g. specdecode/assets/drafts/NAME")
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    a = p.parse_args(argv)
+    from specdecode.models.loader import ModelLoadError, resolve_model_dir
+
+    try:
+        out = pack_draft(a.src, a.dst, resolve_model_dir(a.target))
+    except (ConfigError, ModelLoadError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"packed {a.src} into {out} ({size / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
