@@ -157,6 +157,14 @@ def cmd_distill_generate(a: argparse.Namespace) -> None:
     run_generate(a)
 
 
+def cmd_distill_pack(a: argparse.Namespace) -> None:
+    from specdecode.models.loader import resolve_model_dir
+    from specdecode.models.shipped_draft import pack_draft
+
+    out = pack_draft(Path(a.src), Path(a.dst), resolve_model_dir(a.target))
+    print(f"packed {a.src} into {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -214,13 +222,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_generate_args(dgen)
     dgen.set_defaults(func=cmd_distill_generate)
+
+    pack = sub.add_parser(
+        "distill-pack",
+        help="a draft without the embedding it shares with its target, to ship (= `distill pack`)",
+    )
+    pack.add_argument("src", help="the draft directory `specdecode distill` wrote (--freeze-embeddings, tied head)")
+    pack.add_argument("dst", help="where the packed draft goes, e.g. specdecode/assets/drafts/NAME")
+    pack.add_argument("--target", default="smollm2-135m-instruct", help="the target it was distilled from")
+    pack.set_defaults(func=cmd_distill_pack)
     return parser
 
 
 def route_subcommands(argv: list[str]) -> list[str]:
-    """`distill generate ...` is `distill-generate ...`; every other command line is left as it is."""
-    if argv[:2] == ["distill", "generate"]:
-        return ["distill-generate", *argv[2:]]
+    """`distill generate|pack ...` is `distill-generate|pack ...`; every other command line is left as it is."""
+    if argv[:2] in (["distill", "generate"], ["distill", "pack"]):
+        return [f"distill-{argv[1]}", *argv[2:]]
     return argv
 
 

@@ -8,16 +8,14 @@ in the model cache (the target's embedding + the layers in fp32 + the target's t
 and `transformers.AutoModelForCausalLM` both load like any other draft.
 
 Usage:
-    python -m specdecode.models.shipped_draft DRAFT_DIR specdecode/assets/drafts/smollm2-135m-instruct-draft
+    specdecode distill pack DRAFT_DIR specdecode/assets/drafts/smollm2-135m-instruct-draft
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +47,8 @@ def _target_embedding(target_dir: Path) -> torch.Tensor:
 
 def pack_draft(src: Path, dst: Path, target_dir: Path) -> Path:
     """Write the shippable form of the draft directory `src` to `dst` (replaced if it exists)."""
+    if not (src / "config.json").is_file() or not (src / "model.safetensors").is_file():
+        raise ConfigError(f"{src} is not a draft directory (needs config.json and model.safetensors)")
     config = json.loads((src / "config.json").read_text())
     if not config.get("tie_word_embeddings"):
         raise ConfigError(f"{src}: only drafts with a tied LM head can be packed (they share the target's)")
@@ -64,6 +64,7 @@ def pack_draft(src: Path, dst: Path, target_dir: Path) -> Path:
             if (src / name).is_file():
                 shutil.copy(src / name, tmp / name)
         _note_packing(tmp / "manifest.json", src)
+        _readable(tmp)
         if dst.exists():
             shutil.rmtree(dst)
         tmp.rename(dst)
@@ -71,6 +72,13 @@ def pack_draft(src: Path, dst: Path, target_dir: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dst
+
+
+def _readable(directory: Path) -> None:
+    """mkdtemp makes a private directory; a packed draft is package data that every user must read."""
+    directory.chmod(0o755)
+    for f in directory.iterdir():
+        f.chmod(0o644)
 
 
 def _note_packing(manifest_path: Path, src: Path) -> None:
@@ -105,7 +113,7 @@ def materialize(name: str, root: Path, target_dir: Path) -> Path:
         for n in CARRIED:
             if (asset / n).is_file():
                 shutil.copy(asset / n, tmp / n)
-        tmp.chmod(0o755)
+        _readable(tmp)
         _publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -120,25 +128,3 @@ def _publish(tmp: Path, final: Path) -> None:
         if not (final / "config.json").is_file():
             raise
         shutil.rmtree(tmp)  # another process built the same directory first; keep theirs
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="pack a distilled draft for shipping (weights it shares stay out)")
-    p.add_argument("src", type=Path, help="the draft directory `specdecode distill` wrote")
-    p.add_argument("dst", type=Path, help="where the packed draft goes, e.g. specdecode/assets/drafts/NAME")
-    p.add_argument("--target", default="smollm2-135m-instruct")
-    a = p.parse_args(argv)
-    from specdecode.models.loader import ModelLoadError, resolve_model_dir
-
-    try:
-        out = pack_draft(a.src, a.dst, resolve_model_dir(a.target))
-    except (ConfigError, ModelLoadError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    size = sum(f.stat().st_size for f in out.iterdir())
-    print(f"packed {a.src} into {out} ({size / 1e6:.1f} MB)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
