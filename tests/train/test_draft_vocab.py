@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdecode.config import SamplingParams
+from specdecode.config import ConfigError, SamplingParams
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
 from specdecode.train.distill import DistillConfig, distill
 from specdecode.train.draft_config import DraftOptions
@@ -80,3 +80,23 @@ def test_distill_with_draft_vocab_drafts_inside_it(tiny_target, train_npz, tmp_p
         hidden = torch.randn(3, spec.draft_model.cfg.hidden_size)
         logits = spec.draft_model.lm_head(hidden)  # [3, vocab]
     assert torch.isinf(logits[:, outside]).all() and torch.isfinite(logits[:, subset]).all()
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tiny_target, tmp_path):
+    from specdecode.llm import LLM
+    from tests.tiny import write_tiny_model
+
+    other = write_tiny_model(tmp_path / "other", vocab_size=VOCAB + 4)
+    with pytest.raises(ConfigError, match="vocabulary"):
+        LLM(target=str(tiny_target), draft=str(other), method="draft")
+
+
+def test_a_broken_vocab_file_beside_a_draft_is_refused(tiny_target, tiny_draft, tmp_path):
+    import shutil
+
+    from specdecode.llm import LLM
+
+    draft = shutil.copytree(tiny_draft, tmp_path / "draft")
+    np.save(draft / VOCAB_FILE, np.array([3, 3, 500]))  # a repeat and an id outside the vocabulary
+    with pytest.raises(ConfigError, match="vocabulary subset"):
+        LLM(target=str(tiny_target), draft=str(draft), method="draft")
