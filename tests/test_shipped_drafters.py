@@ -32,15 +32,17 @@ def plain() -> list[list[int]]:
     return [o.token_ids for o in llm.chat(CHATS, GREEDY)]
 
 
-def test_shipped_eagle_head_files():
-    path = ASSETS / "heads" / TARGET / "eagle"
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_shipped_head_files(kind):
+    path = ASSETS / "heads" / TARGET / kind
     data = json.loads((path / CONFIG_FILE).read_text())
-    assert data["config"]["kind"] == "eagle" and data["config"]["target"]["vocab_size"] == 49152
+    assert data["config"]["kind"] == kind and data["config"]["target"]["vocab_size"] == 49152
     manifest = data["manifest"]
-    assert manifest["command"].startswith("specdecode distill --head eagle") and manifest["tokens_seen"] > 0
+    assert manifest["command"].startswith(f"specdecode distill --head {kind}") and manifest["tokens_seen"] > 0
     assert (path / WEIGHTS_FILE).stat().st_size < 25_000_000
     assert not (path / "checkpoint").exists()  # optimizer state is not shipped
-    assert len(load_subset(path / VOCAB_FILE, 49152)) == 16384  # the cheap drafting head's tokens
+    if kind == "eagle":
+        assert len(load_subset(path / VOCAB_FILE, 49152)) == 16384  # the cheap drafting head's tokens
 
 
 def test_shipped_draft_files():
@@ -64,7 +66,7 @@ def test_shipped_draft_is_the_default_and_shares_the_vocabulary():
     assert AutoTokenizer.from_pretrained(draft_dir).get_vocab() == llm.tokenizer.get_vocab()
 
 
-@pytest.mark.parametrize(("method", "k"), [("draft", 3), ("eagle", 6), ("layer_skip", 2)])
+@pytest.mark.parametrize(("method", "k"), [("draft", 3), ("eagle", 6), ("medusa", 4), ("layer_skip", 2)])
 def test_shipped_drafter_greedy_equals_plain(method, k, plain):
     llm = LLM(target=TARGET, method=method, num_speculative_tokens=k, controller="fixed", max_num_seqs=2)
     outs = llm.chat(CHATS, GREEDY)
