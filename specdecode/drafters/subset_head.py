@@ -66,8 +66,11 @@ class SubsetLMHead(nn.Module):
         model.lm_head = SubsetLMHead(SubsetHead(model, subset))
 
 
-def frequent_tokens(token_arrays: list[np.ndarray], size: int) -> torch.Tensor:
-    """[size] the most frequent token ids (a draft vocabulary subset), sorted by id."""
-    counts = np.bincount(np.concatenate(token_arrays).astype(np.int64))
+def frequent_tokens(token_arrays: list[np.ndarray], size: int, always: list[int] | None = None) -> torch.Tensor:
+    """[size] the most frequent token ids (a draft vocabulary subset), sorted by id; ids in `always` are in it
+    whatever their count (they take the places of the least frequent)."""
+    always = always or []
+    counts = np.bincount(np.concatenate(token_arrays).astype(np.int64), minlength=max(always, default=-1) + 1)
+    counts[always] = counts.max() + 1
     top = np.argsort(-counts, kind="stable")[:size]
     return torch.from_numpy(np.sort(top))

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from specdecode.models.llama import SUPPORTED_MODEL_TYPES
-from specdecode.models.shipped_draft import BUILTIN_DRAFTS, materialize
+from specdecode.models.shipped_draft import BUILTIN_DRAFTS, packed_weights, rebuild_draft
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -89,7 +90,7 @@ def resolve_model_dir(spec: str, *, cache_dir: str | Path | None = None, progres
     if spec in BUILTIN_MODELS:
         return _converted(BUILTIN_MODELS[spec].gguf_path(spec), spec, root, progress)
     if spec in BUILTIN_DRAFTS:  # shipped without the target's embedding: rebuilt from the target on first use
-        return materialize(spec, root, resolve_model_dir(BUILTIN_DRAFTS[spec], cache_dir=root, progress=progress))
+        return _shipped_draft(spec, root, progress)
     path = Path(spec).expanduser()
     if path.is_dir():
         return _checked_hf_dir(path)
@@ -140,18 +141,30 @@ def _check_model_type(config_path: Path) -> None:
 
 
 def _converted(gguf_path: Path, name: str, root: Path, progress: bool) -> Path:
-    """The cached conversion of `gguf_path`, made now if absent.
+    """The cached conversion of `gguf_path`, made now if absent."""
+    final = root / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{_file_key(gguf_path)}"
+    return _cached(final, lambda tmp: gguf_to_hf_dir(gguf_path, tmp, progress=progress))
+
+
+def _shipped_draft(name: str, root: Path, progress: bool) -> Path:
+    """The full directory of a built-in draft, rebuilt from its packed weights and its target on first use."""
+    target_dir = resolve_model_dir(BUILTIN_DRAFTS[name], cache_dir=root, progress=progress)
+    final = root / f"{name}-{_file_key(packed_weights(name), extra=target_dir.name)}"
+    return _cached(final, lambda tmp: rebuild_draft(name, tmp, target_dir))
+
+
+def _cached(final: Path, build: Callable[[Path], object]) -> Path:
+    """`final`, made now by `build(tmp)` if absent.
 
     The work happens in a hidden temporary sibling that is renamed into place only when complete, so an
-    interrupted conversion never leaves a directory under the final name.
+    interrupted build never leaves a directory under the final name.
     """
-    final = root / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{_file_key(gguf_path)}"
     if final.is_dir():
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=root))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     try:
-        gguf_to_hf_dir(gguf_path, tmp, progress=progress)
+        build(tmp)
         _publish(tmp, final)
     except BaseException:  # includes KeyboardInterrupt: never leave the partial directory behind
         shutil.rmtree(tmp, ignore_errors=True)
@@ -159,10 +172,12 @@ def _converted(gguf_path: Path, name: str, root: Path, progress: bool) -> Path:
     return final
 
 
-def _file_key(path: Path) -> str:
-    """Short key for one version of a file; hashing size and mtime is instant, unlike hashing the content."""
+def _file_key(path: Path, extra: str = "") -> str:
+    """Short key for one version of a file (and `extra`, what else the output depends on); hashing size and
+    mtime is instant, unlike hashing the content."""
     st = path.stat()
-    return hashlib.sha256(f"{CONVERTER_VERSION}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    text = f"{CONVERTER_VERSION}:{st.st_size}:{st.st_mtime_ns}" + (f":{extra}" if extra else "")
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _publish(tmp: Path, final: Path) -> None:

@@ -3,9 +3,9 @@
 A draft distilled with `--init-from-target --freeze-embeddings` keeps the target's embedding (and, tied, its
 LM head): for SmolLM2-135M that is 49,152 x 576 floats, 113 MB of a 2-layer draft's 141 MB in fp32. The
 shipped copy holds only the rest (decoder layers and final norm, in bf16) plus the draft vocabulary
-(vocab.npy) and the training manifest. On first use `materialize` rebuilds a complete Hugging Face directory
-in the model cache (the target's embedding + the layers in fp32 + the target's tokenizer), which specdecode
-and `transformers.AutoModelForCausalLM` both load like any other draft.
+(vocab.npy) and the training manifest. On first use `rebuild_draft` writes a complete Hugging Face directory
+(the target's embedding + the layers in fp32 + the target's tokenizer), which the loader keeps in its model
+cache and which specdecode and `transformers.AutoModelForCausalLM` both load like any other draft.
 
 Usage:
     specdecode distill pack DRAFT_DIR specdecode/assets/drafts/smollm2-135m-instruct-draft
@@ -13,10 +13,8 @@ Usage:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -56,22 +54,18 @@ def pack_draft(src: Path, dst: Path, target_dir: Path) -> Path:
     if not torch.equal(tensors.get(EMBEDDING, torch.empty(0)), _target_embedding(target_dir)):
         raise ConfigError(f"{src}: the embedding differs from the target's; train with --freeze-embeddings")
     own = {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items() if k not in (EMBEDDING, "lm_head.weight")}
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         save_file(own, tmp / PACKED_WEIGHTS, metadata={"format": "pt"})
         for name in CARRIED:
             if (src / name).is_file():
                 shutil.copy(src / name, tmp / name)
         _note_packing(tmp / "manifest.json", src)
         _readable(tmp)
-        if dst.exists():
-            shutil.rmtree(dst)
-        tmp.rename(dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dst
+
+    from specdecode.train.export import write_atomically  # pulls in transformers: only when packing
+
+    return write_atomically(dst, fill)
 
 
 def _readable(directory: Path) -> None:
@@ -92,39 +86,24 @@ def _note_packing(manifest_path: Path, src: Path) -> None:
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def materialize(name: str, root: Path, target_dir: Path) -> Path:
-    """The complete Hugging Face directory of built-in draft `name` under `root`, built now if absent."""
+def packed_weights(name: str) -> Path:
+    """The packed weights file of built-in draft `name`."""
+    path = DRAFT_ASSETS / name / PACKED_WEIGHTS
+    if not path.is_file():
+        raise ConfigError(f"built-in draft {name!r} is missing from {path.parent}; reinstall specdecode")
+    return path
+
+
+def rebuild_draft(name: str, out: Path, target_dir: Path) -> None:
+    """Write the complete Hugging Face directory of built-in draft `name` into `out` (the loader caches it)."""
     asset = DRAFT_ASSETS / name
-    if not (asset / PACKED_WEIGHTS).is_file():
-        raise ConfigError(f"built-in draft {name!r} is missing from {asset}; reinstall specdecode")
-    key = hashlib.sha256((asset / PACKED_WEIGHTS).read_bytes() + str(target_dir).encode()).hexdigest()[:12]
-    final = root / f"{name}-{key}"
-    if (final / "config.json").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=root))
-    try:
-        tensors = {k: v.float() for k, v in load_file(asset / PACKED_WEIGHTS).items()}
-        tensors[EMBEDDING] = _target_embedding(target_dir).float()
-        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-        for f in target_dir.iterdir():  # the target's tokenizer: a draft shares its vocabulary
-            if f.name.startswith(("tokenizer", "special_tokens")) or f.name == "chat_template.jinja":
-                shutil.copy(f, tmp / f.name)
-        for n in CARRIED:
-            if (asset / n).is_file():
-                shutil.copy(asset / n, tmp / n)
-        _readable(tmp)
-        _publish(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    try:
-        tmp.rename(final)
-    except OSError:
-        if not (final / "config.json").is_file():
-            raise
-        shutil.rmtree(tmp)  # another process built the same directory first; keep theirs
+    tensors = {k: v.float() for k, v in load_file(packed_weights(name)).items()}
+    tensors[EMBEDDING] = _target_embedding(target_dir).float()
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    for f in target_dir.iterdir():  # the target's tokenizer: a draft shares its vocabulary
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.name == "chat_template.jinja":
+            shutil.copy(f, out / f.name)
+    for n in CARRIED:
+        if (asset / n).is_file():
+            shutil.copy(asset / n, out / n)
+    _readable(out)

@@ -149,6 +149,8 @@ def test_estimated_speedup_and_frequent_tokens(tmp_path):
     assert estimated_speedup(0.0, 0.5) == 1.0  # never draft when nothing is accepted
     assert estimated_speedup(0.9, 0.1) > 2.0
     assert frequent_tokens([np.array([5, 5, 5, 2, 2, 9])], 2).tolist() == [2, 5]
+    assert frequent_tokens([np.array([5, 5, 5, 2, 2, 9])], 2, always=[9]).tolist() == [5, 9]  # 2 makes room
+    assert frequent_tokens([np.array([5, 5, 5, 2, 2, 9])], 3, always=[11]).tolist() == [2, 5, 11]  # never seen
     data = tmp_path / "d.npz"
     np.savez(
         data,

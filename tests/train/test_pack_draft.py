@@ -31,7 +31,7 @@ def _distill(target, data, out, freeze: bool):
     return distill(DistillConfig(str(target), [str(data)], str(out), draft=draft, **SMALL)).out
 
 
-def test_pack_then_materialize_rebuilds_the_draft(tied_target, train_npz, tmp_path, monkeypatch):
+def test_pack_then_rebuild_gives_the_draft_back(tied_target, train_npz, tmp_path, monkeypatch):
     src = _distill(tied_target, train_npz, tmp_path / "draft", freeze=True)
     packed = pack_draft(src, tmp_path / "assets" / "tiny-draft", tied_target)
     names = {p.name for p in packed.iterdir()}
