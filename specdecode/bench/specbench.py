@@ -231,12 +231,12 @@ def render(results: dict[str, ArmResult], console: Console) -> str:
 
 
 def machine() -> str:
-    from specdecode.models import onednn
+    from specdecode.models import packed_linear
 
     if torch.cuda.is_available():
         return f"{platform.machine()} {torch.cuda.get_device_name()}, torch {torch.__version__}"
     cpu = _cpu_model()
-    packed = "oneDNN-packed" if onednn.available(torch.device("cpu"), torch.float32) else "plain F.linear"
+    packed = "MKL-packed" if packed_linear.available(torch.device("cpu"), torch.float32) else "plain F.linear"
     return (
         f"{platform.machine()} {os.cpu_count()}-core CPU ({cpu}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {packed} fp32 linears"

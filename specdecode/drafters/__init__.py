@@ -20,7 +20,7 @@ from specdecode.drafters.self_draft import self_drafter
 from specdecode.drafters.subset_head import VOCAB_FILE, load_subset
 from specdecode.drafters.tree_search import TreeShape
 from specdecode.heads import load_heads
-from specdecode.models import onednn
+from specdecode.models import packed_linear
 from specdecode.models.llama import LlamaModel
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"  # shipped heads and layer choices, per target
@@ -60,8 +60,8 @@ def _head_drafter(kind: str):
         weight = ctx.target.embed.weight
         path = _heads_dir(ctx, kind)
         heads, cfg, _ = load_heads(path, ctx.target, weight.device, weight.dtype)
-        if onednn.available(weight.device, weight.dtype):
-            onednn.pack_linears(heads)
+        if packed_linear.available(weight.device, weight.dtype):
+            packed_linear.pack_linears(heads)
         shape = TreeShape()
         if kind == "eagle":  # an optional vocab.npy beside the head restricts its candidates (a cheaper LM head)
             vocab = path / VOCAB_FILE
