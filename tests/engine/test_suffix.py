@@ -4,12 +4,14 @@ from finished requests, the cache of finished outputs stays bounded, and per-req
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from specdecode import LLM, SamplingParams, verify_tree
 from specdecode.config import ConfigError
+from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.suffix import OutputCache, SuffixDrafter
 from tests.drafters.test_suffix_index import write_corpus
 from tests.engine.test_distribution import PROMPT, VOCAB, exact_joint, sampled_joint
@@ -74,19 +76,21 @@ def test_corpus_drives_the_drafts(tiny_target, corpus):
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     with_corpus = tau(suffix_llm(tiny_target, "suffix", 4, (corpus,)).generate(PROMPTS[:6], params))
     without = tau(suffix_llm(tiny_target, "suffix", 4).generate(PROMPTS[:6], params))
-    assert with_corpus > 3.0
-    assert without < 2.0
+    assert with_corpus > 2.0  # 3.4 when written
+    assert not without > 2.0  # 1.0: nothing to draft from
 
 
 def test_finished_requests_feed_later_ones(tiny_target):
     """In a server, a request like an earlier one is drafted from that one's output. Negative control: the
     same two requests with the cache off."""
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    for cache, low, high in ((4096, 3.0, 99.0), (0, 0.0, 2.0)):
+    second = {}
+    for cache in (4096, 0):
         llm = suffix_llm(tiny_target, "suffix_tree", 1, cache=cache)
         llm.generate([PROMPTS[0]], params)
-        second = tau(llm.generate([PROMPTS[0]], params))
-        assert low < second < high, (cache, second)
+        second[cache] = tau(llm.generate([PROMPTS[0]], params))
+    assert second[4096] > 2.0  # 4.8 when written
+    assert not second[0] > 2.0  # 1.04
 
 
 def run_many(llm: LLM, num: int) -> list[int]:
@@ -187,3 +191,31 @@ def test_tree_rule_without_residual_is_detected(small_target, monkeypatch):
     llm = sampled_tree_llm(small_target)
     ok, stat, crit = fits(sampled_joint(llm, 4000), exact_joint(llm))
     assert not ok, f"chi2 {stat:.1f} < {crit:.1f}"
+
+
+DISTILL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "distill"
+PART2 = DISTILL / "smollm2_135m_instruct_responses_part2.npz"
+
+
+@pytest.mark.skipif(not PART2.is_file(), reason="the distillation corpus is not on this machine")
+def test_real_target_with_real_corpus(smollm2_dir):
+    """SmolLM2 on a prompt of the corpus whose greedy response our fp32 decoding reproduces (the corpus was
+    generated in bf16 on a GPU; on the first such record ours parts from it after 24 tokens): lossless, and
+    the corpus makes each target forward yield several tokens."""
+    with np.load(PART2) as d:
+        offsets, prompt_len, response_len, sampled = d["offsets"], d["prompt_len"], d["response_len"], d["sampled"]
+        i = int(np.flatnonzero((sampled == 0) & (prompt_len <= 64) & (response_len >= 48))[1])
+        prompt = d["tokens"][offsets[i] : offsets[i] + prompt_len[i]].tolist()
+    llm = LLM(
+        target=str(smollm2_dir),
+        method="suffix",
+        num_speculative_tokens=8,
+        controller="fixed",
+        max_num_seqs=1,
+        suffix_corpus=[str(PART2)],
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    out = llm.generate([prompt], params)[0]
+    llm.engine.drafter = NoDrafter()
+    assert out.token_ids == llm.generate([prompt], params)[0].token_ids
+    assert out.metrics["mean_accepted_tokens"] > 3.0
