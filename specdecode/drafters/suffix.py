@@ -102,7 +102,7 @@ class OutputCache:
     def add(self, output: np.ndarray) -> None:
         if not self.max_tokens or not len(output):
             return
-        output = output[-self.max_tokens :]
+        output = output[-self.max_tokens :]  # one output longer than the whole cache keeps its end
         self.outputs.append(output)
         self.num_tokens += len(output)
         self.evict()

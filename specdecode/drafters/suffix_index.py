@@ -121,14 +121,17 @@ class SuffixArray:
         starts = np.concatenate([[0], edges])
         runs = np.diff(np.concatenate([starts, [len(nxt)]]))  # [num runs] sampled rows per token
         keep = ((runs + 1) * step >= min_count) & (nxt[starts] != SEPARATOR)
+
+        def next_token(s: int) -> int:
+            return self._tok[s + off]
+
         out = []
         for tok, start, run in zip(nxt[starts[keep]].tolist(), starts[keep].tolist(), runs[keep].tolist(), strict=True):
             if step == 1:
                 first, last = lo + start, lo + start + run
             else:  # the sample only brackets the run: find its ends
-                key = lambda s: self._tok[s + off]  # noqa: E731 (one-line key for bisect)
-                first = bisect.bisect_left(self._sa, tok, lo, hi, key=key)
-                last = bisect.bisect_right(self._sa, tok, first, hi, key=key)
+                first = bisect.bisect_left(self._sa, tok, lo, hi, key=next_token)
+                last = bisect.bisect_right(self._sa, tok, first, hi, key=next_token)
             if last - first >= min_count:
                 out.append((tok, last - first, (first, last, off + 1)))
         return sorted(out, key=lambda c: -c[1])
