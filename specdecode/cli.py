@@ -4,6 +4,7 @@ Usage:
     specdecode generate "Tell me a joke" --method ngram --num-speculative-tokens 5 --max-tokens 64
     specdecode generate --prompts-file prompts.jsonl --json
     echo "Hello" | specdecode generate --no-chat
+    specdecode generate "Hi" --method suffix_tree --suffix-corpus ../shared/data/distill/responses.npz
     specdecode bench --method ngram --prompts ../shared/data/specbench_question.jsonl --json
     specdecode bench sweep --prompts ../shared/data/specbench_question.jsonl --concurrency 1,4,16
     specdecode serve --port 8000 --api-key secret

@@ -25,8 +25,8 @@ PROMPTS = [[_rng.randrange(3, 96) for _ in range(_rng.randint(2, 8))] for _ in r
 
 @pytest.fixture(scope="module")
 def reference(tiny_target) -> list[list[int]]:
-    llm = LLM(target=str(tiny_target), method="none", max_num_seqs=1)
-    return [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
+    llm = LLM(target=str(tiny_target), method="none", max_num_seqs=len(PROMPTS))  # batched = unbatched
+    return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,8 @@ def test_request_state_is_freed(tiny_target):
     drafter = llm.engine.drafter
     assert isinstance(drafter, SuffixDrafter)
     engine = llm.engine
-    seqs = [engine.add_request(f"r{i}", p, GREEDY) for i, p in enumerate(PROMPTS[:4])]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    seqs = [engine.add_request(f"r{i}", p, params) for i, p in enumerate(PROMPTS[:4])]
     for _ in range(3):
         engine.step()
     assert set(drafter.requests) == {s.request_id for s in seqs}
