@@ -45,6 +45,9 @@ class DraftModelDrafter:
         if slot is not None:
             self.cache.free(slot)
 
+    def live_request_ids(self) -> set[str]:
+        return set(self.slots)
+
     def commit(self, seqs: list[Sequence]) -> None:
         # The draft cached pending + its own drafts; only those the target kept stay valid.
         for s in seqs:

@@ -55,6 +55,9 @@ class EagleDrafter:
             self.cache.free(slot)
         self.features.drop(seq)
 
+    def live_request_ids(self) -> set[str]:
+        return set(self.slots) | self.features.request_ids()
+
     def _logp(self, feats: torch.Tensor) -> torch.Tensor:
         if self.subset_head is not None:
             return self.subset_head.logits(feats).log_softmax(-1)  # [..., vocab], -inf outside the subset

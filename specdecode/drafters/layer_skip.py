@@ -39,6 +39,9 @@ class LayerSkipDrafter:
     def remove_sequence(self, seq: Sequence) -> None:
         pass
 
+    def live_request_ids(self) -> set[str]:
+        return set()
+
     def _logits(self, tokens: torch.Tensor, starts: list[int], slots: list[int]) -> torch.Tensor:
         """Draft logits [num_seqs, 1, vocab] for tokens [num_seqs, 1] at positions `starts`."""
         device = tokens.device
