@@ -26,10 +26,9 @@ class KVCache:
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
-        margin: int = 72,
     ) -> None:
-        # `margin` leaves room for the padded tail of a ragged step (up to K + 1 rows beyond a slot's length).
-        shape = (num_layers, num_slots, num_kv_heads, max_len + margin, head_dim)
+        # One scratch column past max_len: the padding of a ragged step is written there (index -1), never read.
+        shape = (num_layers, num_slots, num_kv_heads, max_len + 1, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # [layers, slots, kv_heads, len, head_dim]
         self.v = torch.zeros(shape, device=device, dtype=dtype)  # [layers, slots, kv_heads, len, head_dim]
         self.max_len = max_len

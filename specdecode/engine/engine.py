@@ -218,11 +218,10 @@ class Engine:
         pending = torch.tensor([[s.token_ids[-1]] for s in seqs], dtype=torch.long, device=self.device)
         tokens = torch.cat([pending, proposal.token_ids.clamp(min=0)], dim=1)  # [num_seqs, k + 1]
         slots, starts = [s.slot for s in seqs], [s.num_cached for s in seqs]
-        if proposal.parents is None:
-            meta = AttentionMetadata.build(slots, starts, tokens.shape[1], self.device)
-        else:
-            depth, mask = tree_layout(proposal.parents, proposal.num_tokens)  # [num_seqs, k + 1], [.., k + 1]
-            meta = AttentionMetadata.build(slots, starts, tokens.shape[1], self.device, depth, mask)
+        depth, mask = (None, None) if proposal.parents is None else tree_layout(proposal.parents, proposal.num_tokens)
+        meta = AttentionMetadata.build(
+            slots, starts, tokens.shape[1], self.device, depth, mask, proposal.num_tokens + 1, self.cache.max_len
+        )  # a tree's depth and mask: [num_seqs, k + 1], [num_seqs, k + 1, k + 1]
         out = self.target(tokens, meta, self.cache, return_hidden=self._needs_features)
         logits, hidden = out if self._needs_features else (out, None)  # [num_seqs, k + 1, vocab], [.., hidden]
         if proposal.parents is None:

@@ -19,13 +19,15 @@ def forward_ragged(
     """Feed tokens[b] after the cached tokens of slots[b]; logits [num_seqs, 1 or T, vocab].
 
     With return_hidden, also the final hidden states [num_seqs, T, hidden].
-    Rows are right-padded to the longest; pad positions write stale K/V past the row's length, which nothing
-    reads. Cache lengths are not changed here: the caller commits them.
+    Rows are right-padded to the longest; padding writes into the cache's scratch column, which nothing reads.
+    Cache lengths are not changed here: the caller commits them.
     """
     device = model.embed.weight.device
     width = max(len(t) for t in tokens)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tokens], dtype=torch.long, device=device)
-    meta = AttentionMetadata.build(slots, [cache.lengths[s] for s in slots], width, device)
+    starts = [cache.lengths[s] for s in slots]
+    lengths = [len(t) for t in tokens]
+    meta = AttentionMetadata.build(slots, starts, width, device, num_new=lengths, max_len=cache.max_len)
     index = None
     if last_only:
         index = torch.tensor([[len(t) - 1] for t in tokens], dtype=torch.long, device=device)  # [num_seqs, 1]

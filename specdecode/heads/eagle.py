@@ -44,6 +44,5 @@ class EagleHead(nn.Module):
         freqs = meta.positions[..., None].float() * self.inv_freq  # [B, T, head_dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, head_dim]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        write_pos = meta.start[:, None] + torch.arange(t, device=tokens.device)  # [B, T]
-        x = self.layer(x, cos, sin, cache.k[0], cache.v[0], meta, write_pos, meta.attention_mask(t))
+        x = self.layer(x, cos, sin, cache.k[0], cache.v[0], meta, meta.attention_mask(t))
         return self.norm(x)

@@ -94,7 +94,10 @@ class AttentionMetadata:
     slots: torch.Tensor  # [num_seqs] int64 cache slot of each row
     start: torch.Tensor  # [num_seqs] int64 cached tokens before this call; new token i is written at start + i
     positions: torch.Tensor  # [num_seqs, T] int64 RoPE positions (start + i for chains, start + depth for trees)
-    kv_len: int  # keys attended: max over rows of start + T (a python int, so no host sync)
+    kv_len: int  # keys attended: max over rows of start + T (a python int, so no host sync), capped by the cache
+    # [num_seqs, T] int64 cache index each new token's K/V is written at; -1 for a row's padding, which lands in
+    # the cache's scratch column (KVCache keeps one past max_len) so padding never writes past a slot.
+    write_pos: torch.Tensor
     tree_mask: torch.Tensor | None = None  # [num_seqs, T, T] bool: new token i may attend to new token j
     slot_range: tuple[int, int] | None = None  # (first, end) when slots are contiguous: cache read is a view
 
@@ -107,16 +110,29 @@ class AttentionMetadata:
         device: torch.device | str,
         tree_depth: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
+        num_new: torch.Tensor | list[int] | None = None,
+        max_len: int | None = None,
     ) -> AttentionMetadata:
-        """Metadata for `num_tokens` new tokens per row (rows are padded to that many by the caller)."""
+        """Metadata for `num_tokens` new tokens per row (rows are padded to that many by the caller).
+
+        num_new: real tokens per row ([num_seqs]; None = all `num_tokens`); the rest is padding, written to the
+        scratch column. max_len: the cache's length; keys past it are never attended (only padding sits there).
+        """
         start_t = torch.tensor(start, dtype=torch.long, device=device)
-        offsets = torch.arange(num_tokens, device=device) if tree_depth is None else tree_depth
+        steps = torch.arange(num_tokens, device=device)  # [T]
+        offsets = steps if tree_depth is None else tree_depth
+        write_pos = start_t[:, None] + steps  # [num_seqs, T]
+        if num_new is not None:
+            num_new_t = torch.as_tensor(num_new, dtype=torch.long, device=device)  # [num_seqs]
+            write_pos = torch.where(steps[None] < num_new_t[:, None], write_pos, -1)
         contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        kv_len = max(start) + num_tokens
         return cls(
             slots=torch.tensor(slots, dtype=torch.long, device=device),
             start=start_t,
             positions=start_t[:, None] + offsets,
-            kv_len=max(start) + num_tokens,
+            kv_len=kv_len if max_len is None else min(kv_len, max_len),
+            write_pos=write_pos,
             tree_mask=tree_mask,
             slot_range=(slots[0], slots[0] + len(slots)) if contiguous else None,
         )
@@ -180,7 +196,6 @@ class Attention(nn.Module):
         k_cache: torch.Tensor,  # [slots, kv_heads, len, head_dim] this layer's cache
         v_cache: torch.Tensor,  # [slots, kv_heads, len, head_dim]
         meta: AttentionMetadata,
-        write_pos: torch.Tensor,  # [num_seqs, T] cache index of each new token
         mask: torch.Tensor | None,  # [num_seqs, 1, T, kv_len] bool
     ) -> torch.Tensor:
         cfg = self.cfg
@@ -194,8 +209,8 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # Advanced indices split by a slice put [num_seqs, T] first: the target is [num_seqs, T, kv_heads, dim].
-        k_cache[meta.slots[:, None], :, write_pos] = k.transpose(1, 2).to(k_cache.dtype)
-        v_cache[meta.slots[:, None], :, write_pos] = v.transpose(1, 2).to(v_cache.dtype)
+        k_cache[meta.slots[:, None], :, meta.write_pos] = k.transpose(1, 2).to(k_cache.dtype)
+        v_cache[meta.slots[:, None], :, meta.write_pos] = v.transpose(1, 2).to(v_cache.dtype)
         if meta.slot_range is not None:
             first, end = meta.slot_range
             keys, values = k_cache[first:end, :, : meta.kv_len], v_cache[first:end, :, : meta.kv_len]
@@ -275,10 +290,9 @@ class LlamaModel(nn.Module):
         t = tokens.shape[1]
         x = self.embed(tokens)  # [num_seqs, T, hidden]
         cos, sin = self.rope(meta.positions, x.dtype)
-        write_pos = meta.start[:, None] + torch.arange(t, device=tokens.device)  # [num_seqs, T]
         mask = meta.attention_mask(t)
         for i in range(len(self.layers)) if layer_ids is None else layer_ids:
-            x = self.layers[i](x, cos, sin, cache.k[i], cache.v[i], meta, write_pos, mask)
+            x = self.layers[i](x, cos, sin, cache.k[i], cache.v[i], meta, mask)
         hidden = self.norm(x)  # [num_seqs, T, hidden]
         picked = (
             hidden
