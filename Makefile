@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PIP := .venv/bin/pip
 STAMP := .venv/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean property-long soak
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv .venv
@@ -22,6 +22,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check specdecode tests
 	$(PY) -m pytest -q -x --durations=15
+
+# The long forms of the property-based engine tests (>20,000 examples, about an hour on 2 cores) and of the
+# server soak (thousands of requests on loopback); `make test` runs short forms of both.
+property-long: $(STAMP)
+	SPECDECODE_PROPERTY=long $(PY) -m pytest -q tests/engine/test_properties.py
+
+soak: $(STAMP)
+	SPECDECODE_SOAK=long $(PY) -m pytest -q -s tests/server/test_soak.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check specdecode tests

@@ -65,3 +65,6 @@ class AcceptanceTracker:
     def forget(self, request_id: str) -> None:
         self.hits.pop(request_id, None)
         self.trials.pop(request_id, None)
+
+    def request_ids(self) -> set[str]:
+        return set(self.hits) | set(self.trials)

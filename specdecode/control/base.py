@@ -31,7 +31,10 @@ class Controller(Protocol):
         """Outcomes of the step just taken."""
 
     def forget(self, seq: Sequence) -> None:
-        """The sequence finished; drop its statistics."""
+        """The sequence left the batch (after the step's `observe`); drop its statistics."""
+
+    def live_request_ids(self) -> set[str]:
+        """Request ids this controller holds state for (tests check that only live requests are here)."""
 
 
 class Truncating(Protocol):

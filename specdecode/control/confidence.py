@@ -62,3 +62,6 @@ class ConfidenceController:
     def forget(self, seq: Sequence) -> None:
         self.thresholds.pop(seq.request_id, None)
         self.was_cut.pop(seq.request_id, None)
+
+    def live_request_ids(self) -> set[str]:
+        return set(self.thresholds) | set(self.was_cut)

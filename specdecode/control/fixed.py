@@ -15,3 +15,6 @@ class FixedController:
 
     def forget(self, seq: Sequence) -> None:
         pass
+
+    def live_request_ids(self) -> set[str]:
+        return set()

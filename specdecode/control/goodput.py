@@ -189,3 +189,7 @@ class GoodputController:
         self.acceptance.forget(seq.request_id)
         self.tree_verified.pop(seq.request_id, None)
         self.idle.pop(seq.request_id, None)
+        self.probing.discard(seq.request_id)
+
+    def live_request_ids(self) -> set[str]:
+        return self.acceptance.request_ids() | set(self.tree_verified) | set(self.idle) | self.probing

@@ -37,3 +37,6 @@ class HeuristicController:
     def forget(self, seq: Sequence) -> None:
         self.k.pop(seq.request_id, None)
         self.idle.pop(seq.request_id, None)
+
+    def live_request_ids(self) -> set[str]:
+        return set(self.k) | set(self.idle)

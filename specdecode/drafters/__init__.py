@@ -67,7 +67,10 @@ def _head_drafter(kind: str):
         if kind == "eagle":  # an optional vocab.npy beside the head restricts its candidates (a cheaper LM head)
             vocab = path / VOCAB_FILE
             subset = load_subset(vocab, ctx.target.cfg.vocab_size) if vocab.is_file() else None
-            return EagleDrafter(ctx.target, heads, shape, ctx.engine.max_num_seqs, ctx.max_len, subset)
+            engine = ctx.engine
+            return EagleDrafter(
+                ctx.target, heads, shape, engine.max_num_seqs, ctx.max_len, subset, engine.prefill_chunk
+            )
         drafter = MedusaDrafter if kind == "medusa" else MtpDrafter
         return drafter(ctx.target, heads, cfg.num_heads, shape)
 

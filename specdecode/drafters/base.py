@@ -75,3 +75,6 @@ class Drafter(Protocol):
 
     def remove_sequence(self, seq: Sequence) -> None:
         """The sequence left the batch; free its state."""
+
+    def live_request_ids(self) -> set[str]:
+        """Request ids this drafter holds state for (tests check that only live requests are here)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from specdecode.drafters.base import Proposal
-from specdecode.engine.runner import forward_ragged, prefill
+from specdecode.drafters.catch_up import share_budget
+from specdecode.engine.runner import forward_ragged
 from specdecode.engine.sequence import Sequence
 from specdecode.models.llama import LlamaModel
 from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits, sample_from_probs
@@ -33,17 +34,15 @@ class DraftModelDrafter:
         self.slots: dict[str, int] = {}
 
     def add_sequence(self, seq: Sequence) -> None:
-        slot = self.cache.allocate()
-        self.slots[seq.request_id] = slot
-        # All but the last prompt token, so the first propose always has a token to feed.
-        if len(seq.prompt_ids) > 1:
-            with torch.inference_mode():
-                prefill(self.model, self.cache, slot, seq.prompt_ids[:-1], self.prefill_chunk)
+        self.slots[seq.request_id] = self.cache.allocate()  # the prompt is fed by _catch_up, a chunk per step
 
     def remove_sequence(self, seq: Sequence) -> None:
         slot = self.slots.pop(seq.request_id, None)
         if slot is not None:
             self.cache.free(slot)
+
+    def live_request_ids(self) -> set[str]:
+        return set(self.slots)
 
     def commit(self, seqs: list[Sequence]) -> None:
         # The draft cached pending + its own drafts; only those the target kept stay valid.
@@ -51,18 +50,43 @@ class DraftModelDrafter:
             slot = self.slots[s.request_id]
             self.cache.set_length(slot, min(self.cache.lengths[slot], s.num_cached))
 
+    def _feed(self, slots: list[int], rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
+        """Cache tokens[i] after row rows[i]'s cached ones; the logits after each row's last token [rows, 1, vocab]."""
+        picked = [slots[b] for b in rows]
+        logits = forward_ragged(self.model, self.cache, picked, tokens, last_only=True)
+        for slot, t in zip(picked, tokens, strict=True):
+            self.cache.set_length(slot, self.cache.lengths[slot] + len(t))
+        return logits
+
+    def _catch_up(
+        self, seqs: list[Sequence], slots: list[int], num_tokens: list[int]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Feed the rows asked to draft what the draft has not seen (the prompt, the pending token, the bonus token
+        after a full accept), within one prefill chunk (catch_up.py). Returns the logits after each row's last
+        token [num_seqs, 1, vocab] and the drafts each row may make: 0 for rows still catching up."""
+        backlogs = [
+            len(s.token_ids) - self.cache.lengths[slot] if k else 0
+            for s, slot, k in zip(seqs, slots, num_tokens, strict=True)
+        ]
+        take = share_budget(backlogs, self.prefill_chunk)
+        rows = [b for b, n in enumerate(take) if n]
+        vocab = self.model.cfg.vocab_size
+        logits = torch.zeros((len(seqs), 1, vocab), device=self.model.embed.weight.device)  # [num_seqs, 1, vocab]
+        if rows:
+            starts = [self.cache.lengths[slots[b]] for b in rows]
+            feed = [seqs[b].token_ids[n : n + take[b]] for b, n in zip(rows, starts, strict=True)]
+            logits[rows] = self._feed(slots, rows, feed).float()
+        ready = [k if n == want else 0 for k, n, want in zip(num_tokens, take, backlogs, strict=True)]
+        return logits, ready
+
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
-        k = max(num_tokens, default=0)
         device = self.model.embed.weight.device
+        slots = [self.slots[s.request_id] for s in seqs]
+        logits, num_tokens = self._catch_up(seqs, slots, num_tokens)  # [num_seqs, 1, vocab]
+        k = max(num_tokens, default=0)
         if k == 0:
             return Proposal.from_lists([[] for _ in seqs], 0, device)
-        slots = [self.slots[s.request_id] for s in seqs]
-        # Catch up on tokens the draft has not seen (the pending token, and the bonus token after a full accept).
-        feed = [s.token_ids[self.cache.lengths[slot] :] for s, slot in zip(seqs, slots, strict=True)]
-        logits = forward_ragged(self.model, self.cache, slots, feed, last_only=True)  # [num_seqs, 1, vocab]
-        for slot, f in zip(slots, feed, strict=True):
-            self.cache.set_length(slot, self.cache.lengths[slot] + len(f))
         tokens, probs, confidence = [], [], []
         for j in range(k):
             q = process_logits(logits, st)[:, 0]  # [num_seqs, vocab]
@@ -70,10 +94,10 @@ class DraftModelDrafter:
             tokens.append(tok)
             probs.append(q)
             confidence.append(draft_confidence(logits[:, 0], q, st))
-            if j + 1 < k:
-                logits = forward_ragged(self.model, self.cache, slots, [[t] for t in tok.tolist()], last_only=True)
-                for slot in slots:
-                    self.cache.set_length(slot, self.cache.lengths[slot] + 1)
+            # Only rows that still draft feed their draft: each row's cache grows by its own count, never past it.
+            rows = [b for b, n in enumerate(num_tokens) if j + 1 < n]
+            if rows:
+                logits[rows] = self._feed(slots, rows, [[t] for t in tok[rows].tolist()]).float()
         token_ids = torch.stack(tokens, dim=1)  # [num_seqs, k]
         num = torch.tensor(num_tokens, dtype=torch.long, device=device)  # [num_seqs]
         token_ids = token_ids.masked_fill(torch.arange(k, device=device)[None] >= num[:, None], PAD_TOKEN_ID)

@@ -59,3 +59,6 @@ class FeatureStore:
 
     def drop(self, seq: Sequence) -> None:
         self.by_request.pop(seq.request_id, None)
+
+    def request_ids(self) -> set[str]:
+        return set(self.by_request)

@@ -36,6 +36,9 @@ class LastFeatureDrafter:
     def remove_sequence(self, seq: Sequence) -> None:
         self.features.drop(seq)
 
+    def live_request_ids(self) -> set[str]:
+        return self.features.request_ids()
+
     def ready_budgets(self, seqs: list[Sequence], num_tokens: list[int]) -> list[int]:
         """Each row's node budget, 0 for rows whose last feature has not arrived yet."""
         return [k if self.features.ready(s) else 0 for s, k in zip(seqs, num_tokens, strict=True)]

@@ -39,10 +39,17 @@ class LayerSkipDrafter:
     def remove_sequence(self, seq: Sequence) -> None:
         pass
 
-    def _logits(self, tokens: torch.Tensor, starts: list[int], slots: list[int]) -> torch.Tensor:
-        """Draft logits [num_seqs, 1, vocab] for tokens [num_seqs, 1] at positions `starts`."""
+    def live_request_ids(self) -> set[str]:
+        return set()
+
+    def _logits(
+        self, tokens: torch.Tensor, starts: list[int], slots: list[int], live: list[int] | None = None
+    ) -> torch.Tensor:
+        """Draft logits [num_seqs, 1, vocab] for tokens [num_seqs, 1] at positions `starts`. Rows with live 0 have
+        drafted enough (a row near the context limit may have no room left): their K/V go to the scratch column."""
         device = tokens.device
-        meta = AttentionMetadata.build(slots, starts, 1, device)
+        assert self.cache is not None, "the engine binds its cache before the first step"
+        meta = AttentionMetadata.build(slots, starts, 1, device, num_new=live, max_len=self.cache.max_len)
         if self.head is None:
             return self.target(tokens, meta, self.cache, layer_ids=self.layer_ids)
         none = torch.zeros((len(slots), 0), dtype=torch.long, device=device)  # skip the full LM head
@@ -60,7 +67,8 @@ class LayerSkipDrafter:
         tok = torch.tensor([[s.token_ids[-1]] for s in seqs], dtype=torch.long, device=device)  # [num_seqs, 1]
         tokens, probs, confidence = [], [], []
         for j in range(k):
-            logits = self._logits(tok, [s.num_cached + j for s in seqs], slots)  # [num_seqs, 1, vocab]
+            live = [int(j < n) for n in num_tokens]
+            logits = self._logits(tok, [s.num_cached + j for s in seqs], slots, live)  # [num_seqs, 1, vocab]
             q = process_logits(logits, st)[:, 0]  # [num_seqs, vocab]
             nxt = q.argmax(-1) if st.all_greedy else sample_from_probs(q, st.generators)  # [num_seqs]
             tokens.append(nxt)

@@ -62,3 +62,6 @@ class NgramDrafter:
 
     def remove_sequence(self, seq: Sequence) -> None:
         pass
+
+    def live_request_ids(self) -> set[str]:
+        return set()

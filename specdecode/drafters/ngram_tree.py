@@ -92,3 +92,6 @@ class NgramTreeDrafter:
 
     def remove_sequence(self, seq: Sequence) -> None:
         pass
+
+    def live_request_ids(self) -> set[str]:
+        return set()

@@ -22,3 +22,6 @@ class NoDrafter:
 
     def remove_sequence(self, seq: Sequence) -> None:
         pass
+
+    def live_request_ids(self) -> set[str]:
+        return set()

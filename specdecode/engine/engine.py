@@ -106,10 +106,11 @@ class Engine:
             if seq.request_id == request_id:
                 self.waiting.remove(seq)
                 self._finish(seq, "abort")
+                self._release(seq)
         for seq in self.running:
-            if seq.request_id == request_id and seq.status is not Status.FINISHED:
+            if seq.request_id == request_id:
                 self._finish(seq, "abort")
-        self.running = [s for s in self.running if s.status is not Status.FINISHED]
+        self._retire_finished()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -125,7 +126,7 @@ class Engine:
         self._prefill_chunks()
         decoding = [s for s in self.running if s.status is Status.RUNNING]
         updates = self._decode(decoding) if decoding else []
-        self.running = [s for s in self.running if s.status is not Status.FINISHED]
+        self._retire_finished()  # after the controller observed the step, so nothing re-creates their state
         return updates
 
     def _admit(self) -> None:
@@ -300,13 +301,24 @@ class Engine:
         self.drafter.commit([s for s in seqs if s.status is not Status.FINISHED])
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        """Mark the sequence finished; its state is released when it leaves the batch (`_retire_finished`)."""
         if seq.status is Status.FINISHED:
             return
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         seq.metrics.end_time = time.perf_counter()
+
+    def _retire_finished(self) -> None:
+        finished = [s for s in self.running if s.status is Status.FINISHED]
+        self.running = [s for s in self.running if s.status is not Status.FINISHED]
+        for seq in finished:
+            self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        """The one place a request's per-request state is freed: cache slot, drafter, controller, detokenizer."""
         if seq.slot >= 0:
             self.cache.free(seq.slot)
             self.drafter.remove_sequence(seq)
+            seq.slot = -1
         self.controller.forget(seq)
         self._detok.pop(seq.request_id, None)
