@@ -6,8 +6,6 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-import torch
-
 from specdecode.config import SamplingParams
 
 
@@ -51,7 +49,6 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     max_len: int  # prompt + output may not exceed this (the cache's length)
-    generator: torch.Generator | None = None
     token_ids: list[int] = field(default_factory=list)  # prompt + output; the last one is pending (not cached)
     slot: int = -1
     num_prefilled: int = 0  # prompt tokens whose K/V are in the target cache
