@@ -183,6 +183,7 @@ class Engine:
         updates = []
         for seq, row, k, a in zip(seqs, rows, num_proposed, num_accepted, strict=True):  # commit
             seq.metrics.num_drafted += k
+            seq.metrics.trees |= k > 0 and proposal.parents is not None
             seq.metrics.num_accepted += a
             seq.metrics.num_target_forwards += 1
             updates.append(self._append(seq, row[: a + 1]))
