@@ -148,10 +148,15 @@ def cmd_generate(a: argparse.Namespace) -> None:
             print(json.dumps({"text": out.text, "token_ids": out.token_ids, "metrics": out.metrics}))
         else:
             m = out.metrics
+            acceptance = (
+                f"node acceptance {m['node_acceptance_rate']:.2f}"
+                if "node_acceptance_rate" in m
+                else f"acceptance {m['acceptance_rate']:.2f}"
+            )
             print(out.text)
             print(
                 f"[{m['num_generated']} tokens, {m['tokens_per_s']:.1f} tok/s, "
-                f"acceptance {m['acceptance_rate']:.2f}, tau {m['mean_accepted_tokens']:.2f}]",
+                f"{acceptance}, tau {m['mean_accepted_tokens']:.2f}]",
                 file=sys.stderr,
             )
 
