@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdecode import LLM, SamplingParams, verify_tree
+from specdecode import LLM, SamplingParams, streams, verify_tree
 from specdecode.config import ConfigError
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.suffix import OutputCache, SuffixDrafter
@@ -185,10 +185,14 @@ def test_sampled_trees_keep_the_target_distribution(small_target):
     assert drafted[0] >= 4000  # trees were really verified, several nodes per request
 
 
-def test_tree_rule_without_residual_is_detected(small_target, monkeypatch):
-    """Negative control: after rejecting a candidate, draw from p instead of the residual max(0, p - q).
-    A rejected draft can then be emitted anyway, which over-weights the corpus's favourite continuations."""
-    monkeypatch.setattr(verify_tree, "_residual", lambda p_cur, q: p_cur)
+def test_noise_shared_across_depths_is_detected(small_target, monkeypatch):
+    """Negative control: the target's sample below every depth of a tree drawn from one noise vector (a keying
+    bug of the race that decides one-hot drafts). Tokens decided in one step are then correlated."""
+
+    def shared_noise(st, purpose, columns, width):
+        return streams.exponentials(st, purpose, range(1), width).expand(-1, len(columns), -1)
+
+    monkeypatch.setattr(verify_tree, "exponentials", shared_noise)
     llm = sampled_tree_llm(small_target)
     ok, stat, crit = fits(sampled_joint(llm, 4000), exact_joint(llm))
     assert not ok, f"chi2 {stat:.1f} < {crit:.1f}"
