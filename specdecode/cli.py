@@ -4,6 +4,7 @@ Usage:
     specdecode generate "Tell me a joke" --method ngram --num-speculative-tokens 5 --max-tokens 64
     specdecode generate --prompts-file prompts.jsonl --json
     echo "Hello" | specdecode generate --no-chat
+    specdecode generate "Hi" --method suffix_tree --suffix-corpus ../shared/data/distill/responses.npz
     specdecode bench --method ngram --prompts ../shared/data/specbench_question.jsonl --json
     specdecode bench sweep --prompts ../shared/data/specbench_question.jsonl --concurrency 1,4,16
     specdecode serve --port 8000 --api-key secret
@@ -48,6 +49,34 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ngram-min", type=int, default=2, help="shortest suffix n-gram the n-gram drafter matches")
     p.add_argument("--ngram-max", type=int, default=4, help="longest suffix n-gram, tried first")
+    suffix = SpeculativeConfig()
+    p.add_argument(
+        "--suffix-corpus",
+        action="append",
+        default=None,
+        help="suffix drafters: token file (.npz, distillation format) of the target's earlier responses (repeatable)",
+    )
+    p.add_argument(
+        "--suffix-cache-max-tokens",
+        type=int,
+        default=suffix.suffix_cache_max_tokens,
+        help="suffix drafters: finished outputs kept for later requests, oldest evicted (0 = no cross-request cache)",
+    )
+    p.add_argument(
+        "--suffix-max-depth", type=int, default=suffix.suffix_max_depth, help="longest request suffix matched"
+    )
+    p.add_argument(
+        "--suffix-spec-factor",
+        type=float,
+        default=suffix.suffix_spec_factor,
+        help="draft budget per matched token (capped by K)",
+    )
+    p.add_argument(
+        "--suffix-min-prob",
+        type=float,
+        default=suffix.suffix_min_prob,
+        help="drop drafts whose empirical path probability is below this",
+    )
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--device", default="cpu")
@@ -73,6 +102,17 @@ def sampling_from_args(a: argparse.Namespace) -> SamplingParams:
     return SamplingParams(a.temperature, a.top_p, a.top_k, a.max_tokens, a.seed, a.stop)
 
 
+def suffix_args(a: argparse.Namespace) -> dict:
+    """The suffix drafters' options, as keyword arguments of LLM and SpeculativeConfig."""
+    return dict(
+        suffix_corpus=tuple(a.suffix_corpus or ()),
+        suffix_cache_max_tokens=a.suffix_cache_max_tokens,
+        suffix_max_depth=a.suffix_max_depth,
+        suffix_spec_factor=a.suffix_spec_factor,
+        suffix_min_prob=a.suffix_min_prob,
+    )
+
+
 def llm_from_args(a: argparse.Namespace, **overrides):
     """The LLM the model flags describe; `overrides` replace any of its keyword arguments."""
     from specdecode.llm import LLM  # heavy imports only once the arguments are known to be valid
@@ -89,13 +129,16 @@ def llm_from_args(a: argparse.Namespace, **overrides):
         max_model_len=a.max_model_len,
         device=a.device,
         dtype=a.dtype,
+        **suffix_args(a),
     )
     return LLM(**{**kwargs, **overrides})
 
 
 def cmd_generate(a: argparse.Namespace) -> None:
     params = sampling_from_args(a)
-    SpeculativeConfig(a.method, a.num_speculative_tokens, a.draft, a.ngram_min, a.ngram_max, a.controller)
+    SpeculativeConfig(
+        a.method, a.num_speculative_tokens, a.draft, a.ngram_min, a.ngram_max, a.controller, **suffix_args(a)
+    )
     prompts = read_prompts(a.prompts, a.prompts_file, sys.stdin)
     llm = llm_from_args(a)
     chat = a.chat if a.chat is not None else bool(llm.tokenizer.chat_template)
@@ -105,10 +148,15 @@ def cmd_generate(a: argparse.Namespace) -> None:
             print(json.dumps({"text": out.text, "token_ids": out.token_ids, "metrics": out.metrics}))
         else:
             m = out.metrics
+            acceptance = (
+                f"node acceptance {m['node_acceptance_rate']:.2f}"
+                if "node_acceptance_rate" in m
+                else f"acceptance {m['acceptance_rate']:.2f}"
+            )
             print(out.text)
             print(
                 f"[{m['num_generated']} tokens, {m['tokens_per_s']:.1f} tok/s, "
-                f"acceptance {m['acceptance_rate']:.2f}, tau {m['mean_accepted_tokens']:.2f}]",
+                f"{acceptance}, tau {m['mean_accepted_tokens']:.2f}]",
                 file=sys.stderr,
             )
 

@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 MAX_SPECULATIVE_TOKENS = 64
-METHODS = ("draft", "ngram", "ngram_tree", "eagle", "medusa", "mtp", "layer_skip", "self", "none")
+METHODS = (
+    "draft",
+    "ngram",
+    "ngram_tree",
+    "suffix",
+    "suffix_tree",
+    "eagle",
+    "medusa",
+    "mtp",
+    "layer_skip",
+    "self",
+    "none",
+)
 CONTROLLER_NAMES = ("goodput", "fixed", "heuristic", "confidence")  # built by specdecode.control.CONTROLLERS
 
 
@@ -54,6 +67,12 @@ class SpeculativeConfig:
     ngram_min: int = 2
     ngram_max: int = 4
     controller: str = "goodput"
+    # suffix / suffix_tree (specdecode/drafters/suffix.py)
+    suffix_corpus: tuple[str, ...] = ()  # token files of the target's earlier responses (distillation format)
+    suffix_cache_max_tokens: int = 65_536  # finished outputs kept for later requests; 0 = no cross-request cache
+    suffix_max_depth: int = 24  # longest suffix of the request matched
+    suffix_spec_factor: float = 1.0  # draft budget per matched token (then capped by K)
+    suffix_min_prob: float = 0.1  # drafts whose empirical path probability falls below this are not proposed
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -65,6 +84,21 @@ class SpeculativeConfig:
             raise ConfigError(f"unknown controller {self.controller!r}; expected one of {', '.join(CONTROLLER_NAMES)}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
+        self._check_suffix()
+
+    def _check_suffix(self) -> None:
+        object.__setattr__(self, "suffix_corpus", tuple(str(p) for p in self.suffix_corpus))
+        for path in self.suffix_corpus:
+            if not Path(path).is_file():
+                raise ConfigError(f"suffix corpus {path}: no such file")
+        if self.suffix_cache_max_tokens < 0:
+            raise ConfigError(f"suffix_cache_max_tokens must be >= 0 (0 = off), got {self.suffix_cache_max_tokens}")
+        if self.suffix_max_depth < 1:
+            raise ConfigError(f"suffix_max_depth must be >= 1, got {self.suffix_max_depth}")
+        if not self.suffix_spec_factor > 0:
+            raise ConfigError(f"suffix_spec_factor must be > 0, got {self.suffix_spec_factor}")
+        if not 0.0 <= self.suffix_min_prob < 1.0:
+            raise ConfigError(f"suffix_min_prob must be in [0, 1), got {self.suffix_min_prob}")
 
     @property
     def k(self) -> int:

@@ -68,10 +68,27 @@ class LLM:
         ngram_min: int = 2,
         ngram_max: int = 4,
         prefill_chunk: int = 512,
+        suffix_corpus: list[str] | tuple[str, ...] = (),
+        suffix_cache_max_tokens: int = 65_536,
+        suffix_max_depth: int = 24,
+        suffix_spec_factor: float = 1.0,
+        suffix_min_prob: float = 0.1,
     ) -> None:
         if method == "draft" and draft is None:  # the draft shipped for a built-in target, if there is one
             draft = DEFAULT_DRAFTS.get(target)
-        self.spec = SpeculativeConfig(method, num_speculative_tokens, draft, ngram_min, ngram_max, controller)
+        self.spec = SpeculativeConfig(
+            method,
+            num_speculative_tokens,
+            draft,
+            ngram_min,
+            ngram_max,
+            controller,
+            tuple(suffix_corpus),
+            suffix_cache_max_tokens,
+            suffix_max_depth,
+            suffix_spec_factor,
+            suffix_min_prob,
+        )
         self.engine_config = EngineConfig(max_num_seqs, max_model_len, device, dtype, prefill_chunk)
         if device == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)

@@ -1,7 +1,7 @@
-"""Processed distributions and random draws, shared by the target (p) and draft (q) sides.
+"""Processed distributions, shared by the target (p) and draft (q) sides, and the batch's sampling parameters.
 
 p and q must be processed identically (temperature, then top-k, then top-p) for speculative sampling to be
-exact. Sampling uses the exponential race argmax(probs / E), E ~ Exp(1): no normalisation, no host sync.
+exact. Random draws (keyed per request when it has a seed) live in streams.py.
 """
 
 from __future__ import annotations
@@ -22,18 +22,22 @@ class SamplingTensors:
     temperature: torch.Tensor  # [num_seqs] float32, 0 = greedy
     top_k: torch.Tensor  # [num_seqs] int64, 0 = off
     top_p: torch.Tensor  # [num_seqs] float32, 1 = off
-    generators: list[torch.Generator | None]  # per row; None = the global RNG
+    seeds: list[int | None]  # per row: the request's seed if it samples with one; None = the global RNG
+    origins: list[int]  # per row: absolute position of the pending token, which keys the seeded streams
+    device: torch.device
     any_top_k: bool
     any_top_p: bool
     all_greedy: bool
 
     @classmethod
-    def from_params(cls, params: list, device: torch.device | str, generators=None) -> SamplingTensors:
+    def from_params(cls, params: list, device: torch.device | str, origins: list[int] | None = None) -> SamplingTensors:
         return cls(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            generators=list(generators) if generators is not None else [None] * len(params),
+            seeds=[p.seed if p.temperature > 0.0 else None for p in params],  # greedy rows draw nothing
+            origins=list(origins) if origins is not None else [0] * len(params),
+            device=torch.device(device),
             any_top_k=any(p.top_k > 0 for p in params),
             any_top_p=any(p.top_p < 1.0 for p in params),
             all_greedy=all(p.temperature == 0.0 for p in params),
@@ -73,21 +77,3 @@ def process_logits(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         scaled = _filter_top_k_top_p(scaled, st)
     probs = scaled.softmax(-1)
     return torch.where(greedy[:, None, None], onehot, probs)
-
-
-def _per_row(generators: list[torch.Generator | None], fill, shape: tuple[int, ...], device) -> torch.Tensor:
-    """Random tensor [num_seqs, *shape]: one batched draw if no row is seeded, else each row its generator."""
-    if all(g is None for g in generators):
-        return fill(torch.empty((len(generators), *shape), device=device), None)
-    return torch.stack([fill(torch.empty(shape, device=device), g) for g in generators])
-
-
-def draw_uniform(generators: list[torch.Generator | None], n: int, device) -> torch.Tensor:
-    """[num_seqs, n] uniforms in [0, 1)."""
-    return _per_row(generators, lambda t, g: t.uniform_(generator=g), (n,), device)
-
-
-def sample_from_probs(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """probs [num_seqs, vocab] -> token ids [num_seqs] int64 by the exponential race."""
-    noise = _per_row(generators, lambda t, g: t.exponential_(generator=g), (probs.shape[-1],), probs.device)
-    return (probs / noise).argmax(-1)

@@ -1,8 +1,17 @@
 """Lossless verification of drafted tokens: greedy and sampled rows in one vectorised path.
 
-For draft x at position j, accept with probability min(1, p_j(x) / q_j(x)); at the first rejection emit a
-*recovered* token from normalize(max(0, p_j - q_j)); if every draft is accepted emit a *bonus* token from
-p_k. Greedy rows have one-hot p, which reduces the rule to exact argmax matching.
+Deterministic drafts (q one-hot: n-gram lookups, greedy draft models, tree candidates) are verified by the
+exponential race. The target's own sample at each position t is y_t = argmax(p_t / E_t), E_t ~ Exp(1); draft x
+at t is accepted iff x == y_t, and the first mismatch (or the bonus after the last draft) emits y_t. So
+P(accept x) = p(x), and a mismatch emits y distributed as p without x, renormalised: the law of rejection
+sampling with a one-hot q. But every emitted token is y_t itself, so with E_t keyed by (seed, t) (streams.py)
+a seeded request's tokens are those of plain sampling, whatever K, batch or drafter. Greedy rows have one-hot
+p: the race is exact argmax matching.
+
+Sampled drafts (q a distribution) use rejection sampling: accept draft x at position j with probability
+min(1, p_j(x) / q_j(x)); at the first rejection emit a *recovered* token from normalize(max(0, p_j - q_j)); if
+every draft is accepted emit a *bonus* token from p_k. Their draws are keyed per step, so a seeded request
+reproduces when its K schedule does.
 """
 
 from __future__ import annotations
@@ -11,14 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.sampling import (
-    PAD_TOKEN_ID,
-    SamplingTensors,
-    check_finite,
-    draw_uniform,
-    process_logits,
-    sample_from_probs,
-)
+from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, check_finite, process_logits
+from specdecode.streams import Purpose, exponentials, race, sample, uniforms
 
 
 @dataclass
@@ -30,6 +33,21 @@ class VerifyResult:
     path: torch.Tensor | None = None
 
 
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """normalize(max(0, p - q)) per row; p itself where nothing is left (p == q). All [..., vocab]."""
+    res = (p - q).clamp(min=0)
+    total = res.sum(-1, keepdim=True)
+    return torch.where(total > 0, res / total.clamp(min=1e-30), p)
+
+
+def target_samples(p: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """p [num_seqs, n, vocab] at the n positions after the pending token -> [num_seqs, n] the target's own token
+    at each: the argmax for an all-greedy batch, else the race on each position's keyed noise."""
+    if st.all_greedy:
+        return p.argmax(-1)
+    return race(p, exponentials(st, Purpose.TARGET, range(p.shape[1]), p.shape[-1]))
+
+
 def verify(
     target_logits: torch.Tensor,  # [num_seqs, k + 1, vocab] raw logits at (pending, d_1..d_k)
     draft_token_ids: torch.Tensor,  # [num_seqs, k] int64, PAD past num_draft_tokens
@@ -38,32 +56,43 @@ def verify(
     st: SamplingTensors,
 ) -> VerifyResult:
     check_finite(target_logits)
-    num_seqs, width, vocab = target_logits.shape
+    num_seqs, width, _ = target_logits.shape
     k = width - 1
     p = process_logits(target_logits, st)  # [num_seqs, k + 1, vocab]
     drafts = draft_token_ids.clamp(min=0)  # [num_seqs, k]
     valid = torch.arange(k, device=p.device)[None] < num_draft_tokens[:, None]  # [num_seqs, k]
-    p_x = p[:, :k].gather(-1, drafts[..., None])[..., 0]  # [num_seqs, k]
-    q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.gather(-1, drafts[..., None])[..., 0]
-    # Greedy p is one-hot, so u plays no part: skip drawing it (and the noise below) when every row is greedy.
-    u = torch.zeros_like(p_x) if st.all_greedy or not k else draw_uniform(st.generators, k, p.device)  # [num_seqs, k]
-    accept = (u * q_x < p_x) & valid  # accept iff u < p/q, without dividing
-    num_accepted = accept.long().cumprod(-1).sum(-1)  # [num_seqs] length of the accepted prefix
-    # The final token: from the residual at the first rejection, or the bonus from p at num_draft.
-    p_last = p.gather(1, num_accepted[:, None, None].expand(-1, 1, vocab))[:, 0]  # [num_seqs, vocab]
-    rejected = num_accepted < num_draft_tokens  # [num_seqs]
-    if k:
-        idx = num_accepted.clamp(max=k - 1)[:, None, None].expand(-1, 1, vocab)
-        q_last = (
-            torch.zeros_like(p_last).scatter_(-1, drafts.gather(1, idx[:, :, 0])[:, :1], 1.0)
-            if draft_probs is None
-            else draft_probs.gather(1, idx)[:, 0]
-        )  # [num_seqs, vocab]
-        residual = (p_last - q_last).clamp(min=0)
-        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_last)  # p == q: sample p
-        p_last = torch.where(rejected[:, None], residual, p_last)
-    final = p_last.argmax(-1) if st.all_greedy else sample_from_probs(p_last, st.generators)  # [num_seqs]
+    if draft_probs is None or st.all_greedy or k == 0:
+        y = target_samples(p, st)  # [num_seqs, k + 1]
+        accept = (drafts == y[:, :k]) & valid
+        num_accepted = accept.long().cumprod(-1).sum(-1)  # [num_seqs] length of the accepted prefix
+        final = y.gather(1, num_accepted[:, None])[:, 0]  # [num_seqs] the target's token at the first mismatch
+    else:
+        accept, num_accepted, final = _rejection(p, drafts, valid, num_draft_tokens, draft_probs, st)
     out = torch.where(accept.long().cumprod(-1).bool(), drafts, PAD_TOKEN_ID)  # [num_seqs, k]
     out = torch.cat([out, torch.full((num_seqs, 1), PAD_TOKEN_ID, device=p.device, dtype=torch.long)], 1)
     out.scatter_(1, num_accepted[:, None], final[:, None])
     return VerifyResult(out, num_accepted)
+
+
+def _rejection(
+    p: torch.Tensor,  # [num_seqs, k + 1, vocab] processed target
+    drafts: torch.Tensor,  # [num_seqs, k]
+    valid: torch.Tensor,  # [num_seqs, k]
+    num_draft_tokens: torch.Tensor,  # [num_seqs]
+    draft_probs: torch.Tensor,  # [num_seqs, k, vocab]
+    st: SamplingTensors,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rejection sampling of sampled drafts -> accept [num_seqs, k], num_accepted [num_seqs], final [num_seqs]."""
+    k, vocab = drafts.shape[1], p.shape[-1]
+    p_x = p[:, :k].gather(-1, drafts[..., None])[..., 0]  # [num_seqs, k]
+    q_x = draft_probs.gather(-1, drafts[..., None])[..., 0]  # [num_seqs, k]
+    u = uniforms(st, Purpose.ACCEPT, range(k))[..., 0]  # [num_seqs, k]
+    accept = (u * q_x < p_x) & valid  # accept iff u < p/q, without dividing
+    num_accepted = accept.long().cumprod(-1).sum(-1)  # [num_seqs]
+    # The final token: from the residual at the first rejection, or the bonus from p at num_draft.
+    p_last = p.gather(1, num_accepted[:, None, None].expand(-1, 1, vocab))[:, 0]  # [num_seqs, vocab]
+    idx = num_accepted.clamp(max=k - 1)[:, None, None].expand(-1, 1, vocab)
+    q_last = draft_probs.gather(1, idx)[:, 0]  # [num_seqs, vocab]
+    rejected = (num_accepted < num_draft_tokens)[:, None]  # [num_seqs, 1]
+    p_last = torch.where(rejected, residual(p_last, q_last), p_last)
+    return accept, num_accepted, sample(p_last, st, Purpose.RECOVER)

@@ -18,6 +18,8 @@ BAD_ARGS = [
     (["generate", "hi", "--num-speculative-tokens", "65"], "num_speculative_tokens"),
     (["generate", "hi", "--num-speculative-tokens", "-1"], "num_speculative_tokens"),
     (["generate", "hi", "--max-tokens", "0"], "max_tokens"),
+    (["generate", "hi", "--method", "suffix", "--suffix-corpus", "/nonexistent.npz"], "suffix corpus"),
+    (["generate", "hi", "--method", "suffix_tree", "--suffix-min-prob", "1.5"], "suffix_min_prob"),
     (["generate", "   "], "empty prompt"),
     (["generate", "hi", "--target", "/nonexistent/model"], "model not found"),
     (["generate", "--prompts-file", "/nonexistent.jsonl"], "prompts file not found"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from specdecode.config import ConfigError, SpeculativeConfig
@@ -19,3 +21,24 @@ def test_controllers_default_and_names():
     assert all(SpeculativeConfig(controller=name) for name in CONTROLLERS)
     with pytest.raises(ConfigError, match="unknown controller"):
         SpeculativeConfig(controller="oracle")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("suffix_cache_max_tokens", -1, "suffix_cache_max_tokens must be >= 0"),
+        ("suffix_max_depth", 0, "suffix_max_depth must be >= 1"),
+        ("suffix_spec_factor", 0.0, "suffix_spec_factor must be > 0"),
+        ("suffix_min_prob", 1.0, "suffix_min_prob must be in [0, 1)"),
+        ("suffix_corpus", ["missing.npz"], "suffix corpus missing.npz: no such file"),
+    ],
+)
+def test_suffix_options_are_checked(option, value, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        SpeculativeConfig(method="suffix", **{option: value})
+
+
+def test_suffix_corpus_list_becomes_a_tuple(tmp_path):
+    path = tmp_path / "c.npz"
+    path.write_bytes(b"")
+    assert SpeculativeConfig(method="suffix_tree", suffix_corpus=[str(path)]).suffix_corpus == (str(path),)

@@ -1,128 +1,155 @@
-"""Tree verification: the emitted tokens follow the target exactly, for deterministic and sampled siblings.
+"""Tree verification, unit level: the emitted tokens follow the target exactly, for deterministic and sampled
+siblings.
 
-The joint of the first two emitted tokens is checked against a virtual target whose second-position logits
-depend on the first token; when verification emits one token only, the second is drawn as the next (plain)
-step would. A naive rule (accept any sibling the target likes, no residual update) must fail the same test.
+A two-level tree (root -> 2 children -> one child each) goes through the real `verify_tree` for many rows at
+once. The joint of the first two emitted tokens is checked against a virtual target whose second-position
+logits depend on the first token; when verification emits one token only, the second is drawn as the next
+(plain) step would. Siblings are the draft's top 2 (deterministic: the exponential race, or the same drafts with
+their one-hot q given explicitly: the residual walk) or i.i.d. samples of q. Each negative control injects a
+fault into the real code path and must fail the same assertion by a wide margin (tests/stats.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
+import specdecode.streams
+import specdecode.verify_tree
 from specdecode.config import SamplingParams
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits, sample_from_probs
-from specdecode.tree import chain_parents, check_parents, tree_layout
+from specdecode.drafters.base import Proposal
+from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits
+from specdecode.streams import Purpose, sample
+from specdecode.tree import chain_parents, check_parents, node_depths, tree_layout
 from specdecode.verify import verify
 from specdecode.verify_tree import verify_tree
-from tests.stats import fits
+from tests.stats import assert_follows
+from tests.test_verify import T1, TOP_K, TOP_K_P, TOP_P, table, tensors
 
-VOCAB = 6
-N = 60_000
+VOCAB = 8
+N = 30_000
+N_SEEDED = 15_000
 
 
-def virtual_target(seed: int):
+def virtual_target() -> tuple[torch.Tensor, torch.Tensor]:
     """logits0 [vocab] for the first token and logits1 [vocab, vocab]: second-token logits given the first."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(0)
     return torch.randn(VOCAB, generator=g) * 1.2, torch.randn(VOCAB, VOCAB, generator=g) * 1.2
 
 
-def two_level_tree(mode: str, st: SamplingTensors, seed: int):
-    """Root -> 2 children -> each with 1 child (N = 4): drafts [N, 4], parents [N, 4], q [N, 4, vocab] | None."""
-    g = torch.Generator().manual_seed(seed + 1)
-    q_logits = torch.randn(VOCAB, generator=g) * 1.5
-    q1_logits = torch.randn(VOCAB, VOCAB, generator=g) * 1.5
-    q0 = process_logits(q_logits.expand(N, 1, -1), st)[:, 0]  # [N, vocab]
-    if mode == "topk":  # deterministic distinct siblings: the draft's top 2
-        c = q_logits.topk(2).indices.expand(N, 2)  # [N, 2]
+@dataclass
+class Tree:
+    logits: torch.Tensor  # [n, 5, vocab] target logits at (root, nodes 1..4)
+    drafts: torch.Tensor  # [n, 4] nodes 1, 2 under the root; 3 under 1; 4 under 2
+    parents: torch.Tensor  # [n, 4]
+    probs: torch.Tensor | None  # [n, 4, vocab] q each node was drawn from; None = one-hot
+    st: SamplingTensors
+    params: SamplingParams
+    logits1: torch.Tensor  # [vocab, vocab]
+
+
+def make_tree(mode: str, params: SamplingParams, seeded: bool, n: int = 0) -> Tree:
+    """n rows (by default N, or N_SEEDED for seeded rows) of one virtual target and a tree of drafts."""
+    n = n or (N_SEEDED if seeded else N)
+    st = tensors(params, n, seeded)
+    logits0, logits1 = virtual_target()
+    g = torch.Generator().manual_seed(1)
+    q_logits, q1_logits = torch.randn(VOCAB, generator=g) * 1.5, torch.randn(VOCAB, VOCAB, generator=g) * 1.5
+    q0, q1 = table(q_logits, params), table(q1_logits, params)  # [vocab], [vocab, vocab]
+    if mode == "iid":  # i.i.d. samples of q (siblings may repeat), each child's child from q given it
+        c = torch.stack([sample(q0.expand(n, -1), st, Purpose.DRAFT, j) for j in range(2)], 1)  # [n, 2]
+        d = torch.stack([sample(q1[c[:, i]], st, Purpose.DRAFT, 2 + i) for i in range(2)], 1)  # [n, 2]
+        probs = torch.stack([q0.expand(n, -1), q0.expand(n, -1), q1[c[:, 0]], q1[c[:, 1]]], 1)
+    else:  # deterministic distinct siblings: the draft's top 2, each with its own top-1 child
+        c = q_logits.topk(2).indices.expand(n, 2)  # [n, 2]
+        d = q1_logits[c].argmax(-1)  # [n, 2]
         probs = None
-    else:  # i.i.d. samples of q0 (siblings may repeat)
-        c = torch.stack([sample_from_probs(q0, st.generators) for _ in range(2)], 1)  # [N, 2]
-    q1 = [process_logits(q1_logits[c[:, i]][:, None], st)[:, 0] for i in range(2)]  # 2 x [N, vocab]
-    if mode == "topk":
-        d = torch.stack([q1_logits[c[:, i]].argmax(-1) for i in range(2)], 1)  # [N, 2] each child's top-1
-    else:
-        d = torch.stack([sample_from_probs(q1[i], st.generators) for i in range(2)], 1)  # [N, 2]
-        probs = torch.stack([q0, q0, q1[0], q1[1]], 1)  # [N, 4, vocab]
-    drafts = torch.stack([c[:, 0], c[:, 1], d[:, 0], d[:, 1]], 1)  # nodes 1, 2 under root; 3 under 1, 4 under 2
-    parents = torch.tensor([0, 0, 1, 2]).expand(N, 4)
-    return drafts, parents, probs
+    drafts = torch.stack([c[:, 0], c[:, 1], d[:, 0], d[:, 1]], 1)  # [n, 4]
+    if mode == "topk_q":  # the same deterministic drafts, their one-hot q given: the residual walk verifies them
+        probs = torch.zeros(n, 4, VOCAB).scatter_(-1, drafts[..., None], 1.0)
+    levels = [logits0.expand(n, -1), logits1[c[:, 0]], logits1[c[:, 1]], torch.zeros(n, VOCAB), torch.zeros(n, VOCAB)]
+    parents = torch.tensor([0, 0, 1, 2]).expand(n, 4)
+    return Tree(torch.stack(levels, 1), drafts, parents, probs, st, params, logits1)
 
 
-def tree_logits(drafts: torch.Tensor, logits0: torch.Tensor, logits1: torch.Tensor) -> torch.Tensor:
-    """[N, 5, vocab] target logits at (root, nodes 1..4); nodes 3 and 4 get a third level that is never read."""
-    rows = [logits0.expand(N, -1), logits1[drafts[:, 0]], logits1[drafts[:, 1]]]
-    rows += [torch.zeros(N, VOCAB), torch.zeros(N, VOCAB)]
-    return torch.stack(rows, 1)
+def run(tree: Tree):
+    n = len(tree.drafts)
+    return verify_tree(tree.logits, tree.drafts, tree.parents, torch.full((n,), 4), tree.probs, tree.st)
 
 
-def joint_counts(out_ids: torch.Tensor, logits1: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """Counts [vocab, vocab] of (first, second); a missing second token is drawn from the target given the first."""
-    first, second = out_ids[:, 0], out_ids[:, 1]
+def joint_counts(out: torch.Tensor, tree: Tree) -> torch.Tensor:
+    """Counts [vocab, vocab] of (first, second); a missing second token is drawn from the target given the first
+    (from the global RNG: independent of every stream verification used)."""
+    first, second = out[:, 0], out[:, 1].clone()
     missing = second == PAD_TOKEN_ID
-    fill = sample_from_probs(process_logits(logits1[first][:, None], st)[:, 0], st.generators)
-    second = torch.where(missing, fill, second)
+    second[missing] = torch.multinomial(table(tree.logits1, tree.params)[first[missing]], 1)[:, 0]
     return torch.bincount(first * VOCAB + second, minlength=VOCAB * VOCAB).view(VOCAB, VOCAB)
 
 
-def exact_joint(logits0, logits1, st1: SamplingTensors) -> torch.Tensor:
-    p0 = process_logits(logits0[None, None], st1)[0, 0]  # [vocab]
-    p1 = process_logits(logits1[None], st1)[0]  # [vocab, vocab]
-    return p0[:, None] * p1
+def exact_joint(tree: Tree) -> torch.Tensor:
+    return table(tree.logits[0, 0], tree.params)[:, None] * table(tree.logits1, tree.params)
 
 
-def naive_verify_tree(logits, drafts, parents, st) -> torch.Tensor:
-    """The wrong rule: accept the first sibling with u < p(x) (one-hot q), never updating p on rejection."""
-    p = process_logits(logits, st)  # [N, 5, vocab]
-    u = torch.rand(N, 4)
-    out = torch.full((N, 2), PAD_TOKEN_ID)
-    rows = torch.arange(N)
-    px = p[:, 0].gather(1, drafts[:, :2])  # [N, 2]
-    acc = u[:, :2] < px
-    first_child = torch.where(acc[:, 0], 0, torch.where(acc[:, 1], 1, -1))
-    recovered = sample_from_probs(p[:, 0], st.generators)  # from p itself: no residual
-    out[:, 0] = torch.where(first_child >= 0, drafts[rows, first_child.clamp(min=0)], recovered)
-    node = first_child.clamp(min=0) + 1  # tree position of the accepted child
-    below = sample_from_probs(p[rows, node], st.generators)
-    out[:, 1] = torch.where(first_child >= 0, below, PAD_TOKEN_ID)
-    return out
+CASES = {
+    "topk-t1": ("topk", T1, False),
+    "topk-top_p-seeded": ("topk", TOP_P, True),
+    "topk-top_k": ("topk", TOP_K, False),
+    "topk-top_k+top_p": ("topk", TOP_K_P, False),
+    "topk_q-t1": ("topk_q", T1, False),
+    "iid-t1": ("iid", T1, False),
+    "iid-top_p-seeded": ("iid", TOP_P, True),
+    "iid-top_k": ("iid", TOP_K, False),
+    "iid-top_k+top_p": ("iid", TOP_K_P, False),
+}
 
 
-CASES = [("topk", 1.0, 1.0), ("iid", 1.0, 1.0), ("iid", 0.7, 0.9), ("topk", 1.3, 1.0)]
+@pytest.mark.parametrize("case", list(CASES))
+def test_tree_follows_target(case):
+    tree = make_tree(*CASES[case])
+    out = run(tree)
+    assert_follows(joint_counts(out.output_token_ids, tree), exact_joint(tree))
+    assert 0.2 < out.num_accepted.float().mean() < 1.8  # the tree is really exercised: some accepted, some not
+    assert (out.path[:, 0] == 1).any()  # and the second sibling is accepted too
 
 
-@pytest.mark.parametrize(("mode", "temperature", "top_p"), CASES)
-def test_tree_joint_follows_target(mode, temperature, top_p):
-    st = SamplingTensors.from_params([SamplingParams(temperature=temperature, top_p=top_p)] * N, "cpu")
-    st1 = SamplingTensors.from_params([SamplingParams(temperature=temperature, top_p=top_p)], "cpu")
-    logits0, logits1 = virtual_target(0)
-    drafts, parents, probs = two_level_tree(mode, st, 0)
-    out = verify_tree(tree_logits(drafts, logits0, logits1), drafts, parents, torch.full((N,), 4), probs, st)
-    ok, stat, crit = fits(joint_counts(out.output_token_ids, logits1, st), exact_joint(logits0, logits1, st1))
-    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
-    assert 0 < out.num_accepted.float().mean() < 2  # the tree is really exercised: some accepted, some not
+def unnormalised_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    res = (p - q).clamp(min=0)
+    return torch.where(res.sum(-1, keepdim=True) > 0, res, p)
 
 
-def test_naive_sibling_rule_is_detected():
-    """Negative control: accepting any sibling the target likes, without the residual update, is biased."""
-    st = SamplingTensors.from_params([SamplingParams(temperature=1.0)] * N, "cpu")
-    st1 = SamplingTensors.from_params([SamplingParams(temperature=1.0)], "cpu")
-    logits0, logits1 = virtual_target(0)
-    drafts, parents, _ = two_level_tree("topk", st, 0)
-    out = naive_verify_tree(tree_logits(drafts, logits0, logits1), drafts, parents, st)
-    assert not fits(joint_counts(out, logits1, st), exact_joint(logits0, logits1, st1))[0]
+def uniform_root_children(tree: Tree) -> None:
+    tree.probs = tree.probs.clone()
+    tree.probs[:, :2] = 1.0 / VOCAB  # claim the root's children were drawn uniformly
 
 
-def test_q_of_the_wrong_sibling_is_detected():
-    """Negative control: i.i.d. siblings verified against a q other than the one they were drawn from."""
-    st = SamplingTensors.from_params([SamplingParams(temperature=1.0)] * N, "cpu")
-    st1 = SamplingTensors.from_params([SamplingParams(temperature=1.0)], "cpu")
-    logits0, logits1 = virtual_target(0)
-    drafts, parents, probs = two_level_tree("iid", st, 0)
-    wrong = probs.clone()
-    wrong[:, :2] = process_logits(torch.zeros(N, 2, VOCAB), st)  # claim the root's children were uniform
-    out = verify_tree(tree_logits(drafts, logits0, logits1), drafts, parents, torch.full((N,), 4), wrong, st)
-    assert not fits(joint_counts(out.output_token_ids, logits1, st), exact_joint(logits0, logits1, st1))[0]
+# fault -> (case it corrupts, what it does to the real code path or to what is handed to it)
+FAULTS = {
+    # SpecInfer's sibling rule without its residual update: every sibling tried against the same p.
+    "no residual update between siblings": (
+        "topk_q-t1",
+        lambda mp, t: mp.setattr(specdecode.verify_tree, "residual", lambda p, q: p),
+    ),
+    "residual not renormalised": (
+        "iid-t1",
+        lambda mp, t: mp.setattr(specdecode.verify_tree, "residual", unnormalised_residual),
+    ),
+    "q of the wrong sibling": ("iid-t1", lambda mp, t: uniform_root_children(t)),
+    # A keying bug: the target's noise keyed without the position, so every depth of a step shares it.
+    "noise shared across depths": (
+        "topk-top_p-seeded",
+        lambda mp, t: mp.setattr(specdecode.streams, "_key", lambda purpose, origin, j: (origin,)),
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_fault_is_caught(fault, monkeypatch):
+    case, inject = FAULTS[fault]
+    tree = make_tree(*CASES[case])
+    inject(monkeypatch, tree)
+    assert_follows(joint_counts(run(tree).output_token_ids, tree), exact_joint(tree), fault)
 
 
 def test_greedy_table():
@@ -141,31 +168,63 @@ def test_greedy_table():
     assert out.path.tolist() == [[1, 2, -1, -1], [-1, -1, -1, -1]]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_chain_tree_equals_chain_verify(temperature):
+@pytest.mark.parametrize(("temperature", "sampled_q"), [(0.0, False), (1.0, False), (1.0, True)])
+def test_chain_tree_equals_chain_verify(temperature, sampled_q):
     """A chain given as a tree gives exactly what the chain rule gives, draw for draw (seeded rows)."""
     k, rows = 4, 64
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(rows, k + 1, VOCAB, generator=g) * 2
     params = [SamplingParams(temperature=temperature, seed=i) for i in range(rows)]
-    st_a = SamplingTensors.from_params(params, "cpu", [torch.Generator().manual_seed(i) for i in range(rows)])
-    st_b = SamplingTensors.from_params(params, "cpu", [torch.Generator().manual_seed(i) for i in range(rows)])
-    q = process_logits(logits[:, 1:] + torch.randn(rows, k, VOCAB, generator=g), st_a)  # [rows, k, vocab]
-    drafts = torch.stack([sample_from_probs(q[:, j], [None] * rows) for j in range(k)], 1)
+    st = SamplingTensors.from_params(params, "cpu", list(range(100, 100 + rows)))
+    q = process_logits(logits[:, 1:] + torch.randn(rows, k, VOCAB, generator=g), st)  # [rows, k, vocab]
+    drafts = torch.stack([sample(q[:, j], st, Purpose.DRAFT, j) for j in range(k)], 1)
     num = torch.randint(0, k + 1, (rows,), generator=g)
     drafts = drafts.masked_fill(torch.arange(k)[None] >= num[:, None], PAD_TOKEN_ID)
-    probs = None if temperature == 0.0 else q
-    a = verify(logits, drafts, num, probs, st_a)
-    b = verify_tree(logits, drafts, chain_parents(rows, k, "cpu"), num, probs, st_b)
+    probs = q if sampled_q else None
+    a = verify(logits, drafts, num, probs, st)
+    b = verify_tree(logits, drafts, chain_parents(rows, k, "cpu"), num, probs, st)
     assert torch.equal(a.num_accepted, b.num_accepted)
     assert torch.equal(a.output_token_ids, b.output_token_ids)
+    assert 0 < int(a.num_accepted.sum()) < int(num.sum())
+
+
+def test_one_hot_tree_emits_the_target_sample_of_each_position():
+    """Seeded, deterministic siblings: whichever tree is proposed, the emitted tokens are the target's own keyed
+    samples (here: the first token equals what plain decoding at the same position emits)."""
+    tree = make_tree("topk", T1, seeded=True, n=2000)
+    plain = verify(
+        tree.logits[:, :1], tree.drafts[:, :0], torch.zeros(len(tree.drafts), dtype=torch.long), None, tree.st
+    )
+    assert torch.equal(run(tree).output_token_ids[:, 0], plain.output_token_ids[:, 0])
 
 
 def test_tree_layout():
     parents = torch.tensor([[0, 0, 2, 1, 3]])
     depth, mask = tree_layout(parents, torch.tensor([5]))
     assert depth.tolist() == [[0, 1, 1, 2, 2, 3]]
+    assert torch.equal(node_depths(parents, torch.tensor([5])), depth)
     assert mask[0, 5].nonzero()[:, 0].tolist() == [0, 2, 3, 5]  # node 5: root, node at pos 2, pos 3, itself
     assert mask[0, 4].nonzero()[:, 0].tolist() == [0, 1, 4]
-    with pytest.raises(ValueError):
-        check_parents(torch.tensor([[0, 2]]))  # a parent after its child
+
+
+@pytest.mark.parametrize(
+    ("parents", "num", "message"),
+    [
+        ([[0, 2]], [2], "row 0, node 1 has parent 2"),  # a parent after its child
+        ([[0, 1], [0, 0], [-1, 0]], [2, 2, 1], "row 2, node 0 has parent -1"),  # a negative parent
+        ([[0, 1]], [3], "node counts"),  # more nodes than the proposal holds
+    ],
+)
+def test_malformed_trees_are_refused_at_the_drafter_boundary(parents, num, message):
+    parents, num = torch.tensor(parents), torch.tensor(num)
+    with pytest.raises(ValueError, match=message):
+        check_parents(parents, num)
+    ids = torch.zeros_like(parents)
+    with pytest.raises(ValueError, match="malformed draft tree"):  # a Proposal cannot even be built with it
+        Proposal(ids, num, None, None, parents)
+
+
+def test_padded_nodes_are_not_checked():
+    """Past num_nodes, parents are padding (truncated() keeps stale ones): only real nodes must be ordered."""
+    check_parents(torch.tensor([[0, 1, 7]]), torch.tensor([2]))
+    Proposal(torch.zeros(1, 3, dtype=torch.long), torch.tensor([2]), None, None, torch.tensor([[0, 1, 7]]))

@@ -17,6 +17,7 @@ class BenchMode:
     module: str  # imported only when the mode runs: it pulls in torch and the models
     help: str
     defaults: dict[str, object] = field(default_factory=dict)
+    needs_prompts: bool = True
 
 
 BENCH_MODES = {
@@ -29,6 +30,12 @@ BENCH_MODES = {
         "specdecode.bench.sweep",
         "closed-loop concurrency sweep of fixed and dynamic speculation lengths",
         {"max_tokens": 64, "output": "results/sweep.json"},
+    ),
+    "cost": BenchMode(
+        "specdecode.bench.cost",
+        "the target's step-cost curve: ms per forward by batch x new tokens, against a --baseline checkout",
+        {"output": "results/cost.json"},
+        needs_prompts=False,
     ),
     "serve": BenchMode(
         "specdecode.bench.serve",
@@ -59,7 +66,7 @@ def name_list(text: str) -> list[str]:
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     modes = ", ".join(f"{name}: {m.help}" for name, m in BENCH_MODES.items())
     p.add_argument("mode", nargs="?", default="specbench", choices=BENCH_MODES, help=modes)
-    p.add_argument("--prompts", required=True, help="Spec-Bench question.jsonl (or any jsonl with 'prompt')")
+    p.add_argument("--prompts", default=None, help="Spec-Bench question.jsonl (or any jsonl with 'prompt')")
     p.add_argument("--max-tokens", type=int, default=None, help="per request (specbench 128, sweep 64)")
     p.add_argument(
         "--peers",
@@ -73,6 +80,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_specbench_args(p.add_argument_group("specbench"))
     add_sweep_args(p.add_argument_group("sweep"))
     add_serve_bench_args(p.add_argument_group("serve"))
+    add_cost_args(p.add_argument_group("cost"))
 
 
 @dataclass(frozen=True)
@@ -153,8 +161,20 @@ def add_serve_bench_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--requests-per-rate", type=int, default=16, help="requests sent at each rate")
 
 
+def add_cost_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--batches", type=positive_int_list, default=[1, 4, 8, 16, 32], help="rows per forward")
+    g.add_argument("--new-tokens", type=positive_int_list, default=[1, 2, 3, 5, 9, 17], help="new tokens per row")
+    g.add_argument("--contexts", type=positive_int_list, default=[256, 1024], help="cached tokens per row")
+    g.add_argument("--repeats", type=int, default=5, help="timed forwards per cell (median)")
+    g.add_argument("--baseline", default=None, help="another checkout (e.g. a worktree of the previous commit)")
+
+
 def run_bench(a: argparse.Namespace) -> None:
+    from specdecode.config import ConfigError
+
     mode = BENCH_MODES[a.mode]
+    if mode.needs_prompts and not a.prompts:
+        raise ConfigError(f"bench {a.mode} needs --prompts (e.g. ../shared/data/specbench_question.jsonl)")
     for key, value in mode.defaults.items():
         if getattr(a, key) is None:
             setattr(a, key, value)

@@ -139,6 +139,11 @@ def model_flags(a: argparse.Namespace) -> list[str]:
     flags = ["--target", a.target, "--method", a.method, "--served-model-name", SERVED_NAME]
     flags += ["--max-num-seqs", str(a.max_num_seqs), "--max-queue", "1024", "--device", a.device, "--dtype", a.dtype]
     flags += ["--ngram-min", str(a.ngram_min), "--ngram-max", str(a.ngram_max)]
+    flags += ["--suffix-cache-max-tokens", str(a.suffix_cache_max_tokens)]
+    flags += ["--suffix-max-depth", str(a.suffix_max_depth)]
+    flags += ["--suffix-spec-factor", str(a.suffix_spec_factor), "--suffix-min-prob", str(a.suffix_min_prob)]
+    for path in a.suffix_corpus or ():
+        flags += ["--suffix-corpus", path]
     if a.draft:
         flags += ["--draft", a.draft]
     if a.max_model_len:

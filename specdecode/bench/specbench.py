@@ -35,6 +35,7 @@ class Sample:
     drafted: int = 0
     accepted: int = 0
     forwards: int = 0
+    trees: bool = False  # drafted tokens are tree nodes: accepted / drafted is a per-node rate
 
 
 class Arm(Protocol):
@@ -54,7 +55,8 @@ class EngineArm:
         out = self.llm.generate([text], SamplingParams(temperature=0.0, max_tokens=max_tokens))[0]
         seconds = time.perf_counter() - t0
         m = out.metrics
-        return Sample(m["num_generated"], seconds, m["num_drafted"], m["num_accepted"], m["num_target_forwards"])
+        trees = "node_acceptance_rate" in m
+        return Sample(m["num_generated"], seconds, m["num_drafted"], m["num_accepted"], m["num_target_forwards"], trees)
 
 
 class HFArm:
@@ -96,7 +98,10 @@ class ArmResult:
             "tokens": tokens,
             "seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds else 0.0,
-            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            # Tree arms get their own name: accepted / drafted nodes is not a chain's per-draft acceptance.
+            "node_acceptance_rate" if any(s.trees for s in samples) else "acceptance_rate": (
+                accepted / drafted if drafted else 0.0
+            ),
             "mean_accepted_tokens": (accepted + forwards) / forwards if forwards else float("nan"),
         }
 
@@ -210,17 +215,19 @@ def render(results: dict[str, ArmResult], console: Console) -> str:
     md = []
     for name, res in results.items():
         rows = res.table()
+        rate = "node_acceptance_rate" if "node_acceptance_rate" in rows["overall"] else "acceptance_rate"
+        cols = ("category", "tok/s", "speedup vs K=0", rate.removesuffix("_rate").replace("_", " "), "tau")
         table = Table(title=name)
-        for col in ("category", "tok/s", "speedup vs K=0", "acceptance", "tau"):
+        for col in cols:
             table.add_column(col, justify="right")
-        md += [f"### {name}", "", "| category | tok/s | speedup vs K=0 | acceptance | tau |", "|---|---|---|---|---|"]
+        md += [f"### {name}", "", "| " + " | ".join(cols) + " |", "|---|---|---|---|---|"]
         for cat, r in sorted(rows.items(), key=lambda kv: (kv[0] == "overall", kv[0])):
             speed = r["tokens_per_s"] / base[cat]["tokens_per_s"]
             cells = (
                 cat,
                 f"{r['tokens_per_s']:.1f}",
                 f"{speed:.2f}x",
-                f"{r['acceptance_rate']:.2f}",
+                f"{r.get(rate, 0.0):.2f}",
                 f"{r['mean_accepted_tokens']:.2f}",
             )
             table.add_row(*cells)
@@ -231,12 +238,12 @@ def render(results: dict[str, ArmResult], console: Console) -> str:
 
 
 def machine() -> str:
-    from specdecode.models import onednn
+    from specdecode.models import packed_linear
 
     if torch.cuda.is_available():
         return f"{platform.machine()} {torch.cuda.get_device_name()}, torch {torch.__version__}"
     cpu = _cpu_model()
-    packed = "oneDNN-packed" if onednn.available(torch.device("cpu"), torch.float32) else "plain F.linear"
+    packed = "MKL-packed" if packed_linear.available(torch.device("cpu"), torch.float32) else "plain F.linear"
     return (
         f"{platform.machine()} {os.cpu_count()}-core CPU ({cpu}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {packed} fp32 linears"

@@ -109,6 +109,7 @@ class LevelRun:
     drafted: int = 0
     accepted: int = 0
     forwards: int = 0
+    trees: bool = False  # drafted tokens are tree nodes: the acceptance is per node
     steady_tokens: int = 0  # tokens emitted by steps that began with all C requests in flight
     steady_seconds: float = 0.0  # wall time of those steps
 
@@ -127,7 +128,9 @@ class LevelRun:
             "tpot_p50_ms": float(np.percentile(tpot, 50)) * 1e3,
             "tpot_p99_ms": float(np.percentile(tpot, 99)) * 1e3,
             "step_mean_ms": float(np.mean(self.step_s)) * 1e3 if self.step_s else float("nan"),
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "node_acceptance_rate" if self.trees else "acceptance_rate": (
+                self.accepted / self.drafted if self.drafted else 0.0
+            ),
             # Each target forward yields its accepted drafts plus one recovered or bonus token.
             "mean_accepted_tokens": (self.accepted + self.forwards) / self.forwards if self.forwards else float("nan"),
             "mean_k": float(np.mean(self.k_mean)) if self.k_mean else 0.0,
@@ -223,6 +226,7 @@ def closed_loop(
     for s in seqs:
         run.tokens += s.metrics.num_generated
         run.drafted += s.metrics.num_drafted
+        run.trees |= s.metrics.trees
         run.accepted += s.metrics.num_accepted
         run.forwards += s.metrics.num_target_forwards
     return run

@@ -18,9 +18,10 @@ from specdecode.drafters.ngram_tree import NgramTreeDrafter
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.self_draft import self_drafter
 from specdecode.drafters.subset_head import VOCAB_FILE, load_subset
+from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.drafters.tree_search import TreeShape
 from specdecode.heads import load_heads
-from specdecode.models import onednn
+from specdecode.models import packed_linear
 from specdecode.models.llama import LlamaModel
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"  # shipped heads and layer choices, per target
@@ -60,8 +61,8 @@ def _head_drafter(kind: str):
         weight = ctx.target.embed.weight
         path = _heads_dir(ctx, kind)
         heads, cfg, _ = load_heads(path, ctx.target, weight.device, weight.dtype)
-        if onednn.available(weight.device, weight.dtype):
-            onednn.pack_linears(heads)
+        if packed_linear.available(weight.device, weight.dtype):
+            packed_linear.pack_linears(heads)
         shape = TreeShape()
         if kind == "eagle":  # an optional vocab.npy beside the head restricts its candidates (a cheaper LM head)
             vocab = path / VOCAB_FILE
@@ -89,10 +90,19 @@ def _layer_skip(ctx: DrafterContext) -> Drafter:
     return LayerSkipDrafter(ctx.target, choice.layer_ids, choice.load_vocab_subset(path, ctx.target.cfg.vocab_size))
 
 
+def _suffix(tree: bool):
+    def build(ctx: DrafterContext) -> Drafter:
+        return SuffixDrafter.from_config(ctx.spec, ctx.target.cfg.vocab_size, tree, ctx.engine.device)
+
+    return build
+
+
 DRAFTERS = {
     "draft": _draft_model,
     "ngram": lambda ctx: NgramDrafter(ctx.spec.ngram_min, ctx.spec.ngram_max, ctx.engine.device),
     "ngram_tree": lambda ctx: NgramTreeDrafter(ctx.spec.ngram_min, ctx.spec.ngram_max, ctx.engine.device),
+    "suffix": _suffix(tree=False),
+    "suffix_tree": _suffix(tree=True),
     "self": lambda ctx: self_drafter(ctx.target, ctx.engine.max_num_seqs, ctx.max_len, ctx.engine.prefill_chunk),
     "eagle": _head_drafter("eagle"),
     "medusa": _head_drafter("medusa"),

@@ -9,6 +9,7 @@ import torch
 
 from specdecode.engine.sequence import Sequence
 from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
+from specdecode.tree import check_parents
 
 
 @dataclass
@@ -23,6 +24,13 @@ class Proposal:
     # [num_seqs, k] int64 tree position of each draft's parent (0 = the pending token; see specdecode/tree.py).
     # None = a chain. Tree drafts may share a depth; truncated() keeps a topological prefix, still a tree.
     parents: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        # The drafter boundary: a malformed tree is refused here, before the controller or the verifier reads it.
+        if self.parents is not None:
+            if self.parents.shape != self.token_ids.shape:
+                raise ValueError(f"tree parents {tuple(self.parents.shape)} != drafts {tuple(self.token_ids.shape)}")
+            check_parents(self.parents, self.num_tokens)
 
     @classmethod
     def from_lists(

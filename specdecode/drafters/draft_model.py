@@ -9,7 +9,8 @@ from specdecode.drafters.catch_up import share_budget
 from specdecode.engine.runner import forward_ragged
 from specdecode.engine.sequence import Sequence
 from specdecode.models.llama import LlamaModel
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits, sample_from_probs
+from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits
+from specdecode.streams import Purpose, sample
 
 
 def draft_confidence(logits: torch.Tensor, q: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
@@ -90,7 +91,7 @@ class DraftModelDrafter:
         tokens, probs, confidence = [], [], []
         for j in range(k):
             q = process_logits(logits, st)[:, 0]  # [num_seqs, vocab]
-            tok = q.argmax(-1) if st.all_greedy else sample_from_probs(q, st.generators)  # [num_seqs]
+            tok = q.argmax(-1) if st.all_greedy else sample(q, st, Purpose.DRAFT, j)  # [num_seqs]
             tokens.append(tok)
             probs.append(q)
             confidence.append(draft_confidence(logits[:, 0], q, st))

@@ -17,7 +17,8 @@ from specdecode.drafters.subset_head import SubsetHead
 from specdecode.engine.sequence import Sequence
 from specdecode.kv import KVCache
 from specdecode.models.llama import AttentionMetadata, LlamaModel
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits, sample_from_probs
+from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits
+from specdecode.streams import Purpose, sample
 
 
 class LayerSkipDrafter:
@@ -70,7 +71,7 @@ class LayerSkipDrafter:
             live = [int(j < n) for n in num_tokens]
             logits = self._logits(tok, [s.num_cached + j for s in seqs], slots, live)  # [num_seqs, 1, vocab]
             q = process_logits(logits, st)[:, 0]  # [num_seqs, vocab]
-            nxt = q.argmax(-1) if st.all_greedy else sample_from_probs(q, st.generators)  # [num_seqs]
+            nxt = q.argmax(-1) if st.all_greedy else sample(q, st, Purpose.DRAFT, j)  # [num_seqs]
             tokens.append(nxt)
             probs.append(q)
             confidence.append(draft_confidence(logits[:, 0], q, st))

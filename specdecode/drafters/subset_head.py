@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from specdecode.config import ConfigError
-from specdecode.models import onednn
+from specdecode.models import packed_linear
 from specdecode.models.llama import LlamaModel
 
 VOCAB_FILE = "vocab.npy"  # beside a draft model or EAGLE head: the token ids it drafts from
@@ -28,8 +28,8 @@ class SubsetHead:
         head = nn.Linear(weight.shape[1], len(self.subset), bias=False, device=weight.device, dtype=weight.dtype)
         head.weight.data.copy_(weight[self.subset])  # [S, hidden]
         holder = nn.Sequential(head.requires_grad_(False))
-        if onednn.available(weight.device, weight.dtype):  # the same choice as for the target's own linears
-            onednn.pack_linears(holder)
+        if packed_linear.available(weight.device, weight.dtype):  # the same choice as for the target's own linears
+            packed_linear.pack_linears(holder)
         self.linear = holder[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,8 @@ class SeqUpdate:
 
 
 def sampling_tensors(seqs: list[Sequence], device: torch.device | str) -> SamplingTensors:
-    return SamplingTensors.from_params([s.params for s in seqs], device, [s.generator for s in seqs])
+    # Each row's pending-token position keys its seeded random streams (specdecode/streams.py).
+    return SamplingTensors.from_params([s.params for s in seqs], device, [s.num_cached for s in seqs])
 
 
 class Engine:
@@ -93,10 +94,7 @@ class Engine:
         vocab = self.target.cfg.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ConfigError(f"prompt token ids must be in 0..{vocab - 1}")
-        gen = None
-        if params.seed is not None:
-            gen = torch.Generator(device=self.device).manual_seed(params.seed)
-        seq = Sequence(request_id, list(prompt_ids), params, self.max_model_len, generator=gen)
+        seq = Sequence(request_id, list(prompt_ids), params, self.max_model_len)
         self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, prompt_ids)
         self.waiting.append(seq)
         return seq
@@ -186,6 +184,7 @@ class Engine:
         updates = []
         for seq, row, k, a in zip(seqs, rows, num_proposed, num_accepted, strict=True):  # commit
             seq.metrics.num_drafted += k
+            seq.metrics.trees |= k > 0 and proposal.parents is not None
             seq.metrics.num_accepted += a
             seq.metrics.num_target_forwards += 1
             updates.append(self._append(seq, row[: a + 1]))

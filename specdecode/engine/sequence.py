@@ -6,8 +6,6 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-import torch
-
 from specdecode.config import SamplingParams
 
 
@@ -20,8 +18,9 @@ class Status(Enum):
 
 @dataclass
 class SeqMetrics:
-    num_drafted: int = 0
+    num_drafted: int = 0  # drafts verified: tokens of a chain, nodes of a tree
     num_accepted: int = 0
+    trees: bool = False  # the drafts were token trees (see node_acceptance_rate)
     num_target_forwards: int = 0
     num_generated: int = 0
     start_time: float = field(default_factory=time.perf_counter)
@@ -35,7 +34,11 @@ class SeqMetrics:
         return {
             "num_drafted": self.num_drafted,
             "num_accepted": self.num_accepted,
-            "acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else 0.0,
+            # A tree offers siblings of which one at most is accepted, so its accepted / drafted is a per-node
+            # rate, not comparable with a chain's per-draft acceptance: it goes by its own name.
+            "node_acceptance_rate" if self.trees else "acceptance_rate": (
+                self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+            ),
             # Each target forward yields its accepted drafts plus one recovered or bonus token.
             "mean_accepted_tokens": (self.num_accepted + self.num_target_forwards) / forwards,
             "num_target_forwards": self.num_target_forwards,
@@ -51,7 +54,6 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     max_len: int  # prompt + output may not exceed this (the cache's length)
-    generator: torch.Generator | None = None
     token_ids: list[int] = field(default_factory=list)  # prompt + output; the last one is pending (not cached)
     slot: int = -1
     num_prefilled: int = 0  # prompt tokens whose K/V are in the target cache

@@ -12,7 +12,7 @@ from torch import nn
 
 from specdecode.heads.config import HeadConfig
 from specdecode.kv import KVCache
-from specdecode.models.llama import AttentionMetadata, Block, RMSNorm, rope_inv_freq
+from specdecode.models.llama import AttentionMetadata, Block, RMSNorm, rope_inv_freq, rope_tables
 
 
 class EagleHead(nn.Module):
@@ -41,8 +41,6 @@ class EagleHead(nn.Module):
         """Predicted f_{i+1} [B, T, H]; writes this call's K/V into `cache` like the target's forward does."""
         t = tokens.shape[1]
         x = self.fc(torch.cat([features, embed(tokens).to(features.dtype)], dim=-1))  # [B, T, H]
-        freqs = meta.positions[..., None].float() * self.inv_freq  # [B, T, head_dim / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, head_dim]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, sin = rope_tables(meta.positions, self.inv_freq, x.dtype)  # [B, T, 1, head_dim] each
         x = self.layer(x, cos, sin, cache.k[0], cache.v[0], meta, meta.attention_mask(t))
         return self.norm(x)

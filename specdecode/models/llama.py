@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from specdecode.kv import KVCache
-from specdecode.models import onednn
+from specdecode.models import packed_linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -161,6 +161,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one op, bitwise the reference below in fp32
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in fp32 like the reference implementation, so bf16 runs don't drift.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -171,9 +173,26 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     return 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def rope_tables(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sign-folded sin [num_seqs, T, 1, head_dim] for `apply_rope`, built once per forward.
+
+    positions: [num_seqs, T] int64; inv_freq: [head_dim / 2] float32.
+    """
+    freqs = positions[..., None].float() * inv_freq  # [num_seqs, T, head_dim / 2]
+    cos, sin = freqs.cos(), freqs.sin()
+    cos = torch.cat((cos, cos), dim=-1)[:, :, None]  # [num_seqs, T, 1, head_dim]
+    sin = torch.cat((-sin, sin), dim=-1)[:, :, None]  # rotate_half's sign folded in
+    return cos.to(dtype), sin.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [num_seqs, T, heads, head_dim] rotated: x * cos + rotate_half(x) * sin, in three ops.
+
+    Swapping the two halves (a roll by head_dim / 2) with the sign in `sin` is rotate_half.
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
 
 
 class Attention(nn.Module):
@@ -191,32 +210,33 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [num_seqs, T, hidden]
-        cos: torch.Tensor,  # [num_seqs, 1, T, head_dim]
-        sin: torch.Tensor,  # [num_seqs, 1, T, head_dim]
+        cos: torch.Tensor,  # [num_seqs, T, 1, head_dim]
+        sin: torch.Tensor,  # [num_seqs, T, 1, head_dim] sign-folded (rope_tables)
         k_cache: torch.Tensor,  # [slots, kv_heads, len, head_dim] this layer's cache
         v_cache: torch.Tensor,  # [slots, kv_heads, len, head_dim]
         meta: AttentionMetadata,
-        mask: torch.Tensor | None,  # [num_seqs, 1, T, kv_len] bool
+        mask: torch.Tensor | None,  # [num_seqs, 1, T, kv_len] additive float (0 or -inf), or bool
     ) -> torch.Tensor:
         cfg = self.cfg
         b, t, _ = x.shape
-        q, k, v = self.wqkv(x).split(self.split, dim=-1)
-        q = q.view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)  # [num_seqs, heads, T, head_dim]
-        k = k.view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)  # [num_seqs, kv_heads, T, head_dim]
-        v = v.view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        heads, kv_heads = cfg.num_heads, cfg.num_kv_heads
+        qkv = self.wqkv(x).view(b, t, heads + 2 * kv_heads, cfg.head_dim)  # [num_seqs, T, all heads, head_dim]
+        if self.q_norm is None:
+            qk = apply_rope(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k rotated in one go
+            q, k = qk[:, :, :heads], qk[:, :, heads:]
+        else:  # Qwen3 normalises each head of q and k (own weights) before RoPE
+            q = apply_rope(self.q_norm(qkv[:, :, :heads]), cos, sin)
+            k = apply_rope(self.k_norm(qkv[:, :, heads : heads + kv_heads]), cos, sin)
+        v = qkv[:, :, heads + kv_heads :]  # [num_seqs, T, kv_heads, head_dim]
         # Advanced indices split by a slice put [num_seqs, T] first: the target is [num_seqs, T, kv_heads, dim].
-        k_cache[meta.slots[:, None], :, meta.write_pos] = k.transpose(1, 2).to(k_cache.dtype)
-        v_cache[meta.slots[:, None], :, meta.write_pos] = v.transpose(1, 2).to(v_cache.dtype)
+        k_cache[meta.slots[:, None], :, meta.write_pos] = k.to(k_cache.dtype)
+        v_cache[meta.slots[:, None], :, meta.write_pos] = v.to(v_cache.dtype)
         if meta.slot_range is not None:
             first, end = meta.slot_range
             keys, values = k_cache[first:end, :, : meta.kv_len], v_cache[first:end, :, : meta.kv_len]
         else:
             keys, values = k_cache[meta.slots, :, : meta.kv_len], v_cache[meta.slots, :, : meta.kv_len]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))  # [num_seqs, T, hidden]
 
 
@@ -257,9 +277,8 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # [head_dim / 2]
 
     def lm_head_weight(self) -> torch.Tensor:
-        """[vocab, hidden] the LM head as a dense tensor (on CPU the runtime may have packed it for oneDNN)."""
-        w = self.lm_head.weight
-        return w.to_dense() if w.is_mkldnn else w
+        """[vocab, hidden] the LM head as a dense tensor (on CPU the runtime may also keep a packed copy)."""
+        return self.lm_head.weight
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.embed.weight
@@ -267,11 +286,6 @@ class LlamaModel(nn.Module):
         return KVCache(
             cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, device=p.device, dtype=p.dtype
         )
-
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[..., None].float() * self.inv_freq  # [num_seqs, T, head_dim / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [num_seqs, 1, T, head_dim]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(
         self,
@@ -289,8 +303,10 @@ class LlamaModel(nn.Module):
         """
         t = tokens.shape[1]
         x = self.embed(tokens)  # [num_seqs, T, hidden]
-        cos, sin = self.rope(meta.positions, x.dtype)
+        cos, sin = rope_tables(meta.positions, self.inv_freq, x.dtype)  # [num_seqs, T, 1, head_dim] each
         mask = meta.attention_mask(t)
+        if mask is not None and mask.dtype == torch.bool:  # additive once here, not converted in every layer
+            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         for i in range(len(self.layers)) if layer_ids is None else layer_ids:
             x = self.layers[i](x, cos, sin, cache.k[i], cache.v[i], meta, mask)
         hidden = self.norm(x)  # [num_seqs, T, hidden]
@@ -336,7 +352,7 @@ def load_llama(
 ) -> LlamaModel:
     """Build the model from a Hugging Face directory (config.json + *.safetensors).
 
-    inference=True packs fp32 CPU linears for oneDNN (see models/onednn.py); training wants False.
+    inference=True packs fp32 CPU linears for MKL (see models/packed_linear.py); training wants False.
     """
     model_dir = Path(model_dir)
     cfg = LlamaConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
@@ -355,6 +371,6 @@ def load_llama(
     model.inv_freq = torch.empty(0)  # the meta-device buffer can't move; it is rebuilt below
     model = model.to(device=device, dtype=dtype).eval()
     model.inv_freq = rope_inv_freq(cfg).to(device)  # stays fp32 whatever the weights' dtype
-    if inference and onednn.available(torch.device(device), dtype):
-        onednn.pack_linears(model)
+    if inference and packed_linear.available(torch.device(device), dtype):
+        packed_linear.pack_linears(model)
     return model

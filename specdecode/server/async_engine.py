@@ -56,6 +56,7 @@ class RequestStream:
 def usage_of(seq: Sequence) -> dict:
     """OpenAI usage plus the speculative counters (also as accepted/rejected prediction tokens)."""
     m = seq.metrics.as_dict()
+    rate = "node_acceptance_rate" if seq.metrics.trees else "acceptance_rate"  # per node for token trees
     n_prompt, n_out = len(seq.prompt_ids), seq.metrics.num_generated
     return {
         "prompt_tokens": n_prompt,
@@ -68,7 +69,7 @@ def usage_of(seq: Sequence) -> dict:
         "speculative": {
             "drafted_tokens": m["num_drafted"],
             "accepted_tokens": m["num_accepted"],
-            "acceptance_rate": m["acceptance_rate"],
+            rate: m[rate],
             "mean_accepted_tokens": m["mean_accepted_tokens"],
             "target_forwards": m["num_target_forwards"],
         },

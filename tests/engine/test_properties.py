@@ -94,13 +94,12 @@ class SeededAlone(EngineMachine):
             assert seq.output_ids == solo.output_ids, f"{seq.request_id} differs in a batch from alone"
 
 
-# Depends on seeded randomness that is independent of the batch (issue 14 defect 5, per-request random streams
-# keyed by seed and position: part A of the issue). Until that lands the uniforms of a seeded row depend on the
-# padded batch width, and this fails; strict, so the marker must go when it passes.
-@pytest.mark.xfail(strict=True, reason="needs batch-independent seeded random streams (issue 14, defect 5)")
-def test_seeded_request_same_alone_and_in_a_batch(world):
-    """A drafter with one-hot drafts (n-gram) and the fixed controller, so K does not depend on the batch."""
-    seeded = type("Machine", (SeededAlone,), {"world": world, "method": "ngram", "controller": "fixed"})
+# Seeded randomness is keyed by (seed, position), and a one-hot draft is verified by the seeded race, so a
+# seeded n-gram request's tokens depend on neither the batch nor K: the goodput controller (whose K follows the
+# batch) must give the same tokens alone and in a batch, as the fixed one does.
+@pytest.mark.parametrize("controller", ["fixed", "goodput"])
+def test_seeded_request_same_alone_and_in_a_batch(world, controller):
+    seeded = type("Machine", (SeededAlone,), {"world": world, "method": "ngram", "controller": controller})
     examples = LONG_EXAMPLES_PER_PAIR if LONG else 40
     run_state_machine_as_test(seeded, settings=settings(SETTINGS, max_examples=examples, phases=[Phase.generate]))
 

@@ -1,0 +1,166 @@
+"""`specdecode bench cost`: the target's step-cost curve, ms per forward by batch x new tokens per row.
+
+Each arm is a worker process holding one checkout's model (this one, and with `--baseline DIR` another commit's
+checkout, e.g. a git worktree of the previous commit), so two versions of the code are timed in one run with
+their cells interleaved: the noise of this machine hits both arms alike. The worker uses only the model API
+every version has (load_llama, new_cache, AttentionMetadata.build(slots, starts, T, device), forward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from specdecode.bench.specbench import provenance
+
+WORKER = r"""
+import json, os, sys, time
+import torch
+from specdecode.models.llama import AttentionMetadata, load_llama
+from specdecode.models.loader import resolve_model_dir
+torch.set_num_threads(os.cpu_count() or 1)
+model = load_llama(resolve_model_dir(sys.argv[1], progress=False))
+cache = model.new_cache(int(sys.argv[2]), int(sys.argv[3]))
+print("ready", flush=True)
+for line in sys.stdin:
+    b, t, ctx, reps = json.loads(line)
+    times = []
+    with torch.inference_mode():
+        for i in range(reps + 1):  # the first call warms up
+            tokens = torch.randint(0, model.cfg.vocab_size, (b, t))
+            meta = AttentionMetadata.build(list(range(b)), [ctx] * b, t, "cpu")
+            t0 = time.perf_counter()
+            model(tokens, meta, cache)
+            times.append(time.perf_counter() - t0)
+    times = sorted(times[1:])
+    print(json.dumps(1e3 * times[len(times) // 2]), flush=True)
+"""
+
+
+@dataclass
+class Worker:
+    name: str
+    proc: subprocess.Popen
+
+    @classmethod
+    def start(cls, name: str, checkout: Path, target: str, slots: int, max_len: int) -> Worker:
+        env = {**os.environ, "PYTHONPATH": str(checkout)}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, target, str(slots), str(max_len)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=checkout,
+        )
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"cost worker for {name} ({checkout}) failed to start")
+        return cls(name, proc)
+
+    def time_ms(self, batch: int, tokens: int, context: int, reps: int) -> float:
+        self.proc.stdin.write(json.dumps([batch, tokens, context, reps]) + "\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def measure(a: argparse.Namespace, arms: list[Worker]) -> dict[str, dict[str, float]]:
+    """{arm: {"batch x tokens @ context": ms}} with the arms interleaved cell by cell."""
+    cells = [(c, b, t) for c in a.contexts for b in a.batches for t in a.new_tokens]
+    out: dict[str, dict[str, float]] = {w.name: {} for w in arms}
+    for c, b, t in tqdm(cells, desc="step-cost cells"):
+        for w in arms:
+            out[w.name][f"{b}x{t}@{c}"] = w.time_ms(b, t, c, a.repeats)
+    return out
+
+
+def render(a: argparse.Namespace, ms: dict[str, dict[str, float]], console: Console) -> str:
+    names = list(ms)
+    md = []
+    for c in a.contexts:
+        title = f"ms per target forward at context {c}"
+        if len(names) > 1:
+            title += f" ({names[0]}; {names[1]} in brackets)"
+        table = Table(title=title)
+        table.add_column("batch")
+        head = ["batch"] + [f"{t} tok" for t in a.new_tokens]
+        for t in a.new_tokens:
+            table.add_column(f"{t} tok", justify="right")
+        md += [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for b in a.batches:
+            cells = [str(b)]
+            for t in a.new_tokens:
+                key = f"{b}x{t}@{c}"
+                cell = f"{ms[names[0]][key]:.1f}"
+                if len(names) > 1:
+                    cell += f" ({ms[names[1]][key]:.1f})"
+                cells.append(cell)
+            table.add_row(*cells)
+            md.append("| " + " | ".join(cells) + " |")
+        md.append("")
+        console.print(table)
+    return "\n".join(md)
+
+
+def ratios(a: argparse.Namespace, ms: dict[str, float]) -> dict[str, float]:
+    """The issue's targets, as ratios to the one-token batch-1 step at the first context."""
+    c = a.contexts[0]
+    one = ms[f"1x1@{c}"]
+    out = {"1x1_ms": one}
+    for key in (f"1x9@{c}", f"1x17@{c}", f"8x9@{c}"):
+        if key in ms:
+            out[key.split("@")[0] + "_over_1x1"] = ms[key] / one
+    return out
+
+
+def plot(path: Path, a: argparse.Namespace, ms: dict[str, dict[str, float]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(a.contexts), figsize=(6 * len(a.contexts), 4.5), squeeze=False)
+    for ax, c in zip(axes[0], a.contexts, strict=True):
+        for i, b in enumerate(a.batches):
+            for name, style in zip(ms, ("-", "--"), strict=False):
+                ys = [ms[name][f"{b}x{t}@{c}"] for t in a.new_tokens]
+                ax.plot(a.new_tokens, ys, style, color=f"C{i}", marker="o", label=f"batch {b} ({name})")
+        ax.set(xlabel="new tokens per row", ylabel="ms per forward", title=f"context {c}", yscale="log")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run_from_args(a: argparse.Namespace) -> None:
+    here = Path(__file__).resolve().parents[2]
+    slots, max_len = max(a.batches), max(a.contexts) + max(a.new_tokens) + 1
+    arms = [Worker.start("this", here, a.target, slots, max_len)]
+    if a.baseline:
+        arms.append(Worker.start("baseline", Path(a.baseline).resolve(), a.target, slots, max_len))
+    try:
+        ms = measure(a, arms)
+    finally:
+        for w in arms:
+            w.stop()
+    console = Console()
+    md = render(a, ms, console)
+    result = {**provenance(), "ms": ms, "targets": {name: ratios(a, cells) for name, cells in ms.items()}}
+    console.print(result["targets"])
+    out = Path(a.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    out.with_suffix(".md").write_text(md)
+    plot(out.with_suffix(".png"), a, ms)
