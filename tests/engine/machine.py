@@ -29,7 +29,18 @@ from specdecode.engine.runner import forward_ragged, prefill
 from specdecode.engine.sequence import Sequence, Status
 from specdecode.models.llama import LlamaModel
 
-DRAFTER_METHODS = ("none", "ngram", "ngram_tree", "draft", "eagle", "medusa", "mtp", "layer_skip")
+DRAFTER_METHODS = (
+    "none",
+    "ngram",
+    "ngram_tree",
+    "suffix",
+    "suffix_tree",
+    "draft",
+    "eagle",
+    "medusa",
+    "mtp",
+    "layer_skip",
+)
 MAX_REQUESTS = 8  # per example
 MAX_TOKENS = 16
 

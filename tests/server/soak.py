@@ -74,8 +74,9 @@ def request_plan(rng: random.Random, context: int) -> tuple[str, str, dict]:
     if kind in ("chat", "chat_stream"):  # no max_tokens: the rest of the context
         messages = [{"role": "user", "content": prompt_text(rng, rng.randint(1, 20))}]
         return kind, chat, {"messages": messages} | sampling | (STREAM if kind == "chat_stream" else {})
-    if kind == "long":  # near the context limit (a word is one token): the default max_tokens is cut to what is left
-        return kind, completions, {"prompt": prompt_text(rng, rng.randint(context - 24, context - 1))} | sampling
+    if kind == "long":  # near the context limit: the default max_tokens is cut to what is left
+        # Each word is one token, but for the first, which may take two: at most context - 1 tokens.
+        return kind, completions, {"prompt": prompt_text(rng, rng.randint(context - 24, context - 2))} | sampling
     if kind == "disconnect":
         return kind, completions, DISCONNECT_BODY
     if kind == "too_long":
