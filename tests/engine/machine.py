@@ -159,6 +159,7 @@ class EngineMachine(RuleBasedStateMachine):
         super().__init__()
         self.engine: Engine | None = None
         self.shape: tuple[int, int, int, bool] = (0, 0, 0, False)
+        self.broken = False
         self.seqs: dict[str, Sequence] = {}
         self.checked: set[str] = set()
         self.ids = count()
@@ -199,8 +200,13 @@ class EngineMachine(RuleBasedStateMachine):
         for _ in range(steps):
             if not self.engine.has_work():
                 return
-            self.engine.step()
-            self.check_engine()
+            self.advance()
+
+    def advance(self) -> None:
+        self.broken = True  # until the step returns: a step that raised leaves the engine unusable
+        self.engine.step()
+        self.broken = False
+        self.check_engine()
 
     @invariant()
     def check_engine(self) -> None:
@@ -213,13 +219,12 @@ class EngineMachine(RuleBasedStateMachine):
                 self.checked.add(rid)
 
     def teardown(self) -> None:
-        if self.engine is None:
+        if self.engine is None or self.broken:  # after a failed step, report that failure alone
             return
         for _ in range(1000):  # finish what is left, still checking every step
             if not self.engine.has_work():
                 break
-            self.engine.step()
-            self.check_engine()
+            self.advance()
         assert not self.engine.has_work(), "requests never finished"
         self.check_engine()
         self.check_greedy_outputs()
