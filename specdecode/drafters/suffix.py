@@ -194,3 +194,6 @@ class SuffixDrafter:
         """Free the request's history; its output joins the cache of finished outputs."""
         self.requests.pop(seq.request_id, None)
         self.cache.add(np.asarray(seq.output_ids, dtype=np.int32))
+
+    def live_request_ids(self) -> set[str]:
+        return set(self.requests)

@@ -29,7 +29,18 @@ from specdecode.engine.runner import forward_ragged, prefill
 from specdecode.engine.sequence import Sequence, Status
 from specdecode.models.llama import LlamaModel
 
-DRAFTER_METHODS = ("none", "ngram", "ngram_tree", "draft", "eagle", "medusa", "mtp", "layer_skip")
+DRAFTER_METHODS = (
+    "none",
+    "ngram",
+    "ngram_tree",
+    "suffix",
+    "suffix_tree",
+    "draft",
+    "eagle",
+    "medusa",
+    "mtp",
+    "layer_skip",
+)
 MAX_REQUESTS = 8  # per example
 MAX_TOKENS = 16
 
@@ -148,6 +159,7 @@ class EngineMachine(RuleBasedStateMachine):
         super().__init__()
         self.engine: Engine | None = None
         self.shape: tuple[int, int, int, bool] = (0, 0, 0, False)
+        self.broken = False
         self.seqs: dict[str, Sequence] = {}
         self.checked: set[str] = set()
         self.ids = count()
@@ -188,8 +200,13 @@ class EngineMachine(RuleBasedStateMachine):
         for _ in range(steps):
             if not self.engine.has_work():
                 return
-            self.engine.step()
-            self.check_engine()
+            self.advance()
+
+    def advance(self) -> None:
+        self.broken = True  # until the step returns: a step that raised leaves the engine unusable
+        self.engine.step()
+        self.broken = False
+        self.check_engine()
 
     @invariant()
     def check_engine(self) -> None:
@@ -202,13 +219,12 @@ class EngineMachine(RuleBasedStateMachine):
                 self.checked.add(rid)
 
     def teardown(self) -> None:
-        if self.engine is None:
+        if self.engine is None or self.broken:  # after a failed step, report that failure alone
             return
         for _ in range(1000):  # finish what is left, still checking every step
             if not self.engine.has_work():
                 break
-            self.engine.step()
-            self.check_engine()
+            self.advance()
         assert not self.engine.has_work(), "requests never finished"
         self.check_engine()
         self.check_greedy_outputs()
