@@ -37,6 +37,7 @@ class _Race:
             self.below = p.argmax(-1)  # [num_seqs, N + 1]
         else:
             depth = node_depths(parents, num_nodes)  # [num_seqs, N + 1]; a node's children sit at depth + 1
+            # One host sync (the tree's depth): noise per depth, not per node, keeps the draw small for wide trees.
             noise = exponentials(st, Purpose.TARGET, range(int(depth.max()) + 1), vocab)  # [num_seqs, levels, vocab]
             self.below = race(p, noise.gather(1, depth[..., None].expand(-1, -1, vocab)))  # [num_seqs, N + 1]
         self.rows = torch.arange(p.shape[0], device=p.device)

@@ -1,105 +1,113 @@
-"""End to end: the joint distribution of the first two generated tokens under speculative sampling equals the
-target's own (computed exactly from the target), with a negative control that must be detected."""
+"""End to end: the joint of the first two generated tokens under speculative sampling equals the target's own
+(computed exactly from the target), for every drafter path and every controller.
+
+One-hot drafts go through the exponential race (n-gram chain; trees from `ngram_tree`, `eagle`, `medusa` with
+tiny random heads), sampled drafts through rejection sampling (`layer_skip`, the draft model); the controllers
+run over sampled drafts, where their choice of K could matter. Half the requests are seeded, so both the keyed
+streams and the global RNG are exercised. Each path has a negative control: a fault injected into the real
+engine path, caught by the same assertion with a wide margin (tests/stats.py). Exact per-position
+probabilities of the verify rules themselves are tested at unit level (tests/test_verify*.py).
+"""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
+import specdecode.engine.engine
+import specdecode.verify
+import specdecode.verify_tree
 from specdecode import LLM, SamplingParams
 from specdecode.control.confidence import ConfidenceController
 from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController
+from specdecode.control.heuristic import HeuristicController
+from specdecode.drafters.layer_select import LayerSkipChoice
 from specdecode.drafters.subset_head import SubsetLMHead
 from specdecode.engine.runner import prefill
 from specdecode.sampling import SamplingTensors, process_logits
-from tests.stats import fits
+from specdecode.streams import race
+from tests.engine.test_head_drafters import write_heads
+from tests.stats import assert_follows
 from tests.tiny import write_tiny_model
 
-VOCAB = 12
-PROMPT = [3, 7, 1, 9]
-N = 12_000
-PARAMS = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=3, ignore_eos=True)
+VOCAB = 8
+N = 2000
+# "3 7" recurs with three continuations: the n-gram chain drafts one of them, the n-gram tree all three.
+REPEATING = [3, 7, 1, 3, 7, 2, 3, 7, 4, 3, 7]
+SHORT = [3, 7, 1, 5]
+# max_tokens 5 lets the first step draft up to 4 tokens (or tree nodes); only the first two are checked.
+PARAMS = SamplingParams(temperature=1.0, top_k=6, top_p=0.95, max_tokens=5, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, smollm2_tokenizer):
-    dirs = []
-    for name, seed, layers in (("t", 0, 2), ("d", 5, 1)):
-        d = write_tiny_model(
-            tmp_path_factory.mktemp(name), seed=seed, vocab_size=VOCAB, embed_scale=8.0, num_hidden_layers=layers
-        )
+def models(tmp_path_factory, smollm2_tokenizer) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("dist")
+    paths = {}
+    for name, seed, layers in (("target", 0, 3), ("draft", 5, 1)):
+        d = write_tiny_model(root / name, seed=seed, vocab_size=VOCAB, embed_scale=8.0, num_hidden_layers=layers)
         smollm2_tokenizer.save_pretrained(d)
-        dirs.append(d)
-    return dirs
+        paths[name] = str(d)
+    for kind in ("eagle", "medusa"):
+        paths[kind] = str(write_heads(root / kind, paths["target"], kind, 3))
+    LayerSkipChoice([0], 0.5, 1.1).save(root / "skip.json")  # drafts through layer 0 of 3: q far from p
+    paths["layer_skip"] = str(root / "skip.json")
+    return paths
 
 
-def exact_joint(llm: LLM) -> torch.Tensor:
+def make(models: dict[str, str], method: str, controller: str = "fixed", k: int = 4) -> LLM:
+    return LLM(
+        target=models["target"],
+        draft=models.get(method),
+        method=method,
+        num_speculative_tokens=k,
+        controller=controller,
+        max_num_seqs=1024,
+        max_model_len=32,  # a small cache for 1024 rows: attention and allocation stay cheap
+        prefill_chunk=16384,
+    )
+
+
+def exact_joint(llm: LLM, prompt: list[int]) -> torch.Tensor:
     """[vocab, vocab] P(x1, x2 | prompt) under the processed target distribution."""
     model = llm.target
     st = SamplingTensors.from_params([PARAMS], "cpu")
-    cache = model.new_cache(1, 16)
+    cache = model.new_cache(1, 32)
     with torch.inference_mode():
-        p1 = process_logits(prefill(model, cache, 0, PROMPT, 64), st)[0, 0]  # [vocab]
+        p1 = process_logits(prefill(model, cache, 0, prompt, 64), st)[0, 0]  # [vocab]
         rows = []
         for x1 in range(VOCAB):
-            cache.set_length(0, len(PROMPT))
+            cache.set_length(0, len(prompt))
             rows.append(process_logits(prefill(model, cache, 0, [x1], 64), st)[0, 0])
     return p1[:, None] * torch.stack(rows)  # [vocab, vocab]
 
 
-def sampled_joint(llm: LLM, n: int = N, drafted: list[int] | None = None) -> torch.Tensor:
-    """[vocab, vocab] counts of (x1, x2); `drafted` receives how many drafts were verified in all."""
-    outs = llm.generate([PROMPT] * n, PARAMS)
+def sampled_joint(llm: LLM, prompt: list[int], n: int = N) -> tuple[torch.Tensor, int]:
+    """[vocab, vocab] counts of (x1, x2) over n requests (every other one seeded), and the drafts verified."""
+    params = [replace(PARAMS, seed=i if i % 2 else None) for i in range(n)]
+    outs = llm.generate([prompt] * n, params)
     counts = torch.zeros(VOCAB, VOCAB)
     for o in outs:
         counts[o.token_ids[0], o.token_ids[1]] += 1
-    if drafted is not None:
-        drafted.append(sum(o.metrics["num_drafted"] for o in outs))
-    return counts
+    return counts, sum(o.metrics["num_drafted"] for o in outs)
 
 
-def make(pair, controller: str = "fixed") -> LLM:
-    target, draft = pair
-    return LLM(
-        target=str(target),
-        draft=str(draft),
-        method="draft",
-        num_speculative_tokens=3,
-        controller=controller,
-        max_num_seqs=1024,
-        prefill_chunk=8192,
-    )
+def target_sample_one_position_late(mp: pytest.MonkeyPatch, llm: LLM) -> None:
+    """Fault: the target's own sample at each position is read one position late (drafts and target logits
+    misaligned by one), in the chain's race and in the tree's."""
+
+    def late(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return race(probs, noise).roll(-1, dims=1)  # [num_seqs, n] position j gets position j + 1's sample
+
+    mp.setattr(specdecode.verify, "race", late)
+    mp.setattr(specdecode.verify_tree, "race", late)
 
 
-# Dynamic controllers use fewer samples to stay fast; a cheap-verify cost model keeps goodput speculating at
-# batch 1024 (the CPU prior would rightly turn it off), and confidence cuts rows by the draft's own top-q.
-CONTROLLER_CASES = {
-    "fixed": (lambda: None, N),
-    "goodput": (lambda: GoodputController(cost=CostModel(np.array([1.0, 0.0, 1e-6, 0.0]))), 3000),
-    "confidence": (lambda: ConfidenceController(threshold=0.5), 3000),
-}
-
-
-@pytest.mark.parametrize("controller", list(CONTROLLER_CASES))
-def test_joint_of_first_two_tokens_equals_target(pair, controller):
-    build, n = CONTROLLER_CASES[controller]
-    llm = make(pair, controller)
-    if build() is not None:
-        llm.engine.controller = build()
-    drafted: list[int] = []
-    counts = sampled_joint(llm, n, drafted)
-    ok, stat, crit = fits(counts, exact_joint(llm))
-    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
-    assert drafted[0] >= n // 4  # speculation really ran (confidence cuts many rows to zero drafts)
-
-
-def test_draft_q_at_wrong_temperature_is_detected(pair):
-    """Negative control: drafts drawn from q but q reported as processed at temperature 2 (sqrt(q) renormalised).
-
-    (Reporting sampled drafts as one-hot would not do: that rule is still lossless, only less often accepted.)"""
-    llm = make(pair)
+def draft_q_at_wrong_temperature(mp: pytest.MonkeyPatch, llm: LLM) -> None:
+    """Fault: drafts drawn from q but q reported as processed at temperature 2 (sqrt(q) renormalised)."""
     propose = llm.engine.drafter.propose
 
     def lying_propose(seqs, num_tokens, st):
@@ -109,17 +117,78 @@ def test_draft_q_at_wrong_temperature_is_detected(pair):
             proposal.probs = flat / flat.sum(-1, keepdim=True)
         return proposal
 
-    llm.engine.drafter.propose = lying_propose
-    assert not fits(sampled_joint(llm), exact_joint(llm))[0]
+    mp.setattr(llm.engine.drafter, "propose", lying_propose)
 
 
-def test_draft_with_a_vocabulary_subset_stays_lossless(pair):
-    """A draft that can only propose 5 of the 12 tokens (q = 0 elsewhere, as with `--draft-vocab`): the
+def recovered_from_p(mp: pytest.MonkeyPatch, llm: LLM) -> None:
+    """Fault: at a rejection, emit a sample of p instead of the residual max(0, p - q)."""
+    mp.setattr(specdecode.verify, "residual", lambda p, q: p)
+
+
+# path -> (method, prompt, the fault its negative control injects, requests). The race is shared by the chain
+# and every tree, so its fault runs once on a chain (ngram) and once on a tree (medusa, the cheapest tree
+# drafter here); EAGLE, several times slower per request, checks its own tree path on half the requests.
+PATHS = {
+    "ngram": ("ngram", REPEATING, target_sample_one_position_late, N),
+    "ngram_tree": ("ngram_tree", REPEATING, target_sample_one_position_late, N),
+    "eagle": ("eagle", SHORT, target_sample_one_position_late, N // 2),
+    "medusa": ("medusa", SHORT, target_sample_one_position_late, N),
+    "layer_skip": ("layer_skip", SHORT, draft_q_at_wrong_temperature, N),
+    "draft": ("draft", SHORT[:1], recovered_from_p, N),  # one-token prompt: no per-request draft prefill
+}
+
+
+CASES = [(path, False) for path in PATHS] + [(path, True) for path in ("ngram", "medusa", "layer_skip", "draft")]
+
+
+@pytest.mark.parametrize(("path", "faulty"), CASES, ids=[f"{p}-{'fault' if f else 'intact'}" for p, f in CASES])
+def test_first_two_tokens_follow_target(models, path, faulty, monkeypatch):
+    method, prompt, fault, n = PATHS[path]
+    llm = make(models, method)
+    if faulty:
+        fault(monkeypatch, llm)
+    counts, drafted = sampled_joint(llm, prompt, n)
+    assert_follows(counts, exact_joint(llm, prompt), fault.__name__ if faulty else None)
+    assert drafted >= n  # speculation really ran
+
+
+def goodput_varying_k() -> GoodputController:
+    # A row costs as much as three verified tokens: at the prior acceptance one or two drafts pay, no more, so
+    # the verified width moves with the acceptance estimates (it would stay at K_max with cheap tokens).
+    return GoodputController(cost=CostModel(np.array([0.0, 3.0, 1.0, 0.0])))
+
+
+CONTROLLERS = {
+    "goodput": goodput_varying_k,
+    "heuristic": HeuristicController,
+    "confidence": lambda: ConfidenceController(threshold=0.5),
+}
+
+
+@pytest.mark.parametrize("controller", list(CONTROLLERS))
+def test_every_controller_keeps_sampled_drafts_lossless(models, controller):
+    """Controllers choose K (and may cut drafts) from past outcomes and draft-side information; over sampled
+    drafts (`layer_skip`), where K could matter, the joint stays the target's, while K really varies."""
+    llm = make(models, "layer_skip")
+    llm.engine.controller = CONTROLLERS[controller]()
+    seen: set[int] = set()
+    observe = llm.engine.controller.observe
+
+    def record(stats):
+        seen.update(stats.num_proposed)
+        observe(stats)
+
+    llm.engine.controller.observe = record
+    counts, drafted = sampled_joint(llm, SHORT)
+    assert_follows(counts, exact_joint(llm, SHORT))
+    assert drafted >= N // 4 and len(seen - {0}) >= 2, f"K did not vary: {sorted(seen)}"
+
+
+def test_draft_with_a_vocabulary_subset_stays_lossless(models):
+    """A draft that can only propose 5 of the 8 tokens (q = 0 elsewhere, as with `--draft-vocab`): the
     target's tokens outside the subset come back through the residual, so the joint is still the target's."""
-    llm = make(pair)
-    SubsetLMHead.install(llm.draft_model, torch.tensor([0, 2, 5, 7, 11]))
-    drafted: list[int] = []
-    counts = sampled_joint(llm, 4000, drafted)
-    ok, stat, crit = fits(counts, exact_joint(llm))
-    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
-    assert drafted[0] >= 4000
+    llm = make(models, "draft")
+    SubsetLMHead.install(llm.draft_model, torch.tensor([0, 2, 5, 6, 7]))
+    counts, drafted = sampled_joint(llm, SHORT[:1])
+    assert_follows(counts, exact_joint(llm, SHORT[:1]))
+    assert drafted >= N
