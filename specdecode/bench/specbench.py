@@ -243,7 +243,7 @@ def machine() -> str:
     if torch.cuda.is_available():
         return f"{platform.machine()} {torch.cuda.get_device_name()}, torch {torch.__version__}"
     cpu = _cpu_model()
-    packed = "MKL-packed" if packed_linear.available(torch.device("cpu"), torch.float32) else "plain F.linear"
+    packed = {"plain": "plain F.linear", "mkl": "MKL-packed", "onednn": "oneDNN-packed"}[packed_linear.choice()]
     return (
         f"{platform.machine()} {os.cpu_count()}-core CPU ({cpu}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {packed} fp32 linears"

@@ -278,7 +278,8 @@ class LlamaModel(nn.Module):
 
     def lm_head_weight(self) -> torch.Tensor:
         """[vocab, hidden] the LM head as a dense tensor (on CPU the runtime may also keep a packed copy)."""
-        return self.lm_head.weight
+        w = self.lm_head.weight
+        return w.to_dense() if w.is_mkldnn else w
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.embed.weight

@@ -1,13 +1,14 @@
-"""fp32 CPU linears through MKL's packed sgemm, the weights packed once at load time.
+"""fp32 CPU linears with weights packed once at load time: MKL's packed sgemm or oneDNN.
 
 Behind `F.linear`, MKL's sgemm repacks the weight matrix on every call; at one row that hides in the weight
-read, but scoring 2-17 rows (a verify step) then costs far more than one. A weight packed once with
-`cblas_sgemm_pack` (the op torch.compile's frozen CPU graphs call, `torch.ops.mkl._mkl_linear`) is read in
-its packed layout at every row count, which is what keeps a multi-token verify close to a one-token step.
-
-Whether it pays is decided per machine, once per process, by timing a stack of linears larger than the caches
-(the weights stream from DRAM as in a real step) both ways at 1 and 9 rows; `SPECDECODE_PACKED_LINEAR=1` or `0`
-forces the choice.
+read, but scoring 2-17 rows (a verify step) then costs far more than one. A weight packed once is read in its
+packed layout at every row count, which keeps a multi-token verify close to a one-token step. Two packings:
+`cblas_sgemm_pack` (the op torch.compile's frozen CPU graphs call, `torch.ops.mkl._mkl_linear`) and oneDNN's
+blocked layout (`MkldnnLinear`). Which wins depends on the CPU (measured: on a 2-core AMD EPYC oneDNN scored
+9 rows in ~40 ms of linears where MKL, packed or not, took ~65 ms; an Intel Xeon once ran oneDNN 40% slower
+than F.linear), so the choice is made per machine, once per process, by timing a stack of linears larger than
+the caches (the weights stream from DRAM as in a real step) every way at 1 and 9 rows.
+`SPECDECODE_PACKED_LINEAR=plain|mkl|onednn` forces it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import os
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.utils.mkldnn import MkldnnLinear
 
 ENV = "SPECDECODE_PACKED_LINEAR"
+KINDS = ("plain", "mkl", "onednn")
 
 
 class PackedLinear(nn.Module):
@@ -43,39 +45,51 @@ class PackedLinear(nn.Module):
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether to pack: fp32 on a CPU whose torch has MKL, where packed linears measured faster."""
-    if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkl.is_available():
+    """Whether to pack: fp32 on a CPU, where a packing measured faster than F.linear."""
+    if device.type != "cpu" or dtype != torch.float32:
         return False
-    return packing_pays()
+    return choice() != "plain"
+
+
+def _supported() -> list[str]:
+    return (
+        ["plain"]
+        + (["mkl"] if torch.backends.mkl.is_available() else [])
+        + (["onednn"] if torch.backends.mkldnn.is_available() else [])
+    )
 
 
 @functools.cache
-def packing_pays() -> bool:
+def choice() -> str:
+    """The fastest kind on this machine (forced by $SPECDECODE_PACKED_LINEAR)."""
     forced = os.environ.get(ENV)
-    if forced in ("0", "1"):
-        return forced == "1"
-    plain, packed = probe()
-    return packed < plain
+    if forced in KINDS:
+        return forced
+    times = probe()
+    return min(times, key=times.get)
 
 
-def probe(num_layers: int = 32, hidden: int = 576, inner: int = 1536, trials: int = 5) -> tuple[float, float]:
-    """(plain, packed) seconds: best of `trials` passes through `num_layers` [inner, hidden] weights (113 MB at
-    the defaults, beyond the caches), summed over 1 and 9 input rows."""
+def _packer(kind: str):
+    return {"mkl": PackedLinear, "onednn": lambda lin: MkldnnLinear(lin, torch.float32)}[kind]
+
+
+def probe(num_layers: int = 32, hidden: int = 576, inner: int = 1536, trials: int = 5) -> dict[str, float]:
+    """{kind: seconds}: best of `trials` passes through `num_layers` [inner, hidden] weights (113 MB at the
+    defaults, beyond the caches), summed over 1 and 9 input rows, for every kind this torch supports."""
     gen = torch.Generator().manual_seed(0)
-    plain = [nn.Linear(hidden, inner, bias=False) for _ in range(num_layers)]
+    plain = [nn.Linear(hidden, inner, bias=False).requires_grad_(False) for _ in range(num_layers)]
     for lin in plain:
         nn.init.normal_(lin.weight, generator=gen)
-    packed = [PackedLinear(lin) for lin in plain]
+    times = {}
+    for kind in _supported():
+        layers = plain if kind == "plain" else [_packer(kind)(lin) for lin in plain]
 
-    def plain_pass(x: torch.Tensor) -> None:
-        for lin in plain:
-            F.linear(x, lin.weight)
+        def one_pass(x: torch.Tensor, layers=layers) -> None:
+            for lin in layers:
+                lin(x)
 
-    def packed_pass(x: torch.Tensor) -> None:
-        for lin in packed:
-            lin(x)
-
-    return _total(plain_pass, hidden, trials), _total(packed_pass, hidden, trials)
+        times[kind] = _total(one_pass, hidden, trials)
+    return times
 
 
 @torch.inference_mode()
@@ -92,13 +106,19 @@ def _total(one_pass, hidden: int, trials: int) -> float:
     return total
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear (inference only: packed weights have no gradient) and return how many."""
+def pack_linears(model: nn.Module, kind: str | None = None) -> int:
+    """Replace every nn.Linear by the packed kind (default: this machine's choice) and return how many.
+
+    Inference only: packed weights have no gradient.
+    """
+    kind = kind or choice()
+    if kind == "plain":
+        return 0
     replaced = 0
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(model, name, PackedLinear(child.requires_grad_(False)))
+            setattr(model, name, _packer(kind)(child.requires_grad_(False)))
             replaced += 1
         else:
-            replaced += pack_linears(child)
+            replaced += pack_linears(child, kind)
     return replaced
