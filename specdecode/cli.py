@@ -81,6 +81,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=None,
+        help="run the target eagerly: no torch.compile warm-up (default: compiled, cached on disk after the first run)",
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -128,6 +134,7 @@ def llm_from_args(a: argparse.Namespace, **overrides):
         max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len,
         device=a.device,
+        enforce_eager=a.enforce_eager,
         dtype=a.dtype,
         **suffix_args(a),
     )

@@ -115,6 +115,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     prefill_chunk: int = 512
+    enforce_eager: bool = False  # vLLM's name: run the target eagerly instead of its compiled step
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -16,6 +16,7 @@ from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
 from specdecode.engine.engine import Engine
 from specdecode.engine.sequence import Sequence
+from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
 from specdecode.models.llama import LlamaModel, load_llama
 from specdecode.models.loader import resolve_model_dir
 from specdecode.models.shipped_draft import DEFAULT_DRAFTS
@@ -73,7 +74,9 @@ class LLM:
         suffix_max_depth: int = 24,
         suffix_spec_factor: float = 1.0,
         suffix_min_prob: float = 0.1,
+        enforce_eager: bool | None = None,
     ) -> None:
+        """enforce_eager: skip the compiled step (models/compiled.py); None reads $SPECDECODE_ENFORCE_EAGER."""
         if method == "draft" and draft is None:  # the draft shipped for a built-in target, if there is one
             draft = DEFAULT_DRAFTS.get(target)
         self.spec = SpeculativeConfig(
@@ -89,12 +92,14 @@ class LLM:
             suffix_spec_factor,
             suffix_min_prob,
         )
-        self.engine_config = EngineConfig(max_num_seqs, max_model_len, device, dtype, prefill_chunk)
+        if enforce_eager is None:
+            enforce_eager = os.environ.get(ENFORCE_EAGER_ENV, "0") not in ("", "0")
+        self.engine_config = EngineConfig(max_num_seqs, max_model_len, device, dtype, prefill_chunk, enforce_eager)
         if device == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)
         target_dir = resolve_model_dir(target)
         self.tokenizer = AutoTokenizer.from_pretrained(target_dir)
-        self.target = load_llama(target_dir, device, DTYPES[dtype])
+        self.target = load_target(target_dir, device, DTYPES[dtype], enforce_eager)
         self.draft_model = None
         if draft is not None and method == "draft":
             draft_dir = resolve_model_dir(draft)

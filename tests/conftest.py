@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
 from tests.tiny import write_tiny_model
+
+# The suite runs the eager step unless a test asks for the compiled one (tests/models/test_compiled.py,
+# tests/test_real_model.py): compiling each of the suite's hundreds of engines would take hours. Servers and
+# commands the tests start inherit this too.
+os.environ.setdefault("SPECDECODE_ENFORCE_EAGER", "1")
 
 
 @pytest.fixture(scope="session")

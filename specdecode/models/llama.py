@@ -8,7 +8,7 @@ One `forward` serves a ragged batch: row b holds `num_new[b]` new tokens (padded
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from torch import nn
 
 from specdecode.kv import KVCache
 from specdecode.models import packed_linear
+from specdecode.models.attention import attend
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -137,10 +138,16 @@ class AttentionMetadata:
             slot_range=(slots[0], slots[0] + len(slots)) if contiguous else None,
         )
 
-    def attention_mask(self, num_tokens: int) -> torch.Tensor | None:
-        """[num_seqs, 1, T, kv_len] bool, True = attend. None when plain causal decoding of one row needs none."""
-        if self.tree_mask is None and num_tokens == 1 and self.slots.numel() == 1:
-            return None
+    def additive_mask(self, num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
+        """[num_seqs, 1, T, kv_len] 0 where a query attends, -inf where not: built once per forward.
+
+        Its last dimension is the attended length, so the attention op needs no host integer (models/attention.py).
+        """
+        mask = self.attention_mask(num_tokens)  # [num_seqs, 1, T, kv_len] bool
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+    def attention_mask(self, num_tokens: int) -> torch.Tensor:
+        """[num_seqs, 1, T, kv_len] bool, True = attend."""
         key_pos = torch.arange(self.kv_len, device=self.start.device)  # [kv_len]
         query_pos = self.start[:, None] + torch.arange(num_tokens, device=self.start.device)  # [num_seqs, T]
         mask = key_pos[None, None, :] <= query_pos[:, :, None]  # [num_seqs, T, kv_len] causal by cache index
@@ -152,6 +159,16 @@ class AttentionMetadata:
             )  # [num_seqs, T, kv_len]
             mask = torch.where(in_new[:, None, :], tree, mask)
         return mask[:, None]
+
+
+@dataclass
+class StepFunctions:
+    """The two halves of a forward: `body` (tokens to normed hidden states) and `head` (hidden to logits),
+    eager methods or their compiled versions. Chosen once when the model is loaded, never per call."""
+
+    body: Callable[..., torch.Tensor]
+    head: Callable[[torch.Tensor], torch.Tensor]
+    compiled: bool = False
 
 
 class RMSNorm(nn.Module):
@@ -212,10 +229,12 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [num_seqs, T, hidden]
         cos: torch.Tensor,  # [num_seqs, T, 1, head_dim]
         sin: torch.Tensor,  # [num_seqs, T, 1, head_dim] sign-folded (rope_tables)
-        k_cache: torch.Tensor,  # [slots, kv_heads, len, head_dim] this layer's cache
-        v_cache: torch.Tensor,  # [slots, kv_heads, len, head_dim]
-        meta: AttentionMetadata,
-        mask: torch.Tensor | None,  # [num_seqs, 1, T, kv_len] additive float (0 or -inf), or bool
+        cache_k: torch.Tensor,  # [layers, slots, kv_heads, len + 1, head_dim] the whole cache
+        cache_v: torch.Tensor,  # [layers, slots, kv_heads, len + 1, head_dim]
+        layer: int,  # this layer's index into the cache
+        slots: torch.Tensor,  # [num_seqs] int64
+        write_pos: torch.Tensor,  # [num_seqs, T] int64
+        mask: torch.Tensor,  # [num_seqs, 1, T, kv_len] additive float (0 or -inf)
     ) -> torch.Tensor:
         cfg = self.cfg
         b, t, _ = x.shape
@@ -228,16 +247,8 @@ class Attention(nn.Module):
             q = apply_rope(self.q_norm(qkv[:, :, :heads]), cos, sin)
             k = apply_rope(self.k_norm(qkv[:, :, heads : heads + kv_heads]), cos, sin)
         v = qkv[:, :, heads + kv_heads :]  # [num_seqs, T, kv_heads, head_dim]
-        # Advanced indices split by a slice put [num_seqs, T] first: the target is [num_seqs, T, kv_heads, dim].
-        k_cache[meta.slots[:, None], :, meta.write_pos] = k.to(k_cache.dtype)
-        v_cache[meta.slots[:, None], :, meta.write_pos] = v.to(v_cache.dtype)
-        if meta.slot_range is not None:
-            first, end = meta.slot_range
-            keys, values = k_cache[first:end, :, : meta.kv_len], v_cache[first:end, :, : meta.kv_len]
-        else:
-            keys, values = k_cache[meta.slots, :, : meta.kv_len], v_cache[meta.slots, :, : meta.kv_len]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
-        return self.wo(out.transpose(1, 2).reshape(b, t, -1))  # [num_seqs, T, hidden]
+        out = attend(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask)  # [num_seqs, T, heads * head_dim]
+        return self.wo(out)  # [num_seqs, T, hidden]
 
 
 class MLP(nn.Module):
@@ -275,6 +286,7 @@ class LlamaModel(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # [head_dim / 2]
+        self.step = StepFunctions(self.body, self.head)  # eager until models/compiled.py swaps in compiled ones
 
     def lm_head_weight(self) -> torch.Tensor:
         """[vocab, hidden] the LM head as a dense tensor (on CPU the runtime may also keep a packed copy)."""
@@ -300,24 +312,48 @@ class LlamaModel(nn.Module):
         """Logits [num_seqs, n or T, vocab] in fp32 (and final hidden states [num_seqs, T, hidden]).
 
         layer_ids runs only those layers (in order), each on its own slice of `cache`: self-speculation by
-        layer skipping drafts this way through the target's weights and K/V.
+        layer skipping drafts this way through the target's weights and K/V (always eager).
         """
-        t = tokens.shape[1]
-        x = self.embed(tokens)  # [num_seqs, T, hidden]
-        cos, sin = rope_tables(meta.positions, self.inv_freq, x.dtype)  # [num_seqs, T, 1, head_dim] each
-        mask = meta.attention_mask(t)
-        if mask is not None and mask.dtype == torch.bool:  # additive once here, not converted in every layer
-            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
-        for i in range(len(self.layers)) if layer_ids is None else layer_ids:
-            x = self.layers[i](x, cos, sin, cache.k[i], cache.v[i], meta, mask)
-        hidden = self.norm(x)  # [num_seqs, T, hidden]
+        mask = meta.additive_mask(tokens.shape[1], self.embed.weight.dtype)  # [num_seqs, 1, T, kv_len]
+        args = (tokens, meta.positions, meta.slots, meta.write_pos, mask, cache.k, cache.v)
+        if layer_ids is None:
+            hidden = self.step.body(*args)  # [num_seqs, T, hidden]
+        else:
+            hidden = self.body(*args, layer_ids=layer_ids)
         picked = (
             hidden
             if logits_index is None
             else torch.gather(hidden, 1, logits_index[..., None].expand(-1, -1, hidden.shape[-1]))
-        )
-        logits = self.lm_head(picked).float()  # [num_seqs, n, vocab]
+        )  # [num_seqs, n, hidden]
+        b, n, _ = picked.shape
+        if n == 0:  # the caller scores hidden states itself (layer-skip probes)
+            logits = picked.new_empty(b, 0, self.cfg.vocab_size, dtype=torch.float32)
+        else:
+            logits = self.step.head(picked.reshape(b * n, -1)).view(b, n, -1)  # [num_seqs, n, vocab]
         return (logits, hidden) if return_hidden else logits
+
+    def body(
+        self,
+        tokens: torch.Tensor,  # [num_seqs, T] int64
+        positions: torch.Tensor,  # [num_seqs, T] int64 RoPE positions
+        slots: torch.Tensor,  # [num_seqs] int64
+        write_pos: torch.Tensor,  # [num_seqs, T] int64 cache index of each new token (-1: scratch)
+        mask: torch.Tensor,  # [num_seqs, 1, T, kv_len] additive
+        k: torch.Tensor,  # [layers, slots, kv_heads, len + 1, head_dim] the whole cache
+        v: torch.Tensor,  # [layers, slots, kv_heads, len + 1, head_dim]
+        layer_ids: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Final (normed) hidden states [num_seqs, T, hidden]: everything but the LM head, tensors in and out,
+        so that a compiled step (models/compiled.py) can take it whole."""
+        x = self.embed(tokens)  # [num_seqs, T, hidden]
+        cos, sin = rope_tables(positions, self.inv_freq, x.dtype)  # [num_seqs, T, 1, head_dim] each
+        for i in range(len(self.layers)) if layer_ids is None else layer_ids:
+            x = self.layers[i](x, cos, sin, k, v, i, slots, write_pos, mask)
+        return self.norm(x)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [rows, hidden] -> fp32 logits [rows, vocab]."""
+        return self.lm_head(hidden).float()
 
 
 def _hf_to_ours(cfg: LlamaConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,109 @@
+"""The compiled step (models/compiled.py) computes what the eager step computes, writes the same cache, serves
+every shape from one graph, and keeps greedy speculative decoding equal to plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from specdecode import LLM, SamplingParams
+from specdecode.models.compiled import compile_step
+from specdecode.models.llama import AttentionMetadata, load_llama
+from specdecode.tree import tree_layout
+
+# (slots, starts, tokens per row, real tokens per row): contiguous and scattered slots, ragged rows.
+CASES = [
+    ([0], [9], 1, [1]),
+    ([2], [30], 9, [9]),
+    ([3, 1, 0, 2], [10, 17, 24, 31], 3, [3, 3, 3, 3]),
+    ([0, 1, 2, 3], [10, 17, 24, 31], 5, [5, 2, 4, 1]),
+    ([5, 2, 7], [40, 3, 12], 4, [4, 1, 3]),
+]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_target):
+    eager = load_llama(tiny_target, inference=False)
+    compiled = load_llama(tiny_target, inference=False)
+    compile_step(compiled, progress=False)
+    return eager, compiled
+
+
+def run_both(models, slots, starts, t, num_new, write_shift=0):
+    eager, compiled = models
+    caches = [m.new_cache(8, 64) for m in models]
+    gen = torch.Generator().manual_seed(len(slots) * 100 + t)
+    for c in caches:  # the same prior context in both caches
+        c.k.copy_(torch.randn(c.k.shape, generator=torch.Generator().manual_seed(1)))
+        c.v.copy_(torch.randn(c.v.shape, generator=torch.Generator().manual_seed(2)))
+    tokens = torch.randint(0, eager.cfg.vocab_size, (len(slots), t), generator=gen)
+    meta = AttentionMetadata.build(slots, starts, t, "cpu", num_new=num_new, max_len=64)
+    faulty = AttentionMetadata.build(slots, [s + write_shift for s in starts], t, "cpu", num_new=num_new, max_len=64)
+    faulty.positions = meta.positions  # the fault moves only where the compiled step writes (and what it reads)
+    with torch.inference_mode():
+        want = eager(tokens, meta, caches[0])
+        got = compiled(tokens, faulty if write_shift else meta, caches[1])
+    real = torch.arange(t)[None] < torch.tensor(num_new)[:, None]  # [num_seqs, T] padding is junk in both
+    return (got - want)[real].abs().max().item(), (caches[1].k - caches[0].k)[..., :64, :].abs().max().item()
+
+
+@pytest.mark.parametrize(("slots", "starts", "t", "num_new"), CASES)
+def test_compiled_equals_eager(models, slots, starts, t, num_new):
+    logits_diff, cache_diff = run_both(models, slots, starts, t, num_new)
+    assert logits_diff < 1e-4 and cache_diff < 1e-5
+
+
+def test_control_misplaced_cache_writes_are_caught(models):
+    """Negative control: the compiled step writing one position late fails the same check by far."""
+    logits_diff, cache_diff = run_both(models, *CASES[3], write_shift=1)
+    assert logits_diff > 1e-2 or cache_diff > 1e-2
+
+
+def test_tree_step_equals_eager(models):
+    eager, compiled = models
+    parents = torch.tensor([[-1, 0, 0, 1, 2], [-1, 0, 1, -2, -2]])  # [2, 5] two trees, the second padded
+    depth, mask = tree_layout(parents, torch.tensor([5, 3]))
+    tokens = torch.randint(0, eager.cfg.vocab_size, (2, 6))
+    meta = AttentionMetadata.build([1, 4], [12, 20], 6, "cpu", depth, mask, torch.tensor([6, 4]), 64)
+    with torch.inference_mode():
+        want = eager(tokens, meta, eager.new_cache(8, 64))
+        got = compiled(tokens, meta, compiled.new_cache(8, 64))
+    assert (got - want)[:, :4].abs().max().item() < 1e-4
+
+
+def test_new_shapes_reuse_the_one_graph(models):
+    """After the warm-up, batch and token counts never seen (and batch 1 x 1 token) compile nothing new."""
+    _, compiled = models
+    before = counters["stats"]["unique_graphs"]
+    cache = compiled.new_cache(8, 64)
+    with torch.inference_mode():
+        for b, t in [(1, 1), (7, 13), (1, 30), (6, 1)]:
+            meta = AttentionMetadata.build(list(range(b)), [b] * b, t, "cpu")
+            compiled(torch.zeros((b, t), dtype=torch.long), meta, cache)
+    assert counters["stats"]["unique_graphs"] == before
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13], [20, 21, 22, 23, 20, 21, 22, 23, 24, 20, 21], [3, 4]]
+
+
+@pytest.fixture(scope="module")
+def plain_tokens(tiny_target):
+    llm = LLM(target=str(tiny_target), method="none", max_num_seqs=4, enforce_eager=True)
+    return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "ngram_tree", "suffix_tree", "draft"])
+def test_compiled_engine_greedy_equals_eager_plain(method, tiny_target, tiny_draft, plain_tokens):
+    llm = LLM(
+        target=str(tiny_target),
+        draft=str(tiny_draft) if method == "draft" else None,
+        method=method,
+        num_speculative_tokens=4,
+        controller="fixed",
+        max_num_seqs=4,
+        enforce_eager=False,
+    )
+    assert llm.target.step.compiled
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_tokens
