@@ -58,7 +58,8 @@ def target_fingerprint(target_dir: Path) -> str:
 
 
 def data_fingerprint(paths: list[str]) -> list[dict[str, Any]]:
-    """One entry per token file, in order: name, size and the sha256 of its bytes (a few ms per MB)."""
+    """One entry per token file, in order: its path, size and the sha256 of its bytes (a few ms per MB). Only the
+    hashes are compared: a cache stays valid for the same files moved elsewhere."""
     out = []
     for p in map(Path, paths):
         if not p.is_file():
@@ -67,7 +68,7 @@ def data_fingerprint(paths: list[str]) -> list[dict[str, Any]]:
         with p.open("rb") as f:
             for block in iter(lambda f=f: f.read(1 << 20), b""):
                 h.update(block)
-        out.append({"name": p.name, "size": p.stat().st_size, "sha256": h.hexdigest()})
+        out.append({"name": p.name, "path": str(p.resolve()), "size": p.stat().st_size, "sha256": h.hexdigest()})
     return out
 
 
@@ -116,19 +117,33 @@ def array_specs(manifest: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     return specs
 
 
+_FIELDS = ("target", "data", "seq_len", "top_k", "dtype", "features", "num_windows", "num_loss_positions")
+_TARGET_FIELDS = ("fingerprint", "vocab_size", "hidden_size")
+
+
+def _validate(manifest: dict) -> None:
+    """Raise ValueError naming the first thing missing or wrong in a parsed manifest."""
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else manifest
+        raise ValueError(f"format {got!r}, this version reads {FORMAT}")
+    missing = [k for k in (*_FIELDS, "num_tokens", "windows_done") if k not in manifest]
+    missing += [f"target.{k}" for k in _TARGET_FIELDS if k not in (manifest.get("target") or {})]
+    missing += [f"data[{i}].sha256" for i, d in enumerate(manifest.get("data") or []) if "sha256" not in d]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    if manifest["dtype"] not in DTYPES:
+        raise ValueError(f"dtype {manifest['dtype']!r}")
+
+
 def read_manifest(root: Path) -> dict:
     path = root / MANIFEST
     if not path.is_file():
         raise ConfigError(f"{root}: not a teacher cache (no {MANIFEST}); build one with `specdecode distill cache`")
     try:
         manifest = json.loads(path.read_text())
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"format {manifest.get('format')!r}, this version reads {FORMAT}")
-        array_specs(manifest)  # every field the arrays need is there
-        for key in ("seq_len", "data", "windows_done"):
-            manifest[key]
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(f"{path}: malformed teacher-cache manifest ({type(e).__name__}: {e})") from None
+        _validate(manifest)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{path}: malformed teacher-cache manifest ({e})") from None
     return manifest
 
 
