@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specdecode.bench import distill_cache as bench
 from specdecode.cli import main
 from specdecode.config import ConfigError
 from specdecode.train import build_cache as B
@@ -237,3 +238,13 @@ def test_cli_cache_then_distill(tiny_target, train_npz, tmp_path, capsys):
         assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "x").exists()
 
+
+def test_bench_writes_json(tiny_target, train_npz, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["--target", str(tiny_target), "--data", str(train_npz), "--samples", "10", "--seq-len", str(SEQ_LEN)]
+    assert bench.main([*argv, "--steps", "2", "--warmup", "1", "--layers", "1", "--output", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for mode in ("build", "on_the_fly", "from_cache"):
+        assert result[mode]["tokens_per_s"] > 0 and result[mode]["tokens"] > 0, mode
+    assert result["on_the_fly"]["tokens"] == result["from_cache"]["tokens"]  # the same batches, both ways
+    assert "train from cache" in capsys.readouterr().out
