@@ -189,9 +189,9 @@ def run_cache(a: argparse.Namespace) -> None:
     )
     r = build_cache(cfg)
     m = r.manifest
-    size = sum(f.stat().st_size for f in r.out.glob("*.npy")) / 1e9
+    size = sum(f.stat().st_size for f in r.out.glob("*.npy")) / 1e6
     rate = r.tokens / max(r.seconds, 1e-9)
     print(
         f"teacher cache written to {r.out}: {m['num_loss_positions']:,} positions, top-{m['top_k']}"
-        f"{', features' if m['features'] else ''}, {size:.2f} GB; {r.tokens:,} tokens at {rate:.0f} tok/s"
+        f"{', features' if m['features'] else ''}, {size:,.1f} MB; {r.tokens:,} tokens at {rate:.0f} tok/s"
     )

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from specdecode.bench import distill_cache as bench
 from specdecode.cli import main
 from specdecode.config import ConfigError
 from specdecode.train import build_cache as B
 from specdecode.train import data as D
+from specdecode.train import loop as loop_mod
 from specdecode.train.build_cache import CacheConfig, build_cache
 from specdecode.train.distill import DistillConfig, distill
 from specdecode.train.draft_config import DraftOptions
@@ -120,6 +122,26 @@ def test_heads_from_cache_equal_on_the_fly(kind, tiny_target, train_npz, tmp_pat
     assert not np.allclose(mutated, fly, atol=1e-5, rtol=0)
 
 
+def test_resume_from_cache_matches_uninterrupted_run(tiny_target, train_npz, tmp_path, monkeypatch):
+    """Cached batches are looked up by window id, so a resumed run draws (and reads) the same batches."""
+    cache = str(_cache(tiny_target, [train_npz], tmp_path / "cache", top_k=8))
+    straight = _train(tiny_target, [train_npz], tmp_path / "a", steps=6, teacher_cache=cache)
+    real_save = loop_mod.save_checkpoint
+
+    def save_then_crash(*args, **kwargs):
+        real_save(*args, **kwargs)
+        raise Interrupted
+
+    monkeypatch.setattr(loop_mod, "save_checkpoint", save_then_crash)
+    with pytest.raises(Interrupted):
+        _train(tiny_target, [train_npz], tmp_path / "b", steps=6, save_every=3, teacher_cache=cache)
+    monkeypatch.setattr(loop_mod, "save_checkpoint", real_save)
+    resumed = _train(tiny_target, [train_npz], tmp_path / "b", steps=6, save_every=3, resume=True, teacher_cache=cache)
+    np.testing.assert_allclose(resumed.losses, straight.losses[3:], atol=1e-6, rtol=0)
+    a, b = load_file(straight.out / "model.safetensors"), load_file(resumed.out / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
 def test_truncated_array_is_refused(tiny_target, train_npz, tmp_path):
     cache = _cache(tiny_target, [train_npz], tmp_path / "cache", top_k=8, features=True)
     for name in ("topk_logp", "features"):
@@ -213,14 +235,15 @@ def test_interrupted_build_resumes_to_the_same_bytes(tiny_target, train_npz, tmp
         assert (resumed / f"{name}.npy").read_bytes() == (straight / f"{name}.npy").read_bytes(), name
 
 
-def test_cli_cache_then_distill(tiny_target, train_npz, tmp_path, capsys):
+def test_cli_cache_then_distill(tiny_target, train_npz, eval_npz, tmp_path, capsys):
     cache, t, data = tmp_path / "cache", str(tiny_target), str(train_npz)
     common = ["--target", t, "--data", data, "--seq-len", str(SEQ_LEN), "--no-progress"]
     assert main(["distill", "cache", *common, "--out", str(cache), "--top-k", "8", "--features"]) == 0
     assert "teacher cache written to" in capsys.readouterr().out
     draft = ["distill", *common, "--steps", "2", "--batch-size", "4", "--layers", "1", "--teacher-cache", str(cache)]
-    assert main([*draft, "--out", str(tmp_path / "d")]) == 0
-    assert json.loads((tmp_path / "d" / "manifest.json").read_text())["teacher_cache"] == str(cache.resolve())
+    assert main([*draft, "--out", str(tmp_path / "d"), "--eval-data", str(eval_npz)]) == 0  # scored on the fly
+    manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert manifest["teacher_cache"] == str(cache.resolve()) and manifest["eval"]["tokens"] > 0
     heads = ["distill", *common, "--steps", "2", "--batch-size", "4", "--head", "eagle", "--teacher-cache", str(cache)]
     assert main([*heads, "--out", str(tmp_path / "h")]) == 0
     capsys.readouterr()
