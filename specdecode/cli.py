@@ -12,6 +12,7 @@ Usage:
     specdecode select-layers --out choice.json --vocab-data ../shared/data/distill/responses.npz
     specdecode distill --data responses.npz --out drafts/smol-2l --layers 2 --init-from-target --steps 2000
     specdecode distill generate --prompts ../shared/data/distill/prompts.jsonl.gz --out more.npz --limit 2000
+    specdecode distill cache --data responses.npz --out cache/responses --top-k 64 --features
 
 `specdecode distill generate ...` is rewritten to the subcommand `distill-generate` before parsing, so training
 (`specdecode distill --data ...`, which takes no positional argument) parses exactly as before.
@@ -286,12 +287,18 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("dst", help="where the packed draft goes, e.g. specdecode/assets/drafts/NAME")
     pack.add_argument("--target", default="smollm2-135m-instruct", help="the target it was distilled from")
     pack.set_defaults(func=cmd_distill_pack)
+
+    from specdecode.train.args import add_cache_args, run_cache
+
+    cache = sub.add_parser("distill-cache", help="the target's outputs for distillation, once (= `distill cache`)")
+    add_cache_args(cache)
+    cache.set_defaults(func=run_cache)
     return parser
 
 
 def route_subcommands(argv: list[str]) -> list[str]:
     """`distill generate|pack ...` is `distill-generate|pack ...`; every other command line is left as it is."""
-    if argv[:2] in (["distill", "generate"], ["distill", "pack"]):
+    if argv[:2] in (["distill", "generate"], ["distill", "pack"], ["distill", "cache"]):
         return [f"distill-{argv[1]}", *argv[2:]]
     return argv
 

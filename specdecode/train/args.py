@@ -41,6 +41,11 @@ def add_distill_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("--device", default="cpu")
     p.add_argument("--eval-data", default=None, help="held-out npz file: token accuracy reported at the end")
+    p.add_argument(
+        "--teacher-cache",
+        default=None,
+        help="read the target's outputs from this `distill cache` directory instead of running it on every batch",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -80,6 +85,7 @@ def run_distill(a: argparse.Namespace) -> None:
         command=shlex.join(["specdecode", *sys.argv[1:]]),
         head=a.head,
         num_head_tokens=a.num_head_tokens,
+        teacher_cache=a.teacher_cache,
     )
     result = distill(cfg)
     m = result.manifest
@@ -143,3 +149,49 @@ def run_generate(a: argparse.Namespace) -> None:
     r = generate_data(cfg)
     print(f"{r.num_samples} samples ({r.num_response_tokens:,} response tokens) written to {r.out}", end="")
     print(f"; {r.num_skipped} prompts skipped as too long" if r.num_skipped else "")
+
+
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    """`specdecode distill cache` (also spelled `distill-cache`): the teacher's outputs, computed once."""
+    p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
+    p.add_argument("--data", nargs="+", required=True, help="npz files of prompt + target response tokens")
+    p.add_argument("--out", required=True, help="cache directory (.npy memory maps + manifest.json)")
+    p.add_argument("--top-k", type=int, default=64, help="teacher tokens kept per position, plus the rest mass")
+    p.add_argument("--features", action="store_true", help="also the final hidden states (for distill --head)")
+    p.add_argument("--seq-len", type=int, default=512, help="training window length: must match distill's")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per target forward")
+    p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="stored log-probs, features")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--save-every", type=float, default=30.0, help="seconds between progress commits")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted cache in OUT")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_cache(a: argparse.Namespace) -> None:
+    from specdecode.train.build_cache import CacheConfig, build_cache
+
+    cfg = CacheConfig(
+        target=a.target,
+        data=a.data,
+        out=a.out,
+        top_k=a.top_k,
+        features=a.features,
+        seq_len=a.seq_len,
+        batch_size=a.batch_size,
+        dtype=a.dtype,
+        device=a.device,
+        save_every=a.save_every,
+        resume=a.resume,
+        overwrite=a.overwrite,
+        progress=not a.no_progress,
+        command=shlex.join(["specdecode", *sys.argv[1:]]),
+    )
+    r = build_cache(cfg)
+    m = r.manifest
+    size = sum(f.stat().st_size for f in r.out.glob("*.npy")) / 1e6
+    rate = r.tokens / max(r.seconds, 1e-9)
+    print(
+        f"teacher cache written to {r.out}: {m['num_loss_positions']:,} positions, top-{m['top_k']}"
+        f"{', features' if m['features'] else ''}, {size:,.1f} MB; {r.tokens:,} tokens at {rate:.0f} tok/s"
+    )

@@ -47,6 +47,7 @@ class Batch:
     loss_mask: np.ndarray  # [batch, seq_len] bool: True where the NEXT token is a response token
     labels: np.ndarray  # [batch, seq_len] int64: the data's next token (PAD_ID where loss_mask is False)
     num_tokens: int  # real (unpadded) input tokens
+    window_ids: np.ndarray | None = None  # [batch] rows of window_starts (what the teacher cache is indexed by)
 
 
 def _check_file(path: Path, data, vocab_size: int) -> None:
@@ -103,8 +104,9 @@ def window_starts(samples: Samples, seq_len: int) -> np.ndarray:
     return np.asarray(rows, dtype=np.int64)
 
 
-def make_batch(samples: Samples, windows: np.ndarray, seq_len: int) -> Batch:
-    """Materialize the rows `windows` ([batch, 2]) into padded arrays."""
+def make_batch(samples: Samples, windows: np.ndarray, seq_len: int, window_ids: np.ndarray | None = None) -> Batch:
+    """Materialize the rows `windows` ([batch, 2]) into padded arrays; `window_ids` ([batch]) says which rows of
+    window_starts they are."""
     b = len(windows)
     input_ids = np.full((b, seq_len), PAD_ID, np.int64)  # [batch, seq_len]
     labels = np.full((b, seq_len), PAD_ID, np.int64)  # [batch, seq_len]
@@ -120,7 +122,7 @@ def make_batch(samples: Samples, windows: np.ndarray, seq_len: int) -> Batch:
         next_pos = np.arange(start + 1, start + len(chunk))  # position in the sample of each next token
         loss_mask[row, : len(chunk) - 1] = next_pos >= samples.prompt_len[i]
     labels[~loss_mask] = PAD_ID
-    return Batch(input_ids, loss_mask, labels, num_tokens)
+    return Batch(input_ids, loss_mask, labels, num_tokens, window_ids)
 
 
 def batch_windows(num_windows: int, batch_size: int, step: int, seed: int) -> np.ndarray:
@@ -140,11 +142,13 @@ def batches(
     """The endless stream of training batches from `start_step` on."""
     step = start_step
     while True:
-        yield make_batch(samples, windows[batch_windows(len(windows), batch_size, step, seed)], seq_len)
+        ids = batch_windows(len(windows), batch_size, step, seed)  # [batch_size]
+        yield make_batch(samples, windows[ids], seq_len, ids)
         step += 1
 
 
 def eval_batches(samples: Samples, windows: np.ndarray, seq_len: int, batch_size: int) -> Iterator[Batch]:
     """Every window once, in order."""
     for lo in range(0, len(windows), batch_size):
-        yield make_batch(samples, windows[lo : lo + batch_size], seq_len)
+        hi = min(lo + batch_size, len(windows))
+        yield make_batch(samples, windows[lo:hi], seq_len, np.arange(lo, hi))

@@ -6,8 +6,10 @@ Usage (the CLI wraps `distill`):
         --layers 2 --init-from-target --steps 2000 --batch-size 8 --seq-len 512 --device cuda
 
 The teacher is the target itself, run teacher-forced over the data's own tokens; the student learns its full
-next-token distribution at every response position (see objective.py). Resuming from OUT/checkpoint reaches
-the same weights as an uninterrupted run: batches are a function of (seed, step) and all state is saved.
+next-token distribution at every response position (see objective.py). With --teacher-cache DIR (built once by
+`specdecode distill cache`, see build_cache.py) the teacher's top-k distributions are read from DIR instead of
+running the target on every batch. Resuming from OUT/checkpoint reaches the same weights as an uninterrupted
+run: batches are a function of (seed, step) and all state is saved.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from specdecode.train.draft_config import DraftOptions, build_draft_config, free
 from specdecode.train.export import write_draft_dir
 from specdecode.train.heads import train_heads
 from specdecode.train.loop import run_steps
-from specdecode.train.objective import StepStats, distill_loss, lr_factor
+from specdecode.train.objective import StepStats, distill_loss, lr_factor, topk_distill_loss
+from specdecode.train.teacher_cache import TeacherCache, open_for_training
 
 LOG_WINDOW = 20  # the reported final loss/accuracy average this many last steps: one batch is noisy
 
@@ -62,6 +65,7 @@ class DistillConfig:
     command: str = ""  # the command line, recorded in the manifest
     head: str | None = None  # train draft heads of this kind (eagle, medusa, mtp) instead of a draft model
     num_head_tokens: int = 4  # Medusa heads / MTP depths
+    teacher_cache: str | None = None  # read the teacher's outputs from this `distill cache` directory
 
     def __post_init__(self) -> None:
         positive = ("steps", "batch_size", "save_every", "eval_max_windows")
@@ -80,6 +84,9 @@ class DistillConfig:
             raise ConfigError(f"unknown --head {self.head!r}; expected one of {', '.join(HEAD_KINDS)}")
         if self.num_head_tokens < 1:
             raise ConfigError(f"num-head-tokens must be >= 1, got {self.num_head_tokens}")
+        if self.teacher_cache and self.draft.vocab_subset is not None and self.head is None:
+            # the cache keeps the top-k and the total rest mass, not the rest mass inside a subset
+            raise ConfigError("--draft-vocab cannot train from a --teacher-cache yet; drop one of them")
 
 
 @dataclass
@@ -154,6 +161,13 @@ def _forward(student, teacher, batch: D.Batch, device, ce_weight: float, subset:
     return distill_loss(logits, teacher_logits, mask, labels, ce_weight, subset)
 
 
+def _cached_forward(student, cache: TeacherCache, batch: D.Batch, device, ce_weight: float) -> StepStats:
+    input_ids, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
+    teacher = cache.topk(batch.window_ids).to(device)  # [num_masked] top-k rows, in tensor[mask] order
+    logits = student_logits(student, input_ids, None)  # [batch, seq_len, vocab]
+    return topk_distill_loss(logits, teacher, mask, labels, ce_weight)
+
+
 def draft_subset(cfg: DistillConfig, samples: D.Samples, eos_ids: list[int]) -> torch.Tensor | None:
     """[S] sorted token ids of --draft-vocab: the most frequent response tokens, end-of-turn ids always in (a
     draft that can never propose the end of its answer wastes the last step of every request)."""
@@ -181,6 +195,7 @@ def _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_st
         "target_dir": str(target_dir),
         "data": [str(Path(p).resolve()) for p in cfg.data],
         "eval_data": str(Path(cfg.eval_data).resolve()) if cfg.eval_data else None,
+        "teacher_cache": str(Path(cfg.teacher_cache).resolve()) if cfg.teacher_cache else None,
         "steps": cfg.steps,
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
@@ -189,6 +204,7 @@ def _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_st
         "seed": cfg.seed,
         "tokens_seen": int(totals["tokens"]),
         "loss_tokens_seen": int(totals["loss_tokens"]),
+        "train_seconds": round(totals.get("seconds", 0.0), 3),
         "final_loss": float(np.mean(losses[tail])) if losses else None,
         "final_accuracy": float(np.mean(accs[tail])) if accs else None,
         "eval": eval_stats,
@@ -216,9 +232,16 @@ def distill(cfg: DistillConfig) -> DistillResult:
     samples = D.load_samples(cfg.data, draft_cfg.vocab_size)
     windows = D.window_starts(samples, cfg.seq_len)
     held_out = D.load_samples([cfg.eval_data], draft_cfg.vocab_size) if cfg.eval_data else None
+    cache = None
+    if cfg.teacher_cache:
+        cache = open_for_training(cfg.teacher_cache, cfg.target, target_dir, cfg.data, cfg.seq_len, windows)
 
-    teacher = _load_teacher(target_dir, device)
+    # with a cache the target is loaded only to copy weights from (--init-from-target) or score --eval-data
+    needs_teacher = cache is None or cfg.draft.init_from_target or held_out is not None
+    teacher = _load_teacher(target_dir, device) if needs_teacher else None
     student = _build_student(cfg, draft_cfg, teacher, device)
+    if cache is not None and held_out is None:
+        teacher = None  # its weights were only needed to initialise the student
     subset = draft_subset(cfg, samples, _eos_ids(target_json))
     subset = None if subset is None else subset.to(device)
     params = [p for p in student.parameters() if p.requires_grad]
@@ -232,7 +255,9 @@ def distill(cfg: DistillConfig) -> DistillResult:
         shutil.rmtree(out)
 
     def forward(batch: D.Batch) -> StepStats:
-        return _forward(student, teacher, batch, device, cfg.ce_weight, subset)
+        if cache is None:
+            return _forward(student, teacher, batch, device, cfg.ce_weight, subset)
+        return _cached_forward(student, cache, batch, device, cfg.ce_weight)
 
     losses, accs = run_steps(cfg, student, forward, samples, windows, optimizer, scheduler, start, totals, "distill")
     eval_stats = None

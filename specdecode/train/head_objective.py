@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode.models.llama import AttentionMetadata
+from specdecode.train.topk import TopKTeacher
 
 EAGLE_KL_WEIGHT = 0.1
 
@@ -31,14 +32,18 @@ class Teacher:
     """One batch as the target sees it."""
 
     features: torch.Tensor  # [B, T, H] post-norm
-    log_p: torch.Tensor  # [B, T, V] the target's log-probabilities (predicting the next token)
+    log_p: torch.Tensor | TopKTeacher  # [B, T, V] the target's log-probabilities of the next token, or [B, T] top-k
     input_ids: torch.Tensor  # [B, T] int64
     mask: torch.Tensor  # [B, T] bool: the next token is a response token
 
 
-def _kl_at(student: torch.Tensor, log_p: torch.Tensor, lm_head: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """student features [N, H] vs target log-probs [N, V] -> (KL, argmax agreement)."""
+def _kl_at(
+    student: torch.Tensor, log_p: torch.Tensor | TopKTeacher, lm_head: torch.Tensor
+) -> tuple[torch.Tensor, float]:
+    """student features [N, H] vs target log-probs [N, V] or a cached top-k [N] -> (KL, argmax agreement)."""
     log_q = F.log_softmax(F.linear(student, lm_head).float(), dim=-1)  # [N, V]
+    if isinstance(log_p, TopKTeacher):  # from a teacher cache: KL over the top-k and one rest bucket
+        return log_p.kl(log_q), (log_q.argmax(-1) == log_p.argmax()).float().mean().item()
     kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
     return kl, (log_q.argmax(-1) == log_p.argmax(-1)).float().mean().item()
 

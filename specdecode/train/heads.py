@@ -7,6 +7,7 @@ Usage:
 
 The target runs once per batch without gradients (our oneDNN-packed runtime on CPU) and gives the features
 and distributions the heads learn from (head_objective.py); the heads share its frozen embedding and LM head.
+With --teacher-cache (built by `distill cache --features`) both are read from the cache instead.
 Same data windows, schedule, checkpoints and --resume as the draft distillation.
 """
 
@@ -26,6 +27,7 @@ from specdecode.train.checkpoint import load_checkpoint
 from specdecode.train.head_objective import HeadStats, Teacher, head_loss
 from specdecode.train.loop import run_steps
 from specdecode.train.objective import lr_factor
+from specdecode.train.teacher_cache import open_for_training
 
 
 @torch.no_grad()  # not inference_mode: its tensors could not enter the heads' autograd graph
@@ -66,6 +68,9 @@ def train_heads(cfg, out: Path, device: torch.device):
     samples = D.load_samples(cfg.data, target.cfg.vocab_size)
     windows = D.window_starts(samples, cfg.seq_len)
     held_out = D.load_samples([cfg.eval_data], target.cfg.vocab_size) if cfg.eval_data else None
+    cache = None
+    if cfg.teacher_cache:
+        cache = open_for_training(cfg.teacher_cache, cfg.target, target_dir, cfg.data, cfg.seq_len, windows, True)
     hcfg = HeadConfig(cfg.head, 1 if cfg.head == "eagle" else cfg.num_head_tokens, target.cfg)
     torch.manual_seed(cfg.seed)
     heads = build_heads(hcfg).to(device).train()
@@ -77,7 +82,9 @@ def train_heads(cfg, out: Path, device: torch.device):
     lm_head = target.lm_head_weight()
 
     def forward(batch: D.Batch) -> HeadStats:
-        return _step(cfg, heads, target, lm_head, batch, device)
+        if cache is None:
+            return _step(cfg, heads, target, lm_head, batch, device)
+        return head_loss(cfg.head, heads, cache.head_teacher(batch, device), lm_head, target.embed)
 
     losses, accs = run_steps(cfg, heads, forward, samples, windows, optimizer, scheduler, start, totals, cfg.head)
     eval_stats = evaluate_heads(cfg, heads, target, lm_head, held_out, device) if held_out is not None else None
@@ -89,12 +96,14 @@ def train_heads(cfg, out: Path, device: torch.device):
         "num_heads": hcfg.num_heads,
         "data": [str(Path(p).resolve()) for p in cfg.data],
         "eval_data": str(Path(cfg.eval_data).resolve()) if cfg.eval_data else None,
+        "teacher_cache": str(Path(cfg.teacher_cache).resolve()) if cfg.teacher_cache else None,
         "steps": cfg.steps,
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
         "lr": cfg.lr,
         "seed": cfg.seed,
         "tokens_seen": int(totals["tokens"]),
+        "train_seconds": round(totals.get("seconds", 0.0), 3),
         "final_loss": float(np.mean(losses[tail])) if losses else None,
         "final_accuracy": np.mean(accs[tail], axis=0).tolist() if accs else None,
         "eval": eval_stats,

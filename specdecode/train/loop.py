@@ -1,7 +1,8 @@
 """The optimisation loop shared by draft and head distillation: one step per batch, a progress bar, checkpoints.
 
 `forward(batch)` returns the step's statistics (loss to minimise, accuracy, tokens the loss counts); the loop
-owns backward, clipping, the optimizer and scheduler steps, the token totals and the checkpoint cadence.
+owns backward, clipping, the optimizer and scheduler steps, the token totals, the time spent in steps (totals'
+"seconds", excluding loading and checkpoints) and the checkpoint cadence.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def run_steps(
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress, desc=desc)
     stream = D.batches(samples, windows, cfg.seq_len, cfg.batch_size, cfg.seed, start_step=start)
     t0, tokens0 = time.perf_counter(), totals["tokens"]
+    t_step = time.perf_counter()
     for step, batch in zip(bar, stream, strict=False):
         stats = forward(batch)
         stats.loss.backward()
@@ -46,10 +48,12 @@ def run_steps(
         accs.append(stats.accuracy)
         totals["tokens"] += batch.num_tokens
         totals["loss_tokens"] += stats.num_tokens
+        totals["seconds"] = totals.get("seconds", 0.0) + time.perf_counter() - t_step  # older checkpoints lack it
         rate = (totals["tokens"] - tokens0) / max(time.perf_counter() - t0, 1e-9)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=_fmt(stats.accuracy), tok_s=f"{rate:.0f}")
         if (step + 1) % cfg.save_every == 0:
             save_checkpoint(Path(cfg.out).expanduser(), module, optimizer, scheduler, step + 1, totals)
+        t_step = time.perf_counter()  # the next step's batch is drawn from here on
     bar.close()
     return losses, accs
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdecode.train.topk import TopKTeacher
+
 
 @dataclass(frozen=True)
 class StepStats:
@@ -47,6 +49,25 @@ def distill_loss(
         loss = loss + ce_weight * F.nll_loss(q_log, _subset_labels(labels[loss_mask], subset), ignore_index=-100)
     drafted = q_log.argmax(-1) if subset is None else subset[q_log.argmax(-1)]  # [num_masked] token ids
     agree = (drafted == target_argmax).float().mean()
+    return StepStats(loss, kl.item(), agree.item(), int(loss_mask.sum()))
+
+
+def topk_distill_loss(
+    student_logits: torch.Tensor,  # [batch, seq_len, vocab]
+    teacher: TopKTeacher,  # [num_masked] the cached teacher at the masked positions, in row-major order
+    loss_mask: torch.Tensor,  # [batch, seq_len] bool
+    labels: torch.Tensor,  # [batch, seq_len] int64
+    ce_weight: float = 0.0,
+) -> StepStats:
+    """distill_loss against a cached top-k teacher: the KL over its k tokens and one rest bucket (see topk.py)."""
+    q_log = F.log_softmax(student_logits[loss_mask].float(), dim=-1)  # [num_masked, vocab]
+    if len(teacher.ids) != len(q_log):
+        raise ValueError(f"the cache holds {len(teacher.ids)} positions for a batch of {len(q_log)}")
+    kl = teacher.kl(q_log)
+    loss = kl
+    if ce_weight > 0.0:
+        loss = loss + ce_weight * F.nll_loss(q_log, labels[loss_mask])
+    agree = (q_log.argmax(-1) == teacher.argmax()).float().mean()
     return StepStats(loss, kl.item(), agree.item(), int(loss_mask.sum()))
 
 

@@ -1,0 +1,172 @@
+"""Distillation throughput from a teacher cache against the target on the fly, and the cache's one-off cost.
+
+Usage:
+    python -m specdecode.bench.distill_cache --target smollm2-135m-instruct \
+        --data ../shared/data/distill/smollm2_135m_instruct_responses_part2.npz --samples 200 \
+        --steps 20 --batch-size 4 --seq-len 256 --layers 2 [--head eagle] --output results/distill_cache.json
+
+The first --samples samples of --data are cached (`distill cache`, timed over the pass alone), then the same
+draft (or --head) is trained --steps steps on the fly and from the cache. A training rate is the difference of
+two runs, --warmup steps and --warmup + --steps steps, each timed over its steps alone (the manifest's
+train_seconds: no loading, no checkpoints), so the first steps' one-off costs cancel; tokens/s counts the input
+tokens of the timed steps, as `distill` does. The cache is built with this process's settings (--dtype, --top-k):
+it is the rate of what a user would run, not of the exact top-k = vocab case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdecode.train.build_cache import CacheConfig, build_cache
+from specdecode.train.distill import DistillConfig, distill
+from specdecode.train.draft_config import DraftOptions
+
+
+def first_samples(paths: list[str], num: int, out: Path) -> Path:
+    """The first `num` samples of the files (in order), as one token file."""
+    seqs, prompt_len, response_len = [], [], []
+    for p in paths:
+        with np.load(p) as d:
+            tokens, offsets = d["tokens"], d["offsets"]
+            for i in range(min(num - len(seqs), len(offsets) - 1)):
+                seqs.append(tokens[offsets[i] : offsets[i + 1]])
+                prompt_len.append(int(d["prompt_len"][i]))
+                response_len.append(int(d["response_len"][i]))
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
+    np.savez(
+        out,
+        tokens=np.concatenate(seqs),
+        offsets=offsets,
+        prompt_len=np.asarray(prompt_len, np.int64),
+        response_len=np.asarray(response_len, np.int64),
+    )
+    return out
+
+
+def train_rate(a: argparse.Namespace, data: Path, cache: Path | None, work: Path) -> dict:
+    """Tokens/s of a.steps training steps (the difference of two runs; see the module docstring)."""
+    runs = []
+    for steps in (a.warmup, a.warmup + a.steps):
+        cfg = DistillConfig(
+            target=a.target,
+            data=[str(data)],
+            out=str(work / f"student-{'cache' if cache else 'fly'}-{steps}"),
+            draft=DraftOptions(num_layers=a.layers, init_from_target=a.init_from_target),
+            steps=steps,
+            batch_size=a.batch_size,
+            seq_len=a.seq_len,
+            save_every=10**9,
+            device=a.device,
+            progress=False,
+            head=a.head,
+            teacher_cache=str(cache) if cache else None,
+        )
+        m = distill(cfg).manifest
+        runs.append((m["train_seconds"], m["tokens_seen"], m["final_loss"]))
+    (t_short, tok_short, _), (t_long, tok_long, final_loss) = runs
+    seconds, tokens = t_long - t_short, tok_long - tok_short
+    return {
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "seconds": seconds,
+        "tokens": tokens,
+        "steps": a.steps,
+        "final_loss": final_loss,
+    }
+
+
+def machine() -> str:
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
+    cpu = names[0] if names else "unknown CPU"
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return (
+        f"{platform.machine()} {os.cpu_count()}-core {cpu}{gpu}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+
+
+def print_table(result: dict) -> None:
+    fly, cached, build = result["on_the_fly"], result["from_cache"], result["build"]
+    rows = [
+        ("train on the fly", fly["tokens_per_s"], fly["seconds"], 1.0),
+        ("train from cache", cached["tokens_per_s"], cached["seconds"], cached["tokens_per_s"] / fly["tokens_per_s"]),
+        ("build cache (once)", build["tokens_per_s"], build["seconds"], None),
+    ]
+    print(f"{'':<20} {'tok/s':>10} {'seconds':>9} {'speedup':>8}")
+    for name, rate, seconds, speedup in rows:
+        print(f"{name:<20} {rate:>10.0f} {seconds:>9.2f} {'' if speedup is None else f'{speedup:.2f}x':>8}")
+    print(f"cache: {build['positions']:,} positions, {build['bytes'] / 1e6:.1f} MB on disk")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--data", nargs="+", required=True, help="token files (.npz) in the distillation format")
+    p.add_argument("--samples", type=int, default=200, help="cache and train on the first N samples")
+    p.add_argument("--head", choices=("eagle", "medusa", "mtp"), default=None, help="train heads, not a draft")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--init-from-target", action="store_true")
+    p.add_argument("--steps", type=int, default=20, help="timed training steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps (the short run of the difference)")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--top-k", type=int, default=64)
+    p.add_argument("--dtype", default="float16", choices=["float16", "float32"])
+    p.add_argument("--cache-batch-size", type=int, default=8, help="windows per target forward while caching")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--output", default="results/distill_cache.json")
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="distill_cache-") as tmp:
+        work = Path(tmp)
+        data = first_samples(a.data, a.samples, work / "data.npz")
+        cache_cfg = CacheConfig(
+            target=a.target,
+            data=[str(data)],
+            out=str(work / "cache"),
+            top_k=a.top_k,
+            features=a.head is not None,
+            seq_len=a.seq_len,
+            batch_size=a.cache_batch_size,
+            dtype=a.dtype,
+            device=a.device,
+            progress=False,
+        )
+        built = build_cache(cache_cfg)
+        build = {
+            "tokens_per_s": built.tokens / max(built.seconds, 1e-9),
+            "seconds": built.seconds,
+            "tokens": built.tokens,
+            "positions": built.manifest["num_loss_positions"],
+            "bytes": sum(f.stat().st_size for f in built.out.glob("*.npy")),
+        }
+        fly = train_rate(a, data, None, work)
+        cached = train_rate(a, data, built.out, work)
+    result = {
+        "command": "python -m specdecode.bench.distill_cache " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": machine(),
+        "date": date.today().isoformat(),
+        "settings": {k: v for k, v in vars(a).items() if k != "output"},
+        "build": build,
+        "on_the_fly": fly,
+        "from_cache": cached,
+    }
+    print_table(result)
+    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.output).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

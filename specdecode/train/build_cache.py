@@ -1,0 +1,247 @@
+"""`specdecode distill cache`: one teacher-forced pass of the target over the token files, into a teacher cache.
+
+Usage:
+    specdecode distill cache --target smollm2-135m-instruct \
+        --data ../shared/data/distill/smollm2_135m_instruct_responses_part1.npz --out cache/part1 \
+        --seq-len 512 --top-k 64 --features
+    specdecode distill --teacher-cache cache/part1 --data ...part1.npz --seq-len 512 --out drafts/smol-2l ...
+    specdecode distill --head eagle --teacher-cache cache/part1 --data ...part1.npz --seq-len 512 --out heads/e
+
+The pass runs the same forward as `distill --head` (our runtime, fp32) over the windows training cuts, in
+order, --batch-size windows at a time, and writes each batch into preallocated .npy memory maps (format in
+teacher_cache.py). Progress is committed every --save-every seconds (arrays flushed first, then the manifest
+replaced atomically), so an interrupted run resumes with --resume at the last commit. Commits fall on batch
+boundaries and the batches are the same, so a resumed cache equals an uninterrupted one bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from specdecode.config import ConfigError
+from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
+from specdecode.models.loader import resolve_model_dir
+from specdecode.train import data as D
+from specdecode.train import teacher_cache as C
+from specdecode.train.topk import TopKTeacher, topk_of
+
+LOGIT_CHUNK = 1024  # loss positions per LM-head chunk: [1024, 49152] fp32 logits are 200 MB
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    target: str
+    data: list[str]
+    out: str
+    top_k: int = 64
+    features: bool = False  # also the final hidden states, for `distill --head`
+    seq_len: int = 512
+    batch_size: int = 8  # windows per forward
+    dtype: str = "float16"  # of the stored log-probs and features
+    device: str = "cpu"
+    resume: bool = False
+    overwrite: bool = False
+    save_every: float = 30.0  # seconds between progress commits (0: after every batch)
+    progress: bool = True
+    command: str = ""
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.batch_size < 1:
+            raise ConfigError(f"top-k and batch-size must be >= 1, got {self.top_k} and {self.batch_size}")
+        if self.seq_len < 2:
+            raise ConfigError(f"seq-len must be >= 2, got {self.seq_len}")
+        if self.dtype not in C.DTYPES:
+            raise ConfigError(f"unknown --dtype {self.dtype!r}; expected one of {', '.join(C.DTYPES)}")
+        if not self.data:
+            raise ConfigError("no --data files given")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite contradict each other: pick one")
+        if self.save_every < 0:
+            raise ConfigError(f"save-every must be >= 0 seconds, got {self.save_every}")
+
+
+@dataclass
+class CacheResult:
+    out: Path
+    manifest: dict
+    tokens: int  # tokens the target ran over in this process
+    seconds: float  # time of the pass itself (no loading)
+
+
+def _check_output(cfg: CacheConfig) -> Path:
+    out = Path(cfg.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} exists and is not a directory")
+    if cfg.resume and not (out / C.MANIFEST).is_file():
+        raise ConfigError(f"--resume: no teacher cache in {out} (no {C.MANIFEST})")
+    if out.exists() and not (cfg.resume or cfg.overwrite):
+        raise ConfigError(f"output directory {out} already exists; pass --resume to finish it or --overwrite")
+    return out
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda asked for, but no CUDA device is available")
+    return device
+
+
+def cache_key(cfg: CacheConfig, target_dir: Path, target_json: dict) -> dict:
+    """What a cache is for: resuming needs all of it to match, training the target, data and seq-len."""
+    return {
+        "target": {
+            "spec": cfg.target,
+            "dir": str(target_dir),
+            "fingerprint": C.target_fingerprint(target_dir),
+            "vocab_size": int(target_json["vocab_size"]),
+            "hidden_size": int(target_json["hidden_size"]),
+            "dtype": "float32",  # the teacher's compute dtype
+        },
+        "data": C.data_fingerprint(cfg.data),
+        "seq_len": cfg.seq_len,
+        "top_k": min(cfg.top_k, int(target_json["vocab_size"])),
+        "dtype": cfg.dtype,
+        "features": cfg.features,
+        "batch_size": cfg.batch_size,
+    }
+
+
+def _new_cache(out: Path, key: dict, windows: np.ndarray, layout: C.Layout, command: str) -> dict:
+    """Preallocate every array (sparse files) and commit progress 0."""
+    out.mkdir(parents=True)
+    manifest = {
+        "format": C.FORMAT,
+        **key,
+        "num_windows": len(windows),
+        "num_loss_positions": layout.num_loss,
+        "num_tokens": layout.num_tokens,
+        "windows_done": 0,
+        "command": command,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    specs = C.array_specs(manifest)
+    manifest["arrays"] = {name: {"shape": list(s), "dtype": d} for name, (s, d) in specs.items()}
+    for name, (shape, dtype) in specs.items():
+        np.lib.format.open_memmap(out / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
+    fixed = {"windows": windows, "loss_offsets": layout.loss_offsets, "token_offsets": layout.token_offsets}
+    for name, values in fixed.items():
+        if name in specs:
+            a = np.lib.format.open_memmap(out / f"{name}.npy", mode="r+")
+            a[:] = values
+            a.flush()
+    C.write_manifest(out, manifest)
+    return manifest
+
+
+def _resumed_cache(out: Path, key: dict, windows: np.ndarray, layout: C.Layout) -> dict:
+    manifest = C.read_manifest(out)
+    C.check_key(manifest, key, out)
+    if manifest["num_loss_positions"] != layout.num_loss or manifest["num_windows"] != len(windows):
+        raise ConfigError(f"--resume: {out} was laid out for other windows; rebuild it with --overwrite")
+    return manifest
+
+
+@torch.no_grad()
+def teacher_pass(target: LlamaModel, batch: D.Batch, k: int, device: torch.device) -> tuple[TopKTeacher, torch.Tensor]:
+    """The target teacher-forced over one batch: top-k at the loss positions ([num_masked], row-major) and the
+    final hidden states ([B, T, H]); the LM head runs only at the loss positions, a chunk at a time."""
+    ids = torch.from_numpy(batch.input_ids).to(device)  # [B, T]
+    b, t = ids.shape
+    meta = AttentionMetadata.build(list(range(b)), [0] * b, t, device)
+    first = torch.zeros(b, 1, dtype=torch.int64, device=device)  # logits at one position: the head runs below
+    _, hidden = target(ids, meta, target.new_cache(b, t), logits_index=first, return_hidden=True)  # [B, T, H]
+    at_loss = hidden[torch.from_numpy(batch.loss_mask).to(device)]  # [num_masked, H]
+    parts = [
+        topk_of(target.lm_head(at_loss[lo : lo + LOGIT_CHUNK]).float().log_softmax(-1), k)
+        for lo in range(0, len(at_loss), LOGIT_CHUNK)
+    ]
+    top = TopKTeacher(
+        torch.cat([p.log_p for p in parts]),  # [num_masked, k]
+        torch.cat([p.ids for p in parts]),  # [num_masked, k]
+        torch.cat([p.log_rest for p in parts]),  # [num_masked]
+        target.cfg.vocab_size,
+    )
+    return top, hidden
+
+
+def _write_batch(arrays: dict, layout: C.Layout, lo: int, hi: int, top: TopKTeacher, hidden, batch: D.Batch) -> None:
+    """Windows lo..hi-1 into their rows of every array."""
+    rows = slice(int(layout.loss_offsets[lo]), int(layout.loss_offsets[hi]))
+    arrays["topk_logp"][rows] = top.log_p.cpu().numpy()
+    arrays["topk_ids"][rows] = top.ids.cpu().numpy()
+    arrays["log_rest"][rows] = top.log_rest.cpu().numpy()
+    if "features" in arrays:
+        lengths = np.diff(layout.token_offsets[lo : hi + 1])  # [B] real tokens per window
+        real = torch.arange(batch.input_ids.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]  # [B, T]
+        tokens = slice(int(layout.token_offsets[lo]), int(layout.token_offsets[hi]))
+        arrays["features"][tokens] = hidden[real.to(hidden.device)].cpu().numpy()
+
+
+def _commit(out: Path, manifest: dict, arrays: dict, done: int) -> None:
+    for a in arrays.values():
+        a.flush()
+    manifest["windows_done"] = done
+    C.write_manifest(out, manifest)
+
+
+def build_cache(cfg: CacheConfig) -> CacheResult:
+    """Validate everything, then run (or finish) the pass; returns the finished cache's manifest."""
+    out = _check_output(cfg)
+    device = _device(cfg.device)
+    target_dir = resolve_model_dir(cfg.target)
+    target_json = json.loads((target_dir / "config.json").read_text())
+    samples = D.load_samples(cfg.data, int(target_json["vocab_size"]))
+    windows = D.window_starts(samples, cfg.seq_len)
+    layout = C.plan_layout(samples, windows, cfg.seq_len)
+    key = cache_key(cfg, target_dir, target_json)
+    if cfg.resume:
+        manifest = _resumed_cache(out, key, windows, layout)
+    target = load_llama(target_dir, device, torch.float32)
+    target.requires_grad_(False)
+    if not cfg.resume:
+        if out.exists():  # --overwrite, now that every input has been checked
+            shutil.rmtree(out)
+        manifest = _new_cache(out, key, windows, layout, cfg.command)
+    specs = C.array_specs(manifest)
+    written = [n for n in (*C.LOSS_ARRAYS, "features") if n in specs]
+    arrays = {n: C.open_array(out / f"{n}.npy", *specs[n], mode="r+") for n in written}
+    return _run_pass(cfg, out, manifest, arrays, target, samples, windows, layout, device)
+
+
+def _run_pass(cfg, out, manifest, arrays, target, samples, windows, layout, device) -> CacheResult:
+    """Batches from the last commit to the end; commits every cfg.save_every seconds, at the end, and on the way
+    out of an exception (only whole batches are ever counted)."""
+    done, total, k = manifest["windows_done"], len(windows), manifest["top_k"]
+    bar = tqdm(total=total, initial=done, disable=not cfg.progress, desc="teacher cache", unit="win")
+    start = done
+    t0 = last_commit = time.perf_counter()
+    tokens = 0
+    try:
+        for lo in range(start, total, cfg.batch_size):
+            hi = min(lo + cfg.batch_size, total)
+            batch = D.make_batch(samples, windows[lo:hi], cfg.seq_len, np.arange(lo, hi))
+            top, hidden = teacher_pass(target, batch, k, device)
+            _write_batch(arrays, layout, lo, hi, top, hidden, batch)
+            done, tokens = hi, tokens + batch.num_tokens
+            bar.update(hi - lo)
+            bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f}")
+            if time.perf_counter() - last_commit >= cfg.save_every:
+                _commit(out, manifest, arrays, done)
+                last_commit = time.perf_counter()
+    finally:
+        bar.close()
+        if done > manifest["windows_done"]:
+            _commit(out, manifest, arrays, done)
+    return CacheResult(out, manifest, tokens, time.perf_counter() - t0)
