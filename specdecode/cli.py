@@ -184,7 +184,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
 def cmd_calibrate(a: argparse.Namespace) -> None:
     from specdecode.control.calibrate import run as calibrate
 
-    calibrate(a.target, a.device, a.dtype)
+    calibrate(a.target, a.device, a.dtype, bool(a.enforce_eager))
 
 
 def cmd_select_layers(a: argparse.Namespace) -> None:
@@ -250,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
     cal.add_argument("--device", default="cpu")
     cal.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    cal.add_argument("--enforce-eager", action="store_true", help="profile the eager step, not the compiled one")
     cal.set_defaults(func=cmd_calibrate)
 
     sel = sub.add_parser(

@@ -56,20 +56,29 @@ def verify(
     st: SamplingTensors,
 ) -> VerifyResult:
     check_finite(target_logits)
-    num_seqs, width, _ = target_logits.shape
-    k = width - 1
-    p = process_logits(target_logits, st)  # [num_seqs, k + 1, vocab]
+    k = target_logits.shape[1] - 1
     drafts = draft_token_ids.clamp(min=0)  # [num_seqs, k]
-    valid = torch.arange(k, device=p.device)[None] < num_draft_tokens[:, None]  # [num_seqs, k]
-    if draft_probs is None or st.all_greedy or k == 0:
-        y = target_samples(p, st)  # [num_seqs, k + 1]
-        accept = (drafts == y[:, :k]) & valid
-        num_accepted = accept.long().cumprod(-1).sum(-1)  # [num_seqs] length of the accepted prefix
-        final = y.gather(1, num_accepted[:, None])[:, 0]  # [num_seqs] the target's token at the first mismatch
+    valid = torch.arange(k, device=drafts.device)[None] < num_draft_tokens[:, None]  # [num_seqs, k]
+    if st.all_greedy:  # argmax matching needs no distribution: no one-hot [num_seqs, k + 1, vocab] is built
+        y = target_logits.argmax(-1)  # [num_seqs, k + 1]
+    elif draft_probs is None or k == 0:
+        y = target_samples(process_logits(target_logits, st), st)  # [num_seqs, k + 1]
     else:
-        accept, num_accepted, final = _rejection(p, drafts, valid, num_draft_tokens, draft_probs, st)
+        p = process_logits(target_logits, st)  # [num_seqs, k + 1, vocab]
+        return _result(drafts, *_rejection(p, drafts, valid, num_draft_tokens, draft_probs, st))
+    accept = (drafts == y[:, :k]) & valid
+    num_accepted = accept.long().cumprod(-1).sum(-1)  # [num_seqs] length of the accepted prefix
+    final = y.gather(1, num_accepted[:, None])[:, 0]  # [num_seqs] the target's token at the first mismatch
+    return _result(drafts, accept, num_accepted, final)
+
+
+def _result(
+    drafts: torch.Tensor, accept: torch.Tensor, num_accepted: torch.Tensor, final: torch.Tensor
+) -> VerifyResult:
+    """Accepted drafts [num_seqs, k], then the final (recovered or bonus) token, then PAD."""
+    num_seqs = drafts.shape[0]
     out = torch.where(accept.long().cumprod(-1).bool(), drafts, PAD_TOKEN_ID)  # [num_seqs, k]
-    out = torch.cat([out, torch.full((num_seqs, 1), PAD_TOKEN_ID, device=p.device, dtype=torch.long)], 1)
+    out = torch.cat([out, torch.full((num_seqs, 1), PAD_TOKEN_ID, device=drafts.device, dtype=torch.long)], 1)
     out.scatter_(1, num_accepted[:, None], final[:, None])
     return VerifyResult(out, num_accepted)
 

@@ -125,6 +125,11 @@ def add_specbench_args(g: argparse._ArgumentGroup) -> None:
         "draft@DIR[:K[:controller]] gives a draft arm its own draft model",
     )
     g.add_argument("--json", action="store_true", help="write results JSON (and a Markdown table)")
+    g.add_argument(
+        "--eager-baseline",
+        action="store_true",
+        help="add an arm of our K = 0 with --enforce-eager (the step before compilation), timed in the same run",
+    )
 
 
 def add_sweep_args(g: argparse._ArgumentGroup) -> None:

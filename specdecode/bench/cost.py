@@ -1,9 +1,10 @@
 """`specdecode bench cost`: the target's step-cost curve, ms per forward by batch x new tokens per row.
 
-Each arm is a worker process holding one checkout's model (this one, and with `--baseline DIR` another commit's
-checkout, e.g. a git worktree of the previous commit), so two versions of the code are timed in one run with
-their cells interleaved: the noise of this machine hits both arms alike. The worker uses only the model API
-every version has (load_llama, new_cache, AttentionMetadata.build(slots, starts, T, device), forward).
+Each arm is a worker process holding one model: this checkout's compiled step and its eager step
+(`--enforce-eager`), and with `--baseline DIR` another commit's checkout (e.g. a git worktree of the previous
+commit), eager. Cells are interleaved across the arms, so the noise of this machine hits them alike. The worker
+uses only the model API every version has (load_llama, new_cache, AttentionMetadata.build(slots, starts, T,
+device), forward), plus models.compiled in the compiled arm.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ import torch
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.models.loader import resolve_model_dir
 torch.set_num_threads(os.cpu_count() or 1)
-model = load_llama(resolve_model_dir(sys.argv[1], progress=False))
+if sys.argv[4] == "compiled":
+    from specdecode.models.compiled import load_target
+    model = load_target(resolve_model_dir(sys.argv[1], progress=False), "cpu", torch.float32, False, progress=False)
+else:
+    model = load_llama(resolve_model_dir(sys.argv[1], progress=False))
 cache = model.new_cache(int(sys.argv[2]), int(sys.argv[3]))
 print("ready", flush=True)
 for line in sys.stdin:
@@ -52,10 +57,10 @@ class Worker:
     proc: subprocess.Popen
 
     @classmethod
-    def start(cls, name: str, checkout: Path, target: str, slots: int, max_len: int) -> Worker:
+    def start(cls, name: str, checkout: Path, target: str, slots: int, max_len: int, step: str) -> Worker:
         env = {**os.environ, "PYTHONPATH": str(checkout)}
         proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, target, str(slots), str(max_len)],
+            [sys.executable, "-c", WORKER, target, str(slots), str(max_len), step],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -92,7 +97,7 @@ def render(a: argparse.Namespace, ms: dict[str, dict[str, float]], console: Cons
     for c in a.contexts:
         title = f"ms per target forward at context {c}"
         if len(names) > 1:
-            title += f" ({names[0]}; {names[1]} in brackets)"
+            title += f" ({names[0]}; {', '.join(names[1:])} in brackets)"
         table = Table(title=title)
         table.add_column("batch")
         head = ["batch"] + [f"{t} tok" for t in a.new_tokens]
@@ -105,7 +110,7 @@ def render(a: argparse.Namespace, ms: dict[str, dict[str, float]], console: Cons
                 key = f"{b}x{t}@{c}"
                 cell = f"{ms[names[0]][key]:.1f}"
                 if len(names) > 1:
-                    cell += f" ({ms[names[1]][key]:.1f})"
+                    cell += " (" + ", ".join(f"{ms[n][key]:.1f}" for n in names[1:]) + ")"
                 cells.append(cell)
             table.add_row(*cells)
             md.append("| " + " | ".join(cells) + " |")
@@ -134,7 +139,7 @@ def plot(path: Path, a: argparse.Namespace, ms: dict[str, dict[str, float]]) -> 
     fig, axes = plt.subplots(1, len(a.contexts), figsize=(6 * len(a.contexts), 4.5), squeeze=False)
     for ax, c in zip(axes[0], a.contexts, strict=True):
         for i, b in enumerate(a.batches):
-            for name, style in zip(ms, ("-", "--"), strict=False):
+            for name, style in zip(ms, ("-", "--", ":"), strict=False):
                 ys = [ms[name][f"{b}x{t}@{c}"] for t in a.new_tokens]
                 ax.plot(a.new_tokens, ys, style, color=f"C{i}", marker="o", label=f"batch {b} ({name})")
         ax.set(xlabel="new tokens per row", ylabel="ms per forward", title=f"context {c}", yscale="log")
@@ -147,9 +152,10 @@ def plot(path: Path, a: argparse.Namespace, ms: dict[str, dict[str, float]]) -> 
 def run_from_args(a: argparse.Namespace) -> None:
     here = Path(__file__).resolve().parents[2]
     slots, max_len = max(a.batches), max(a.contexts) + max(a.new_tokens) + 1
-    arms = [Worker.start("this", here, a.target, slots, max_len)]
+    arms = [Worker.start("compiled", here, a.target, slots, max_len, "compiled")]
+    arms.append(Worker.start("eager", here, a.target, slots, max_len, "eager"))
     if a.baseline:
-        arms.append(Worker.start("baseline", Path(a.baseline).resolve(), a.target, slots, max_len))
+        arms.append(Worker.start("baseline", Path(a.baseline).resolve(), a.target, slots, max_len, "eager"))
     try:
         ms = measure(a, arms)
     finally:

@@ -142,6 +142,8 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
     batch1 = dict(max_num_seqs=1, max_model_len=a.max_model_len or 8192)
     base = llm_from_args(a, method="none", **batch1)
     arms: list[Arm] = [EngineArm("ours K=0", base)]
+    if a.eager_baseline:
+        arms.append(EngineArm("ours K=0 eager", llm_from_args(a, method="none", enforce_eager=True, **batch1)))
     if a.methods:  # one arm per method, each on its own engine, all in this run
         for m in a.methods:
             draft = {"draft": m.draft} if m.draft else {}
@@ -153,7 +155,7 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
         llm = llm_from_args(a, **batch1)
         arms.append(EngineArm(f"ours {arm_label(llm.spec)}", llm))
     if a.peers:
-        arms += hf_arms(a, base, [arm.llm for arm in arms[1:]])
+        arms += hf_arms(a, base, [arm.llm for arm in arms[1:] if arm.llm.spec.method != "none"])
     return arms
 
 

@@ -14,9 +14,9 @@ from specdecode.models.llama import LlamaModel
 
 
 def _goodput(target: LlamaModel | None) -> GoodputController:
-    from specdecode.control.calibrate import load_profile  # the profile is keyed by the target's fingerprint
+    from specdecode.control.calibrate import profile_or_probe  # keyed by the target's fingerprint
 
-    return GoodputController(load_profile(target) if target is not None else None)
+    return GoodputController(profile_or_probe(target) if target is not None else None)
 
 
 # Each builder takes the target model (or None) so that controllers with a cost model can find its profile.

@@ -19,6 +19,7 @@ once (~80-90 s for SmolLM2-135M on two cores); `enforce_eager` (vLLM's name) ski
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -33,7 +34,8 @@ from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions
 from specdecode.models.loader import cache_root
 
 ENFORCE_EAGER_ENV = "SPECDECODE_ENFORCE_EAGER"  # "1": LLM and the commands default to the eager step
-RECOMPILE_LIMIT = 16  # well above the six graphs a model settles into
+RECOMPILE_LIMIT = 16  # a margin: one body graph and one head graph are expected
+COMPILED_MAX_ROWS = 24  # tokens per forward up to which the compiled step beats the eager one (load_target)
 
 
 class _Method(nn.Module):
@@ -101,9 +103,19 @@ def warm_up(model: LlamaModel, progress: bool = True) -> float:
 def load_target(
     model_dir: str | Path, device: str | torch.device, dtype: torch.dtype, enforce_eager: bool, progress: bool = True
 ) -> LlamaModel:
-    """The model as the engine runs it: compiled and warmed, or eager with packed linears (enforce_eager)."""
+    """The model as the engine runs it: compiled and warmed, or eager with packed linears (enforce_eager).
+
+    On CPU, forwards over more than COMPILED_MAX_ROWS tokens run on an eager twin with packed linears (a second
+    copy of the weights, sharing the cache it is handed): the compiled GEMM streams weights best at the few
+    rows of a decode or verify step, but past ~24 rows it is compute-bound and slower than oneDNN's
+    (results/cost.md, 2-core AMD EPYC, 2026-11-24: 4 x 9 tokens 152 ms compiled, 130 ms eager).
+    """
     if enforce_eager:
         return load_llama(model_dir, device, dtype)
     model = load_llama(model_dir, device, dtype, inference=False)  # inductor packs the weights itself
     compile_step(model, progress=progress)
+    if torch.device(device).type == "cpu":
+        twin = load_llama(model_dir, device, dtype)
+        large = StepFunctions(twin.body, twin.head)
+        model.step = dataclasses.replace(model.step, max_rows=COMPILED_MAX_ROWS, large=large)
     return model

@@ -169,6 +169,13 @@ class StepFunctions:
     body: Callable[..., torch.Tensor]
     head: Callable[[torch.Tensor], torch.Tensor]
     compiled: bool = False
+    # Forwards over more than `max_rows` tokens (big batches, prefill chunks) go to `large` instead: past a few
+    # dozen rows the GEMM is compute-bound and the eager packed linears win (models/compiled.py).
+    max_rows: int | None = None
+    large: StepFunctions | None = None
+
+    def for_rows(self, rows: int) -> StepFunctions:
+        return self.large if self.large is not None and rows > self.max_rows else self
 
 
 class RMSNorm(nn.Module):
@@ -316,8 +323,9 @@ class LlamaModel(nn.Module):
         """
         mask = meta.additive_mask(tokens.shape[1], self.embed.weight.dtype)  # [num_seqs, 1, T, kv_len]
         args = (tokens, meta.positions, meta.slots, meta.write_pos, mask, cache.k, cache.v)
+        step = self.step.for_rows(tokens.numel())
         if layer_ids is None:
-            hidden = self.step.body(*args)  # [num_seqs, T, hidden]
+            hidden = step.body(*args)  # [num_seqs, T, hidden]
         else:
             hidden = self.body(*args, layer_ids=layer_ids)
         picked = (
@@ -329,7 +337,7 @@ class LlamaModel(nn.Module):
         if n == 0:  # the caller scores hidden states itself (layer-skip probes)
             logits = picked.new_empty(b, 0, self.cfg.vocab_size, dtype=torch.float32)
         else:
-            logits = self.step.head(picked.reshape(b * n, -1)).view(b, n, -1)  # [num_seqs, n, vocab]
+            logits = step.head(picked.reshape(b * n, -1)).view(b, n, -1)  # [num_seqs, n, vocab]
         return (logits, hidden) if return_hidden else logits
 
     def body(

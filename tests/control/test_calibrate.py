@@ -35,6 +35,16 @@ def test_no_profile_means_the_prior(tiny_target, cache_dir, recwarn):
     assert not recwarn.list
 
 
+def test_no_profile_means_a_probe_at_load(tiny_target, cache_dir):
+    """The goodput controller of a model without a saved profile is priced by a probe of that model, not by
+    the fixed prior (which would fail this check: it has no fingerprint and other coefficients)."""
+    model = load_llama(tiny_target)
+    cost = make_controller("goodput", model).cost
+    assert cost.fingerprint == model_fingerprint(model)
+    assert not np.allclose(cost.verify_coef, default_cost_model().verify_coef)
+    assert not (cache_dir / "calibration").exists()  # a probe is not a saved profile
+
+
 def test_profile_of_another_model_is_not_used(tiny_target, tiny_draft, cache_dir):
     target, draft = load_llama(tiny_target), load_llama(tiny_draft)
     cost = calibrate(draft, None, batch_sizes=(1,), token_counts=(1, 2, 4, 8), context_lengths=(8,), repeats=1)

@@ -8,7 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from specdecode import LLM, SamplingParams
-from specdecode.models.compiled import compile_step
+from specdecode.models.compiled import COMPILED_MAX_ROWS, compile_step, load_target
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.tree import tree_layout
 
@@ -107,3 +107,16 @@ def test_compiled_engine_greedy_equals_eager_plain(method, tiny_target, tiny_dra
     )
     assert llm.target.step.compiled
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_tokens
+
+
+def test_large_forwards_run_on_the_eager_twin(tiny_target):
+    """load_target sends forwards over COMPILED_MAX_ROWS tokens to the packed eager twin, with the same result."""
+    model = load_target(tiny_target, "cpu", torch.float32, enforce_eager=False, progress=False)
+    eager = load_llama(tiny_target)
+    rows = COMPILED_MAX_ROWS + 1
+    assert model.step.for_rows(rows) is model.step.large and model.step.for_rows(rows - 1) is model.step
+    tokens = torch.randint(0, eager.cfg.vocab_size, (1, rows))
+    meta = AttentionMetadata.build([0], [0], rows, "cpu")
+    with torch.inference_mode():
+        got, want = model(tokens, meta, model.new_cache(1, 64)), eager(tokens, meta, eager.new_cache(1, 64))
+    assert (got - want).abs().max().item() < 1e-4
