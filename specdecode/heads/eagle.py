@@ -42,5 +42,6 @@ class EagleHead(nn.Module):
         t = tokens.shape[1]
         x = self.fc(torch.cat([features, embed(tokens).to(features.dtype)], dim=-1))  # [B, T, H]
         cos, sin = rope_tables(meta.positions, self.inv_freq, x.dtype)  # [B, T, 1, head_dim] each
-        x = self.layer(x, cos, sin, cache.k[0], cache.v[0], meta, meta.attention_mask(t))
+        mask = meta.additive_mask(t, x.dtype)  # [B, 1, T, kv_len]
+        x = self.layer(x, cos, sin, cache.k, cache.v, 0, meta.slots, meta.write_pos, mask)
         return self.norm(x)

@@ -13,12 +13,13 @@ the host would be a sync per layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 
-@torch.library.custom_op("specdecode::attend", mutates_args=("cache_k", "cache_v"))
-def attend(
+def attend_eager(
     q: torch.Tensor,  # [num_seqs, T, heads, head_dim] rotated queries
     k: torch.Tensor,  # [num_seqs, T, kv_heads, head_dim] rotated new keys
     v: torch.Tensor,  # [num_seqs, T, kv_heads, head_dim] new values
@@ -57,6 +58,16 @@ def attend(
         ]
         out = torch.cat(per_row)  # [num_seqs, heads, T, head_dim]
     return out.transpose(1, 2).reshape(b, t, -1)
+
+
+# The op a compiled graph sees as one opaque call. It has no autograd formula: training (heads through the
+# target's layer type) calls `attend_eager`, the same function, directly (see `attend_fn`).
+attend = torch.library.custom_op("specdecode::attend", attend_eager, mutates_args=("cache_k", "cache_v"))
+
+
+def attend_fn() -> Callable[..., torch.Tensor]:
+    """The op under inference, the plain function when gradients may flow (autograd runs through it)."""
+    return attend_eager if torch.is_grad_enabled() else attend
 
 
 def _sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -91,7 +91,7 @@ def warm_up(model: LlamaModel, progress: bool = True) -> float:
     # normal cache would then compile the graph a second time.
     cache = model.new_cache(3, 16)
     t0 = time.perf_counter()
-    desc = "compiling the target step (cached on disk after the first run)"
+    desc = "compiling the target step (once per process; --enforce-eager skips it)"
     with torch.inference_mode(), tqdm(total=1, desc=desc, disable=not progress) as bar:
         tokens = torch.zeros((2, 3), dtype=torch.long, device=device)
         meta = AttentionMetadata.build([0, 1], [4, 5], 3, device)

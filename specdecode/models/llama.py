@@ -19,7 +19,7 @@ from torch import nn
 
 from specdecode.kv import KVCache
 from specdecode.models import packed_linear
-from specdecode.models.attention import attend
+from specdecode.models.attention import attend_fn
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -254,7 +254,7 @@ class Attention(nn.Module):
             q = apply_rope(self.q_norm(qkv[:, :, :heads]), cos, sin)
             k = apply_rope(self.k_norm(qkv[:, :, heads : heads + kv_heads]), cos, sin)
         v = qkv[:, :, heads + kv_heads :]  # [num_seqs, T, kv_heads, head_dim]
-        out = attend(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask)  # [num_seqs, T, heads * head_dim]
+        out = attend_fn()(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask)  # [num_seqs, T, heads * head_dim]
         return self.wo(out)  # [num_seqs, T, hidden]
 
 

@@ -32,6 +32,7 @@ from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
 from specdecode.train import teacher_cache as C
+from specdecode.train.distill import training_device
 from specdecode.train.topk import TopKTeacher, topk_of
 
 LOGIT_CHUNK = 1024  # loss positions per LM-head chunk: [1024, 49152] fp32 logits are 200 MB
@@ -86,16 +87,6 @@ def _check_output(cfg: CacheConfig) -> Path:
     if out.exists() and not (cfg.resume or cfg.overwrite):
         raise ConfigError(f"output directory {out} already exists; pass --resume to finish it or --overwrite")
     return out
-
-
-def _device(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda asked for, but no CUDA device is available")
-    return device
 
 
 def cache_key(cfg: CacheConfig, target_dir: Path, target_json: dict) -> dict:
@@ -199,7 +190,7 @@ def _commit(out: Path, manifest: dict, arrays: dict, done: int) -> None:
 def build_cache(cfg: CacheConfig) -> CacheResult:
     """Validate everything, then run (or finish) the pass; returns the finished cache's manifest."""
     out = _check_output(cfg)
-    device = _device(cfg.device)
+    device = training_device(cfg.device)
     target_dir = resolve_model_dir(cfg.target)
     target_json = json.loads((target_dir / "config.json").read_text())
     samples = D.load_samples(cfg.data, int(target_json["vocab_size"]))

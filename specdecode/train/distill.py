@@ -109,7 +109,8 @@ def check_output(cfg: DistillConfig) -> Path:
     return out
 
 
-def _device(name: str) -> torch.device:
+def training_device(name: str) -> torch.device:
+    """The --device to train on, or a clear error (an unknown name, or CUDA where there is none)."""
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -221,7 +222,7 @@ def _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_st
 def distill(cfg: DistillConfig) -> DistillResult:
     """Validate everything, train, and write the draft directory to cfg.out."""
     out = check_output(cfg)
-    device = _device(cfg.device)
+    device = training_device(cfg.device)
     if cfg.head is not None:
         if cfg.overwrite and out.exists():
             shutil.rmtree(out)
