@@ -31,9 +31,15 @@ def test_logits_match_transformers(smollm2_dir, smollm2_tokenizer, hf_model):
     assert (got - want).abs().max() < 1e-3
 
 
-@pytest.mark.parametrize("method", ["none", "ngram"])
-def test_greedy_text_equals_transformers_generate(method, smollm2_dir, smollm2_tokenizer, hf_model):
-    llm = LLM(target=str(smollm2_dir), method=method, num_speculative_tokens=5, max_num_seqs=3)
+@pytest.mark.parametrize(
+    ("method", "enforce_eager"),
+    [("none", True), ("ngram", True), ("ngram_tree", False)],  # the last one through the compiled step
+)
+def test_greedy_text_equals_transformers_generate(method, enforce_eager, smollm2_dir, smollm2_tokenizer, hf_model):
+    llm = LLM(
+        target=str(smollm2_dir), method=method, num_speculative_tokens=5, max_num_seqs=3, enforce_eager=enforce_eager
+    )
+    assert llm.target.step.compiled is not enforce_eager
     chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
     outs = llm.chat(chats, SamplingParams(temperature=0.0, max_tokens=48))
     for chat, out in zip(chats, outs, strict=True):
@@ -50,5 +56,5 @@ def test_greedy_text_equals_transformers_generate(method, smollm2_dir, smollm2_t
             )[0, ids.shape[1] :].tolist()
         assert out.token_ids == ref
     assert "Paris" in outs[0].text
-    if method == "ngram":
+    if method != "none":
         assert sum(o.metrics["num_accepted"] for o in outs) > 0
