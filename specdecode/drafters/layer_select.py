@@ -126,7 +126,6 @@ class AgreementProbe:
             positions=positions,
             kv_len=t + w,
             write_pos=t + torch.arange(w, device=device).expand(b, w),
-            slot_range=full.slot_range,
             mask=torch.cat((context, own), dim=2)[:, None],  # [B, 1, W, T + W]
         )
 

@@ -100,7 +100,6 @@ class AttentionMetadata:
     # the cache's scratch column (KVCache keeps one past max_len) so padding never writes past a slot.
     write_pos: torch.Tensor
     tree_mask: torch.Tensor | None = None  # [num_seqs, T, T] bool: new token i may attend to new token j
-    slot_range: tuple[int, int] | None = None  # (first, end) when slots are contiguous: cache read is a view
 
     @classmethod
     def build(
@@ -126,7 +125,6 @@ class AttentionMetadata:
         if num_new is not None:
             num_new_t = torch.as_tensor(num_new, dtype=torch.long, device=device)  # [num_seqs]
             write_pos = torch.where(steps[None] < num_new_t[:, None], write_pos, -1)
-        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
         kv_len = max(start) + num_tokens
         return cls(
             slots=torch.tensor(slots, dtype=torch.long, device=device),
@@ -135,7 +133,6 @@ class AttentionMetadata:
             kv_len=kv_len if max_len is None else min(kv_len, max_len),
             write_pos=write_pos,
             tree_mask=tree_mask,
-            slot_range=(slots[0], slots[0] + len(slots)) if contiguous else None,
         )
 
     def additive_mask(self, num_tokens: int, dtype: torch.dtype) -> torch.Tensor:

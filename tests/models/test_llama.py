@@ -40,7 +40,7 @@ def test_ragged_batch_matches_transformers(pair):
     cached = [15, 4, 30]  # tokens already in the cache per row
     new = [5, 5, 1]  # valid new tokens per row; row 2 is padded from 1 to 5
     cache = ours.new_cache(4, 64)
-    slots = [3, 0, 1]  # not contiguous: exercises the gather path
+    slots = [3, 0, 1]  # not contiguous: exercises the per-row views
     with torch.no_grad():
         for s, seq, c in zip(slots, seqs, cached, strict=True):
             ours(torch.tensor([seq[:c]]), AttentionMetadata.build([s], [0], c, "cpu"), cache)
