@@ -237,7 +237,10 @@ def calibration_sequences(target_name: str, device: str, max_tokens: int = 24):
     from specdecode.config import SamplingParams
     from specdecode.llm import LLM  # the engine imports the drafters: import it only when calibrating
 
-    llm = LLM(target=target_name, method="none", device=device, max_num_seqs=len(CALIBRATION_PROMPTS))
+    # Eager: the layer-set probes below run the target's layers one subset at a time, outside the compiled step.
+    llm = LLM(
+        target=target_name, method="none", device=device, max_num_seqs=len(CALIBRATION_PROMPTS), enforce_eager=True
+    )
     outs = llm.chat(
         [[{"role": "user", "content": p}] for p in CALIBRATION_PROMPTS], SamplingParams(max_tokens=max_tokens)
     )
