@@ -42,9 +42,8 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def target_samples(p: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """p [num_seqs, n, vocab] at the n positions after the pending token -> [num_seqs, n] the target's own token
-    at each: the argmax for an all-greedy batch, else the race on each position's keyed noise."""
-    if st.all_greedy:
-        return p.argmax(-1)
+    at each: the race on each position's keyed noise (greedy rows' p is one-hot, so the race is their argmax;
+    an all-greedy batch never gets here: verify takes the logits' argmax)."""
     return race(p, exponentials(st, Purpose.TARGET, range(p.shape[1]), p.shape[-1]))
 
 

@@ -2,7 +2,7 @@
 
 It is a torch custom op (`specdecode::attend`), so a compiled step (models/compiled.py) treats it as one opaque
 call: the graph around it depends only on the batch's [num_seqs, T], never on how long the contexts are, and
-steady decoding never recompiles as the contexts grow. The eager model calls the same op.
+steady decoding never recompiles as the contexts grow. The eager model calls the same op at inference.
 
 The attended length comes from the additive mask's last dimension (built once per forward, not per layer).
 When the rows' slots are contiguous (the usual case at batch 1 and right after admission) the keys are one
@@ -42,11 +42,10 @@ def attend_eager(
     v_cache[slots[:, None], :, write_pos] = v.to(v_cache.dtype)
     kv_len = mask.shape[-1]
     queries = q.transpose(1, 2)  # [num_seqs, heads, T, head_dim]
-    if q.device.type != "cpu":
+    rows = slots.tolist() if q.device.type == "cpu" else None
+    if rows is None:  # an accelerator: gather the rows' caches rather than read slots on the host
         out = _sdpa(queries, k_cache[slots, :, :kv_len], v_cache[slots, :, :kv_len], mask)
-        return out.transpose(1, 2).reshape(b, t, -1)
-    rows = slots.tolist()
-    if rows == list(range(rows[0], rows[0] + b)):  # contiguous: the batch's keys are one view
+    elif rows == list(range(rows[0], rows[0] + b)):  # contiguous: the batch's keys are one view
         first, end = rows[0], rows[0] + b
         out = _sdpa(queries, k_cache[first:end, :, :kv_len], v_cache[first:end, :, :kv_len], mask)
     else:

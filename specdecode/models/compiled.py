@@ -1,10 +1,10 @@
-"""Compiled target steps: the model's body and LM head under torch.compile, warmed once, cached on disk.
+"""Compiled target steps: the model's body and LM head under torch.compile, compiled once per process.
 
 The body (embedding to final norm) and the head are compiled as two graphs with dynamic batch and token
 dimensions. Attention is one opaque custom op (models/attention.py), so nothing in a graph depends on how long
-the contexts are and steady decoding never recompiles. Size-1 dimensions are specialised by torch.compile,
-so the body settles into at most four graphs (batch 1 or more x one token or more) and the head into two;
-`warm_up` compiles them all at load, behind a progress bar, so no request pays for a compile.
+the contexts are and steady decoding never recompiles. With duck sizing off and size-1 dimensions left
+unspecialised, one body graph and one head graph serve every batch size and token count; `warm_up` compiles
+both at load, behind a progress bar, so no request pays for a compile.
 
 On CPU the weights are frozen into the graphs and the linears go through inductor's C++ GEMM template
 (`max_autotune` with the CPP backend): it packs each weight once and, at the 1-17 rows of a decode or verify
@@ -84,9 +84,9 @@ def _configure_inductor(device: torch.device) -> None:
 
 
 def compile_step(model: LlamaModel, warm: bool = True, progress: bool = True) -> float:
-    """Swap the model's eager step for compiled body and head; with `warm`, compile every graph now.
+    """Swap the model's eager step for compiled body and head; with `warm`, compile both graphs now.
 
-    Returns the seconds spent compiling (or loading compiled code from the disk cache).
+    Returns the seconds spent compiling.
     """
     _configure_inductor(model.embed.weight.device)
     model.requires_grad_(False)  # frozen weights are constants of the graph
@@ -99,8 +99,8 @@ def compile_step(model: LlamaModel, warm: bool = True, progress: bool = True) ->
 
 
 def warm_up(model: LlamaModel, progress: bool = True) -> float:
-    """Compile (or load from the disk cache) the body and head graphs with one forward on a scratch cache;
-    returns the seconds taken. Batch 2 x 3 tokens: sizes above one keep every dimension dynamic."""
+    """Compile the body and head graphs with one forward on a scratch cache; returns the seconds taken.
+    Batch 2 x 3 tokens: sizes above one keep every dimension dynamic."""
     device = model.embed.weight.device
     # Made outside inference mode, like the engine's cache: an inference tensor would be guarded on and a
     # normal cache would then compile the graph a second time.
