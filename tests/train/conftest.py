@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from specdecode.train import loop as loop_mod
+
 VOCAB = 96
+
+
+class Interrupted(Exception):
+    """A training run 'dying' at a chosen point (crash_after_checkpoint, or a test's own fault)."""
+
+
+@contextmanager
+def crash_after_checkpoint(monkeypatch) -> Iterator[None]:
+    """Inside the block, the training loop raises Interrupted right after its first checkpoint is saved, as if
+    the process died there; the block must end that way, and saving is restored after it."""
+    real_save = loop_mod.save_checkpoint
+
+    def save_then_crash(*args, **kwargs):
+        real_save(*args, **kwargs)
+        raise Interrupted
+
+    monkeypatch.setattr(loop_mod, "save_checkpoint", save_then_crash)
+    try:
+        with pytest.raises(Interrupted):
+            yield
+    finally:
+        monkeypatch.setattr(loop_mod, "save_checkpoint", real_save)
 
 
 def write_npz(path: Path, num_samples: int = 40, seed: int = 0, bad_id: int | None = None) -> Path:

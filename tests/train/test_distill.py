@@ -12,10 +12,9 @@ from safetensors.torch import load_file
 
 from specdecode.cli import main
 from specdecode.config import ConfigError, SamplingParams
-from specdecode.train import loop as loop_mod
 from specdecode.train.distill import DistillConfig, distill
 from specdecode.train.draft_config import DraftOptions
-from tests.train.conftest import VOCAB, write_npz
+from tests.train.conftest import VOCAB, crash_after_checkpoint, write_npz
 
 SMALL = dict(batch_size=4, seq_len=24, warmup=3, progress=False)
 
@@ -59,25 +58,13 @@ def test_init_from_target_copies_matching_tensors(tiny_target, train_npz, tmp_pa
     assert torch.equal(student[name], target[name])  # frozen, so still the target's
 
 
-class Interrupted(Exception):
-    pass
-
-
 def test_resume_matches_uninterrupted_run(tiny_target, train_npz, tmp_path, monkeypatch):
     draft = DraftOptions(num_layers=1)
     straight = distill(_cfg(tiny_target, [train_npz], tmp_path / "a", draft=draft, steps=10, save_every=100)).out
 
-    real_save = loop_mod.save_checkpoint
-
-    def save_then_crash(*args, **kwargs):
-        real_save(*args, **kwargs)
-        raise Interrupted  # as if the process died right after the step-5 checkpoint
-
-    monkeypatch.setattr(loop_mod, "save_checkpoint", save_then_crash)
-    with pytest.raises(Interrupted):
+    with crash_after_checkpoint(monkeypatch):  # as if the process died right after the step-5 checkpoint
         distill(_cfg(tiny_target, [train_npz], tmp_path / "b", draft=draft, steps=10, save_every=5))
     assert not (tmp_path / "b" / "model.safetensors").exists()
-    monkeypatch.setattr(loop_mod, "save_checkpoint", real_save)
     resumed = distill(_cfg(tiny_target, [train_npz], tmp_path / "b", draft=draft, steps=10, save_every=5, resume=True))
 
     assert resumed.manifest["tokens_seen"] == json.loads((straight / "manifest.json").read_text())["tokens_seen"]

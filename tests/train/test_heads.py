@@ -11,15 +11,11 @@ from safetensors.torch import load_file
 from specdecode import LLM, SamplingParams
 from specdecode.heads import HeadConfig, build_heads, load_heads
 from specdecode.models.llama import AttentionMetadata, load_llama
-from specdecode.train import loop as loop_mod
 from specdecode.train.distill import DistillConfig, distill
 from specdecode.tree import tree_layout
+from tests.train.conftest import crash_after_checkpoint
 
 SMALL = dict(batch_size=4, seq_len=24, warmup=3, progress=False)
-
-
-class Interrupted(Exception):
-    pass
 
 
 def _cfg(target, data, out, kind, **kw) -> DistillConfig:
@@ -52,16 +48,8 @@ def test_heads_learn_and_reload(kind, tiny_target, train_npz, eval_npz, tmp_path
 
 def test_head_resume_matches_uninterrupted_run(tiny_target, train_npz, tmp_path, monkeypatch):
     straight = distill(_cfg(tiny_target, [train_npz], tmp_path / "a", "medusa", steps=8, save_every=100)).out
-    real_save = loop_mod.save_checkpoint
-
-    def save_then_crash(*args, **kwargs):
-        real_save(*args, **kwargs)
-        raise Interrupted
-
-    monkeypatch.setattr(loop_mod, "save_checkpoint", save_then_crash)
-    with pytest.raises(Interrupted):
+    with crash_after_checkpoint(monkeypatch):
         distill(_cfg(tiny_target, [train_npz], tmp_path / "b", "medusa", steps=8, save_every=4))
-    monkeypatch.setattr(loop_mod, "save_checkpoint", real_save)
     resumed = distill(_cfg(tiny_target, [train_npz], tmp_path / "b", "medusa", steps=8, save_every=4, resume=True))
     a, b = load_file(straight / "heads.safetensors"), load_file(resumed.out / "heads.safetensors")
     for k in a:

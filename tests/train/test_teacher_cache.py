@@ -18,21 +18,16 @@ from specdecode.cli import main
 from specdecode.config import ConfigError
 from specdecode.train import build_cache as B
 from specdecode.train import data as D
-from specdecode.train import loop as loop_mod
 from specdecode.train.build_cache import CacheConfig, build_cache
 from specdecode.train.distill import DistillConfig, distill
 from specdecode.train.draft_config import DraftOptions
 from specdecode.train.teacher_cache import open_cache
 from specdecode.train.topk import topk_of
-from tests.train.conftest import VOCAB, write_npz
+from tests.train.conftest import VOCAB, Interrupted, crash_after_checkpoint, write_npz
 
 SEQ_LEN, BATCH = 24, 4
 SMALL = dict(batch_size=BATCH, seq_len=SEQ_LEN, warmup=3, progress=False)
 ARRAYS = ("windows", "loss_offsets", "topk_logp", "topk_ids", "log_rest", "token_offsets", "features")
-
-
-class Interrupted(Exception):
-    pass
 
 
 def _cache(target, data, out, **kw):
@@ -126,16 +121,8 @@ def test_resume_from_cache_matches_uninterrupted_run(tiny_target, train_npz, tmp
     """Cached batches are looked up by window id, so a resumed run draws (and reads) the same batches."""
     cache = str(_cache(tiny_target, [train_npz], tmp_path / "cache", top_k=8))
     straight = _train(tiny_target, [train_npz], tmp_path / "a", steps=6, teacher_cache=cache)
-    real_save = loop_mod.save_checkpoint
-
-    def save_then_crash(*args, **kwargs):
-        real_save(*args, **kwargs)
-        raise Interrupted
-
-    monkeypatch.setattr(loop_mod, "save_checkpoint", save_then_crash)
-    with pytest.raises(Interrupted):
+    with crash_after_checkpoint(monkeypatch):
         _train(tiny_target, [train_npz], tmp_path / "b", steps=6, save_every=3, teacher_cache=cache)
-    monkeypatch.setattr(loop_mod, "save_checkpoint", real_save)
     resumed = _train(tiny_target, [train_npz], tmp_path / "b", steps=6, save_every=3, resume=True, teacher_cache=cache)
     np.testing.assert_allclose(resumed.losses, straight.losses[3:], atol=1e-6, rtol=0)
     a, b = load_file(straight.out / "model.safetensors"), load_file(resumed.out / "model.safetensors")
