@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAX_SPECULATIVE_TOKENS = 64
+MAX_N = 16  # samples per request (SamplingParams.n); each takes a cache slot
+MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's limit
 METHODS = (
     "draft",
     "ngram",
@@ -27,8 +29,28 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class StructuredOutputs:
+    """Constrained output, as vLLM's StructuredOutputsParams: `json` (a JSON schema) or `json_object` (any object)."""
+
+    json: dict | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.json is None) == (not self.json_object):
+            raise ConfigError("structured outputs need exactly one of a JSON schema (json) or json_object=True")
+        if self.json is not None and not isinstance(self.json, dict):
+            raise ConfigError(f"a JSON schema must be an object, got {type(self.json).__name__}")
+
+
+@dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling, as in vLLM. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+    """Per-request sampling, as in vLLM. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters.
+
+    Penalties follow vLLM (and OpenAI): presence and frequency count the output tokens, repetition (vLLM's
+    extension) the prompt's and the output's; logit_bias adds to the raw logits. All of them, and a structured
+    output's grammar, shape the distribution every token is drawn from, drafted or not. logprobs = N returns the
+    emitted token's log-probability and the N most likely alternatives (0 = the emitted token's only).
+    """
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -37,6 +59,13 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] | None = None
     ignore_eos: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -51,10 +80,39 @@ class SamplingParams:
             object.__setattr__(self, "stop", [self.stop])
         if self.stop is not None and any(not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty")
+        if not 1 <= self.n <= MAX_N:
+            raise ConfigError(f"n must be in 1..{MAX_N}, got {self.n}")
+        self._check_penalties()
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ConfigError(f"logprobs must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
+
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise ConfigError(f"{name} must be in [-2, 2], got {value}")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise ConfigError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(token, int) or token < 0:
+                raise ConfigError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ConfigError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether anything changes the logits before temperature: penalties, bias or a grammar."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.structured_outputs
+        )
 
 
 @dataclass(frozen=True)

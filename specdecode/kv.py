@@ -71,3 +71,8 @@ class KVCache:
         dst = torch.arange(start, start + len(offsets), device=self.k.device)
         self.k[:, slot, :, dst] = self.k[:, slot, :, src]
         self.v[:, slot, :, dst] = self.v[:, slot, :, src]
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` positions of slot src into slot dst (every layer): a shared prompt."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]

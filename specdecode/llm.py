@@ -15,7 +15,7 @@ from specdecode.control import make_controller
 from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
 from specdecode.engine.engine import Engine
-from specdecode.engine.sequence import Sequence
+from specdecode.engine.sequence import Sequence, TokenLogprob
 from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
 from specdecode.models.llama import LlamaModel, load_llama
 from specdecode.models.loader import resolve_model_dir
@@ -26,7 +26,25 @@ DEFAULT_MAX_MODEL_LEN = 2048
 
 
 @dataclass
+class CompletionOutput:
+    """One sample of a request (vLLM's name); logprobs per token when SamplingParams.logprobs was set."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[TokenLogprob] | None
+    metrics: dict[str, float | int]
+
+    @classmethod
+    def from_seq(cls, seq: Sequence) -> CompletionOutput:
+        return cls(seq.index, seq.text, seq.output_ids, seq.finish_reason, seq.logprobs, seq.metrics.as_dict())
+
+
+@dataclass
 class RequestOutput:
+    """A request's result: its samples in `outputs`; text, token_ids, ... are sample 0's, for the common n = 1."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -34,11 +52,23 @@ class RequestOutput:
     token_ids: list[int]
     finish_reason: str | None
     metrics: dict[str, float | int]
+    outputs: list[CompletionOutput]
+    logprobs: list[TokenLogprob] | None = None
 
     @classmethod
-    def from_seq(cls, seq: Sequence, prompt: str | None) -> RequestOutput:
+    def from_samples(cls, seqs: list[Sequence], prompt: str | None) -> RequestOutput:
+        outs = [CompletionOutput.from_seq(s) for s in seqs]
+        first = outs[0]
         return cls(
-            seq.request_id, prompt, seq.prompt_ids, seq.text, seq.output_ids, seq.finish_reason, seq.metrics.as_dict()
+            seqs[0].group,
+            prompt,
+            seqs[0].prompt_ids,
+            first.text,
+            first.token_ids,
+            first.finish_reason,
+            first.metrics,
+            outs,
+            first.logprobs,
         )
 
 
@@ -152,16 +182,17 @@ class LLM:
         if len(params_list) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         encoded = [p if isinstance(p, list) else self.encode(p) for p in prompts]
-        seqs = [
-            self.engine.add_request(f"req-{next(self._ids)}", ids, sp)
+        groups = [
+            self.engine.add_samples(f"req-{next(self._ids)}", ids, sp)
             for ids, sp in zip(encoded, params_list, strict=True)
         ]
-        bar = tqdm(total=len(seqs), desc="generate", disable=not use_tqdm)
+        bar = tqdm(total=sum(len(g) for g in groups), desc="generate", disable=not use_tqdm)
         while self.engine.has_work():
             bar.update(sum(u.finished for u in self.engine.step()))
         bar.close()
         return [
-            RequestOutput.from_seq(s, p if isinstance(p, str) else None) for s, p in zip(seqs, prompts, strict=True)
+            RequestOutput.from_samples(g, p if isinstance(p, str) else None)
+            for g, p in zip(groups, prompts, strict=True)
         ]
 
     def chat(

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdecode.logits_adjust import LogitAdjuster
+
 PAD_TOKEN_ID = -1  # the one padding sentinel in token tensors (int64 everywhere)
 
 
@@ -28,6 +30,7 @@ class SamplingTensors:
     any_top_k: bool
     any_top_p: bool
     all_greedy: bool
+    adjust: LogitAdjuster | None = None  # penalties, logit_bias, grammar masks (logits_adjust.py); None = none
 
     @classmethod
     def from_params(cls, params: list, device: torch.device | str, origins: list[int] | None = None) -> SamplingTensors:
@@ -45,7 +48,8 @@ class SamplingTensors:
 
 
 def check_finite(logits: torch.Tensor) -> None:
-    if not torch.isfinite(logits).all():
+    """NaN or +inf logits are a broken model; -inf is a token that may not follow (a grammar's mask)."""
+    if bool((torch.isnan(logits) | torch.isposinf(logits)).any()):
         raise NonFiniteLogitsError("the model produced NaN or inf logits")
 
 
@@ -77,3 +81,26 @@ def process_logits(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         scaled = _filter_top_k_top_p(scaled, st)
     probs = scaled.softmax(-1)
     return torch.where(greedy[:, None, None], onehot, probs)
+
+
+def processed_logprobs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """logits [num_seqs, n, vocab] (adjusted) -> log-probabilities [num_seqs, n, vocab] of the distribution each
+    token is drawn from: temperature, top-k and top-p for sampled rows. Greedy rows get the adjusted logits'
+    softmax at temperature 1, unfiltered: their literal one-hot would say nothing."""
+    logits = logits.float()
+    greedy = st.temperature == 0.0  # [num_seqs]
+    scaled = logits / torch.where(greedy, 1.0, st.temperature)[:, None, None]
+    if not st.all_greedy and (st.any_top_k or st.any_top_p):
+        scaled = torch.where(greedy[:, None, None], scaled, _filter_top_k_top_p(scaled, st))
+    return scaled.log_softmax(-1)
+
+
+def draft_probs(logits: torch.Tensor, drafted: list[torch.Tensor], st: SamplingTensors) -> torch.Tensor:
+    """A drafter's q for its next draft: logits [num_seqs, 1, vocab] -> processed probs [num_seqs, vocab], after
+    the adjustments the target applies at that position, with the drafts so far (each [num_seqs]) counted."""
+    if st.adjust is not None:
+        num_seqs = logits.shape[0]
+        empty = torch.full((num_seqs, 0), PAD_TOKEN_ID, dtype=torch.long, device=logits.device)
+        paths = torch.stack(drafted, 1) if drafted else empty  # [num_seqs, drafts so far]
+        logits = st.adjust(logits, paths[:, None, :])
+    return process_logits(logits, st)[:, 0]

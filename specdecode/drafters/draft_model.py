@@ -9,7 +9,7 @@ from specdecode.drafters.catch_up import share_budget
 from specdecode.engine.runner import forward_ragged
 from specdecode.engine.sequence import Sequence
 from specdecode.models.llama import LlamaModel
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits
+from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
 from specdecode.streams import Purpose, sample
 
 
@@ -90,7 +90,7 @@ class DraftModelDrafter:
             return Proposal.from_lists([[] for _ in seqs], 0, device)
         tokens, probs, confidence = [], [], []
         for j in range(k):
-            q = process_logits(logits, st)[:, 0]  # [num_seqs, vocab]
+            q = draft_probs(logits, tokens, st)  # [num_seqs, vocab], penalties etc. as the target's
             tok = q.argmax(-1) if st.all_greedy else sample(q, st, Purpose.DRAFT, j)  # [num_seqs]
             tokens.append(tok)
             probs.append(q)

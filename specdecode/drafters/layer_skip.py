@@ -17,7 +17,7 @@ from specdecode.drafters.subset_head import SubsetHead
 from specdecode.engine.sequence import Sequence
 from specdecode.kv import KVCache
 from specdecode.models.llama import AttentionMetadata, LlamaModel
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits
+from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
 from specdecode.streams import Purpose, sample
 
 
@@ -70,7 +70,7 @@ class LayerSkipDrafter:
         for j in range(k):
             live = [int(j < n) for n in num_tokens]
             logits = self._logits(tok, [s.num_cached + j for s in seqs], slots, live)  # [num_seqs, 1, vocab]
-            q = process_logits(logits, st)[:, 0]  # [num_seqs, vocab]
+            q = draft_probs(logits, tokens, st)  # [num_seqs, vocab], penalties etc. as the target's
             nxt = q.argmax(-1) if st.all_greedy else sample(q, st, Purpose.DRAFT, j)  # [num_seqs]
             tokens.append(nxt)
             probs.append(q)

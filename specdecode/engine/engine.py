@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -17,10 +17,12 @@ from specdecode.config import ConfigError, EngineConfig, SamplingParams
 from specdecode.control.base import Controller, StepStats
 from specdecode.detokenize import IncrementalDetokenizer
 from specdecode.drafters.base import Drafter, Proposal
+from specdecode.engine.logprobs import emitted_logprobs
 from specdecode.engine.runner import forward_ragged
-from specdecode.engine.sequence import Sequence, Status
+from specdecode.engine.sequence import Sequence, Status, TokenLogprob
+from specdecode.logits_adjust import LogitAdjuster, chain_paths, tree_paths
 from specdecode.models.llama import AttentionMetadata, LlamaModel
-from specdecode.sampling import SamplingTensors
+from specdecode.sampling import SamplingTensors, processed_logprobs
 from specdecode.tree import tree_layout
 from specdecode.verify import VerifyResult, verify
 from specdecode.verify_tree import verify_tree
@@ -33,6 +35,7 @@ class Verified:
     result: VerifyResult
     starts: list[int]  # target-cache length of each row before the step
     hidden: torch.Tensor | None  # [num_seqs, k + 1, hidden] post-norm features, when the drafter reads them
+    logprobs: list[list[TokenLogprob] | None]  # per row, of each emitted token, when the request asked
 
 
 @dataclass
@@ -43,11 +46,16 @@ class SeqUpdate:
     new_token_ids: list[int]
     new_text: str
     finished: bool
+    new_logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked for logprobs
 
 
-def sampling_tensors(seqs: list[Sequence], device: torch.device | str) -> SamplingTensors:
+def sampling_tensors(seqs: list[Sequence], device: torch.device | str, vocab: int) -> SamplingTensors:
     # Each row's pending-token position keys its seeded random streams (specdecode/streams.py).
-    return SamplingTensors.from_params([s.params for s in seqs], device, [s.num_cached for s in seqs])
+    params = [s.params for s in seqs]
+    st = SamplingTensors.from_params(params, device, [s.num_cached for s in seqs])
+    prompts, outputs = [s.prompt_ids for s in seqs], [s.output_ids for s in seqs]
+    st.adjust = LogitAdjuster.build(params, prompts, outputs, [s.grammar for s in seqs], vocab, device)
+    return st
 
 
 class Engine:
@@ -81,9 +89,37 @@ class Engine:
         self.running: list[Sequence] = []
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.last_step: StepStats | None = None
+        self._grammars = None  # a GrammarCompiler, made on the first structured request (grammar.py)
+        self.num_prefill_tokens = 0  # prompt tokens run through the target
+        self.num_shared_prefill_tokens = 0  # prompt tokens a sample copied from its request's first sample
 
     # ---- requests -------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        """One request of one sample (n = 1); add_samples takes any n."""
+        if params.n != 1:
+            raise ConfigError(f"add_request takes n = 1 (got {params.n}); use add_samples")
+        return self.add_samples(request_id, prompt_ids, params)[0]
+
+    def add_samples(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> list[Sequence]:
+        """params.n samples of one prompt, which share its prefill: samples 1..n-1 copy sample 0's prompt K/V.
+
+        With a seed, sample i draws as a single request with seed + i would, so each is reproducible alone.
+        """
+        self._check_request(prompt_ids, params)
+        seqs = []
+        for i in range(params.n):
+            sample_params = replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+            rid = request_id if params.n == 1 else f"{request_id}/{i}"
+            seq = Sequence(rid, list(prompt_ids), sample_params, self.max_model_len, group=request_id, index=i)
+            seq.parent = seqs[0] if seqs else None
+            if params.structured_outputs is not None:
+                seq.grammar = self._grammar_matcher(params)
+            self._detok[rid] = IncrementalDetokenizer(self.tokenizer, prompt_ids)
+            seqs.append(seq)
+        self.waiting.extend(seqs)
+        return seqs
+
+    def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
             raise ConfigError("empty prompt")
         if len(prompt_ids) >= self.max_model_len:
@@ -94,19 +130,30 @@ class Engine:
         vocab = self.target.cfg.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ConfigError(f"prompt token ids must be in 0..{vocab - 1}")
-        seq = Sequence(request_id, list(prompt_ids), params, self.max_model_len)
-        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, prompt_ids)
-        self.waiting.append(seq)
-        return seq
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ConfigError(f"logit_bias keys must be token ids in 0..{vocab - 1}, got {max(params.logit_bias)}")
+        if params.n > self.config.max_num_seqs:
+            raise ConfigError(f"n = {params.n} exceeds max_num_seqs = {self.config.max_num_seqs}")
+        if params.structured_outputs is not None:
+            self._grammar_matcher(params)  # an invalid schema fails here, before anything is queued
+
+    def _grammar_matcher(self, params: SamplingParams):
+        if self._grammars is None:
+            from specdecode.grammar import GrammarCompiler  # the grammar library loads on first use
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.target.cfg.vocab_size, sorted(self.eos_token_ids))
+        so = params.structured_outputs
+        return self._grammars.matcher(self._grammars.compile_json(None if so.json_object else so.json))
 
     def abort(self, request_id: str) -> None:
+        """Abort a request: every sample of it (request_id is what add_request/add_samples were given)."""
         for seq in list(self.waiting):
-            if seq.request_id == request_id:
+            if seq.group == request_id:
                 self.waiting.remove(seq)
                 self._finish(seq, "abort")
                 self._release(seq)
         for seq in self.running:
-            if seq.request_id == request_id:
+            if seq.group == request_id:
                 self._finish(seq, "abort")
         self._retire_finished()
 
@@ -128,11 +175,31 @@ class Engine:
         return updates
 
     def _admit(self) -> None:
-        while self.waiting and self.cache.num_free:
-            seq = self.waiting.popleft()
+        """Take waiting sequences into free slots, in order. A later sample of a request waits for sample 0's
+        prefill, then copies its prompt K/V instead of computing it again."""
+        for seq in list(self.waiting):
+            if not self.cache.num_free:
+                return
+            parent = seq.parent
+            if parent is not None and parent.status in (Status.WAITING, Status.PREFILLING):
+                continue
+            self.waiting.remove(seq)
             seq.slot = self.cache.allocate()
             seq.status = Status.PREFILLING
             self.running.append(seq)
+            if parent is not None and parent.slot >= 0 and not self._needs_features:
+                self._fork(parent, seq)
+
+    def _fork(self, parent: Sequence, seq: Sequence) -> None:
+        """seq starts decoding from a copy of parent's prompt K/V. Feature drafters (eagle, medusa, mtp) need the
+        prompt's features too, which are consumed as they go: their samples prefill on their own."""
+        n = seq.num_cached
+        self.cache.copy_prefix(parent.slot, seq.slot, n)
+        seq.num_prefilled = n
+        self.cache.set_length(seq.slot, n)
+        self.num_shared_prefill_tokens += n
+        seq.status = Status.RUNNING
+        self.drafter.add_sequence(seq)
 
     def _prefill_chunks(self) -> None:
         """Cache prompt[:-1] of prefilling sequences, at most `prefill_chunk` tokens in all this step.
@@ -152,6 +219,7 @@ class Engine:
                 budget -= len(chunk)
             seqs.append((seq, len(chunk)))
         if chunks:
+            self.num_prefill_tokens += sum(len(c) for c in chunks)
             out = forward_ragged(self.target, self.cache, slots, chunks, True, return_hidden=self._needs_features)
             if self._needs_features:
                 hidden = out[1]  # [num_chunks, longest chunk, hidden]
@@ -168,7 +236,7 @@ class Engine:
     def _decode(self, seqs: list[Sequence]) -> list[SeqUpdate]:
         t0 = time.perf_counter()
         ks = self._clamp_k(seqs, self.controller.choose(seqs, self.k_max))
-        st = sampling_tensors(seqs, self.device)
+        st = sampling_tensors(seqs, self.device, self.target.cfg.vocab_size)
         proposal = self.drafter.propose(seqs, ks, st)  # propose
         truncate = getattr(self.controller, "truncate", None)  # optional hook (control.base.Truncating)
         if truncate is not None:
@@ -182,12 +250,12 @@ class Engine:
         t2 = time.perf_counter()  # after the .tolist() syncs, so queued device work is counted
         context = sum(s.num_cached for s in seqs) / len(seqs)
         updates = []
-        for seq, row, k, a in zip(seqs, rows, num_proposed, num_accepted, strict=True):  # commit
+        for b, (seq, row, k, a) in enumerate(zip(seqs, rows, num_proposed, num_accepted, strict=True)):  # commit
             seq.metrics.num_drafted += k
             seq.metrics.trees |= k > 0 and proposal.parents is not None
             seq.metrics.num_accepted += a
             seq.metrics.num_target_forwards += 1
-            updates.append(self._append(seq, row[: a + 1]))
+            updates.append(self._append(seq, row[: a + 1], verified.logprobs[b]))
         self._after_commit(seqs, verified)
         self.last_step = StepStats(
             seqs,
@@ -213,7 +281,9 @@ class Engine:
         """Score (pending, drafts) for every row in one target forward, then accept or reject.
 
         A chain is scored causally; a tree with its ancestor mask and positions by depth (specdecode/tree.py).
+        Penalties, logit_bias and grammars adjust the logits at each position for the drafts on its path.
         """
+        proposal, paths, allowed = self._paths(proposal, st)
         pending = torch.tensor([[s.token_ids[-1]] for s in seqs], dtype=torch.long, device=self.device)
         tokens = torch.cat([pending, proposal.token_ids.clamp(min=0)], dim=1)  # [num_seqs, k + 1]
         slots, starts = [s.slot for s in seqs], [s.num_cached for s in seqs]
@@ -223,15 +293,43 @@ class Engine:
         )  # a tree's depth and mask: [num_seqs, k + 1], [num_seqs, k + 1, k + 1]
         out = self.target(tokens, meta, self.cache, return_hidden=self._needs_features)
         logits, hidden = out if self._needs_features else (out, None)  # [num_seqs, k + 1, vocab], [.., hidden]
+        if st.adjust is not None:
+            logits = st.adjust(logits, paths, allowed)  # [num_seqs, k + 1, vocab]
         if proposal.parents is None:
             result = verify(logits, proposal.token_ids, proposal.num_tokens, proposal.probs, st)
         else:
             result = verify_tree(logits, proposal.token_ids, proposal.parents, proposal.num_tokens, proposal.probs, st)
-        return Verified(result, starts, hidden)
+        wanted = [s.params.logprobs for s in seqs]
+        logprobs = [None] * len(seqs)
+        if any(n is not None for n in wanted):
+            logprobs = emitted_logprobs(processed_logprobs(logits, st), result, wanted)
+        return Verified(result, starts, hidden, logprobs)
+
+    def _paths(
+        self, proposal: Proposal, st: SamplingTensors
+    ) -> tuple[Proposal, torch.Tensor | None, torch.Tensor | None]:
+        """Each verify position's drafted path [num_seqs, k + 1, k] and its grammar masks [num_seqs, k + 1, vocab]
+        (None when nothing adjusts). A chain is cut before its first draft outside the grammar: the target could
+        never accept it, so scoring it and what follows would be wasted."""
+        if st.adjust is None:
+            return proposal, None, None
+        drafts = proposal.token_ids
+        if proposal.parents is not None:
+            mask = tree_layout(proposal.parents, proposal.num_tokens)[1]  # [num_seqs, k + 1, k + 1]
+            paths = tree_paths(drafts, mask)
+            return proposal, paths, st.adjust.grammar_masks(paths)[0]
+        paths = chain_paths(drafts)  # [num_seqs, k + 1, k]
+        allowed, valid = st.adjust.grammar_masks(paths)  # valid [num_seqs, k + 1]
+        if allowed is not None and not bool(valid.all()):
+            keep = valid.long().cumprod(-1).sum(-1) - 1  # [num_seqs] drafts before the first one that left
+            proposal = proposal.truncated(keep)
+            width = proposal.token_ids.shape[1]
+            paths, allowed = paths[:, : width + 1, :width], allowed[:, : width + 1]
+        return proposal, paths, allowed
 
     # ---- commit ---------------------------------------------------------------------------------------
-    def _append(self, seq: Sequence, tokens: list[int]) -> SeqUpdate:
-        """Append verified tokens, honouring EOS, max_tokens, the context and stop strings inside the run."""
+    def _append(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> SeqUpdate:
+        """Append verified tokens, honouring EOS, max_tokens, the context, stop strings and a finished grammar."""
         detok = self._detok[seq.request_id]
         old_text_len = len(seq.text)
         new_ids: list[int] = []
@@ -240,6 +338,8 @@ class Engine:
             seq.token_ids.append(tok)
             seq.metrics.num_generated += 1
             new_ids.append(tok)
+            if seq.grammar is not None:
+                seq.grammar.advance([tok])
             if seq.params.stop:  # text after every token, so that tokens after a stop string are dropped
                 detok.add([tok])
                 cut = self._stopped_by_string(seq, detok.text)
@@ -255,10 +355,15 @@ class Engine:
             seq.text = detok.text
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = time.perf_counter()
-        return SeqUpdate(seq, new_ids, seq.text[old_text_len:], seq.status is Status.FINISHED)
+        new_logprobs = None if logprobs is None else logprobs[: len(new_ids)]
+        if new_logprobs is not None and seq.logprobs is not None:
+            seq.logprobs.extend(new_logprobs)
+        return SeqUpdate(seq, new_ids, seq.text[old_text_len:], seq.status is Status.FINISHED, new_logprobs)
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
         if tok in self.eos_token_ids and not seq.params.ignore_eos:
+            return "stop"
+        if seq.grammar is not None and seq.grammar.is_terminated:  # the structured output is complete
             return "stop"
         if seq.metrics.num_generated >= seq.params.max_tokens or len(seq.token_ids) >= seq.max_len:
             return "length"

@@ -5,8 +5,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from specdecode.config import SamplingParams
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability and the most likely alternatives, as (token id, log-probability)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 class Status(Enum):
@@ -61,10 +71,18 @@ class Sequence:
     finish_reason: str | None = None
     text: str = ""
     metrics: SeqMetrics = field(default_factory=SeqMetrics)
+    group: str = ""  # the request this sequence is one sample of (SamplingParams.n); its own id when n = 1
+    index: int = 0  # which sample of its request
+    parent: Sequence | None = None  # sample 0 of the request, whose prompt K/V this one copies (n > 1)
+    grammar: Any = None  # a structured output's grammar state (specdecode/grammar.py), advanced at commit
+    logprobs: list[TokenLogprob] | None = None  # per output token, when params.logprobs is set
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_ids)
+        self.group = self.group or self.request_id
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
 
     @property
     def output_ids(self) -> list[int]:
