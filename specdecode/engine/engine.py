@@ -132,8 +132,6 @@ class Engine:
             raise ConfigError(f"prompt token ids must be in 0..{vocab - 1}")
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise ConfigError(f"logit_bias keys must be token ids in 0..{vocab - 1}, got {max(params.logit_bias)}")
-        if params.n > self.config.max_num_seqs:
-            raise ConfigError(f"n = {params.n} exceeds max_num_seqs = {self.config.max_num_seqs}")
         if params.structured_outputs is not None:
             self._grammar_matcher(params)  # an invalid schema fails here, before anything is queued
 
