@@ -105,7 +105,7 @@ class Engine:
 
         With a seed, sample i draws as a single request with seed + i would, so each is reproducible alone.
         """
-        self._check_request(prompt_ids, params)
+        self.check_request(prompt_ids, params)
         seqs = []
         for i in range(params.n):
             sample_params = replace(params, n=1, seed=None if params.seed is None else params.seed + i)
@@ -119,7 +119,8 @@ class Engine:
         self.waiting.extend(seqs)
         return seqs
 
-    def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Everything add_samples refuses, refused here first (a server calls it before it answers 200)."""
         if not prompt_ids:
             raise ConfigError("empty prompt")
         if len(prompt_ids) >= self.max_model_len:

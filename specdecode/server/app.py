@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdecode.config import ConfigError
 from specdecode.server.async_engine import AsyncEngine, Output, RequestStream
+from specdecode.server.logprobs import LogprobFormats
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.middleware import BodyLimit, CountRequests
 from specdecode.server.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, _Common
@@ -68,6 +69,7 @@ class Server:
         self.config = config
         self.metrics = metrics
         self.engine = AsyncEngine(llm.engine, config.max_waiting, metrics)
+        self.formats = LogprobFormats(llm.tokenizer)
         self.created = int(time.time())
 
     # ---- checks ---------------------------------------------------------------------------------------
@@ -147,26 +149,43 @@ class Server:
 
     async def respond(self, req: _Common, request: Request, ids: list[int], max_tokens: int, chat: bool):
         params = req.sampling(max_tokens)
+        try:
+            self.llm.engine.check_request(ids, params)  # a bad schema or bias key is a 400, before any stream
+        except ConfigError as e:
+            raise OpenAIError(400, str(e)) from e
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         stream = self.engine.submit(rid, ids, params)
         deadline = time.monotonic() + self.config.request_timeout_s
+        wants_logprobs = params.logprobs is not None
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self.sse(stream, request, deadline, chat, req.model, include_usage)
+            events = self.sse(stream, request, deadline, chat, req.model, include_usage, params.n, wants_logprobs)
             return StreamingResponse(events, media_type="text/event-stream")
-        text, out = "", Output()
+        texts, logprobs, finish = [""] * params.n, [[] for _ in range(params.n)], [None] * params.n
+        usage = None
         try:
-            while not out.final:
+            while None in finish:
                 out = await self.next_output(stream, request, deadline)
-                text += out.text
+                if out.error is not None:
+                    raise out.error
+                texts[out.index] += out.text
+                logprobs[out.index] += out.logprobs or []
+                finish[out.index] = out.finish_reason
+                usage = out.usage or usage
         except ClientGone:
             return Response(status_code=499)
-        if out.error is not None:
-            raise out.error
-        choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
-        choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-        body = self.envelope(rid, "chat.completion" if chat else "text_completion", req.model, [choice])
-        return JSONResponse(body | {"usage": out.usage})
+        render = self.formats.chat_logprobs if chat else self.formats.completion_logprobs
+        choices = []
+        for i in range(params.n):
+            choice = {
+                "index": i,
+                "logprobs": render(logprobs[i]) if wants_logprobs else None,
+                "finish_reason": finish[i],
+            }
+            choice |= {"message": {"role": "assistant", "content": texts[i]}} if chat else {"text": texts[i]}
+            choices.append(choice)
+        body = self.envelope(rid, "chat.completion" if chat else "text_completion", req.model, choices)
+        return JSONResponse(body | {"usage": usage})
 
     async def next_output(self, stream: RequestStream, request: Request, deadline: float) -> Output:
         """The request's next output; aborts it on timeout (504) or when the client has gone."""
@@ -183,24 +202,37 @@ class Server:
                     raise ClientGone() from None
 
     async def sse(
-        self, stream: RequestStream, request: Request, deadline: float, chat: bool, model: str, include_usage: bool
+        self,
+        stream: RequestStream,
+        request: Request,
+        deadline: float,
+        chat: bool,
+        model: str,
+        include_usage: bool,
+        n: int = 1,
+        wants_logprobs: bool = False,
     ) -> AsyncIterator[str]:
         rid = stream.request_id
         kind = "chat.completion.chunk" if chat else "text_completion"
         done = False
+        render = self.formats.chat_logprobs if chat else self.formats.completion_logprobs
+        left = n  # samples still streaming
 
-        def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
+        def chunk(out: Output | None, index: int = 0, role: bool = False) -> str:
+            text, finish = (out.text, out.finish_reason) if out is not None else (None, None)
+            lp = render(out.logprobs or []) if wants_logprobs and out is not None else None
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
             body = self.envelope(rid, kind, model, [choice])
             return f"data: {json.dumps(body | ({'usage': None} if include_usage else {}))}\n\n"
 
         try:
             if chat:
-                yield chunk(None, None, role=True)
+                for i in range(n):
+                    yield chunk(None, i, role=True)
             while True:
                 try:
                     out = await self.next_output(stream, request, deadline)
@@ -213,8 +245,9 @@ class Server:
                     yield f"data: {json.dumps(out.error.body())}\n\n"
                     break
                 if out.text or out.final:
-                    yield chunk(out.text, out.finish_reason)
-                if out.final:
+                    yield chunk(out, out.index)
+                left -= out.final
+                if not left:
                     if include_usage:
                         usage = self.envelope(rid, kind, model, []) | {"usage": out.usage}
                         yield f"data: {json.dumps(usage)}\n\n"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from specdecode.config import ConfigError, SamplingParams
 from specdecode.engine.engine import Engine, SeqUpdate
-from specdecode.engine.sequence import Sequence, Status
+from specdecode.engine.sequence import SeqMetrics, Sequence, Status, TokenLogprob
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import OpenAIError
 
@@ -28,16 +28,20 @@ log = logging.getLogger("specdecode.server")
 
 @dataclass
 class Output:
-    """One message to a request's stream: new text, and on the last one the reason and usage (or an error)."""
+    """One message to a request's stream: new text of sample `index`, and on its last one the finish reason. The
+    request's very last message (its last sample's final one) carries the usage; an error ends the stream."""
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict | None = None
     error: OpenAIError | None = None
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked
 
     @property
     def final(self) -> bool:
+        """The last message of this sample (or an error, which ends the whole request)."""
         return self.finish_reason is not None or self.error is not None
 
 
@@ -53,11 +57,18 @@ class RequestStream:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
 
 
-def usage_of(seq: Sequence) -> dict:
-    """OpenAI usage plus the speculative counters (also as accepted/rejected prediction tokens)."""
-    m = seq.metrics.as_dict()
-    rate = "node_acceptance_rate" if seq.metrics.trees else "acceptance_rate"  # per node for token trees
-    n_prompt, n_out = len(seq.prompt_ids), seq.metrics.num_generated
+def usage_of(seqs: Sequence | list[Sequence]) -> dict:
+    """OpenAI usage plus the speculative counters (also as accepted/rejected prediction tokens); the samples of
+    one request (n > 1) share the prompt and add up the rest."""
+    seqs = seqs if isinstance(seqs, list) else [seqs]
+    total = SeqMetrics(start_time=seqs[0].metrics.start_time)
+    for s in seqs:
+        for name in ("num_drafted", "num_accepted", "num_target_forwards", "num_generated"):
+            setattr(total, name, getattr(total, name) + getattr(s.metrics, name))
+        total.trees |= s.metrics.trees
+    m = total.as_dict()
+    rate = "node_acceptance_rate" if total.trees else "acceptance_rate"  # per node for token trees
+    n_prompt, n_out = len(seqs[0].prompt_ids), total.num_generated
     return {
         "prompt_tokens": n_prompt,
         "completion_tokens": n_out,
@@ -84,7 +95,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._inbox: deque[tuple] = deque()
         self._streams: dict[str, RequestStream] = {}
-        self._seqs: dict[str, Sequence] = {}
+        self._seqs: dict[str, list[Sequence]] = {}  # a request's samples, by request id
         self._wake = threading.Event()
         self._stopping = False
         self._running = False
@@ -177,7 +188,7 @@ class AsyncEngine:
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         try:
-            self._seqs[request_id] = self.engine.add_request(request_id, prompt_ids, params)
+            self._seqs[request_id] = self.engine.add_samples(request_id, prompt_ids, params)
         except ConfigError as e:
             self._end(request_id, Output(error=OpenAIError(400, str(e))))
         except Exception as e:  # noqa: BLE001 - a request the checks missed fails alone, the loop goes on
@@ -189,18 +200,23 @@ class AsyncEngine:
         if stats is not None:
             self.metrics.observe_step(stats)
         for u in updates:
-            rid = u.seq.request_id
+            rid = u.seq.group
             first = u.seq.metrics.num_generated == len(u.new_token_ids)
             if first:
                 self.metrics.observe_first_token(u.seq)
+            out = Output(u.new_text, u.new_token_ids, index=u.seq.index, logprobs=u.new_logprobs)
             if u.finished:
                 self.metrics.observe_finished(u.seq)
-                self._seqs.pop(rid, None)
-                self._end(rid, Output(u.new_text, u.new_token_ids, u.seq.finish_reason, usage_of(u.seq)))
-            else:
-                stream = self._streams.get(rid)
-                if stream is not None:
-                    stream.put(Output(u.new_text, u.new_token_ids))
+                out.finish_reason = u.seq.finish_reason
+                samples = self._seqs.get(rid, [u.seq])
+                if all(s.status is Status.FINISHED for s in samples):  # the request's last message
+                    self._seqs.pop(rid, None)
+                    out.usage = usage_of(samples)
+                    self._end(rid, out)
+                    continue
+            stream = self._streams.get(rid)
+            if stream is not None:
+                stream.put(out)
 
     def _end(self, request_id: str, out: Output) -> None:
         with self._lock:
@@ -211,8 +227,8 @@ class AsyncEngine:
     def _fail_all(self, exc: Exception) -> None:
         """Abort the requests of the failed batch with a 500; queued ones and new ones are served as usual."""
         err = OpenAIError(500, f"internal error while decoding: {type(exc).__name__}: {exc}", "server_error")
-        for rid, seq in list(self._seqs.items()):
-            if seq.status is Status.WAITING:
+        for rid, samples in list(self._seqs.items()):
+            if all(s.status is Status.WAITING for s in samples):
                 continue
             self._seqs.pop(rid)
             try:

@@ -1,7 +1,7 @@
 """OpenAI request and error shapes, validated by pydantic.
 
-Unknown fields are refused (extra="forbid") and the known-but-unsupported ones (n > 1, logprobs, penalties,
-tools, ...) get a clear 400: a client never gets an answer that silently ignored what it asked for.
+Unknown fields are refused (extra="forbid") and the known-but-unsupported ones (tools, echo, suffix, best_of)
+get a clear 400: a client never gets an answer that silently ignored what it asked for.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from specdecode.config import ConfigError, SamplingParams
+from specdecode.config import MAX_LOGPROBS, MAX_N, ConfigError, SamplingParams, StructuredOutputs
 
 # Integers are lax: JSON's 16.0 is an integer to JSON Schema and to most clients; 16.5 and "many" still fail.
 TokenId = Annotated[int, Field(ge=0)]
@@ -51,25 +51,34 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1)] = 1
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None  # vLLM's extension
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
     ignore_eos: StrictBool = False
 
     def check_supported(self) -> None:
-        if self.n != 1:
-            raise OpenAIError(400, "n > 1 is not supported; send one request per completion", param="n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0.0):
-                raise OpenAIError(400, f"{name} is not supported (only 0)", param=name)
-        if self.logit_bias:
-            raise OpenAIError(400, "logit_bias is not supported", param="logit_bias")
         if isinstance(self.stop, list) and len(self.stop) > 4:
             raise OpenAIError(400, "at most 4 stop sequences", param="stop")
         if self.stream_options is not None and not self.stream:
             raise OpenAIError(400, "stream_options is only allowed with stream: true", param="stream_options")
+
+    def token_bias(self) -> dict[int, float] | None:
+        """logit_bias with its keys as token ids (JSON object keys are strings)."""
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(k): v for k, v in self.logit_bias.items()}
+        except ValueError:
+            raise OpenAIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
+
+    def num_logprobs(self) -> int | None:
+        return None
+
+    def structured(self) -> StructuredOutputs | None:
+        return None
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         """Sampling parameters for the engine; OpenAI's default temperature is 1."""
@@ -82,6 +91,13 @@ class _Common(BaseModel):
                 seed=self.seed,
                 stop=self.stop or None,
                 ignore_eos=self.ignore_eos,
+                n=self.n,
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=self.repetition_penalty or 1.0,
+                logit_bias=self.token_bias(),
+                logprobs=self.num_logprobs(),
+                structured_outputs=self.structured(),
             )
         except ConfigError as e:
             raise OpenAIError(400, str(e)) from e
@@ -92,7 +108,7 @@ class CompletionRequest(_Common):
         Text | TokenIds | Annotated[list[Text], Field(min_length=1)] | Annotated[list[TokenIds], Field(min_length=1)]
     )
     echo: StrictBool = False
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     suffix: str | None = None
     best_of: int | None = None
 
@@ -100,12 +116,13 @@ class CompletionRequest(_Common):
         super().check_supported()
         if self.echo:
             raise OpenAIError(400, "echo is not supported", param="echo")
-        if self.logprobs is not None:
-            raise OpenAIError(400, "logprobs are not supported", param="logprobs")
         if self.suffix:
             raise OpenAIError(400, "suffix is not supported", param="suffix")
-        if self.best_of not in (None, 1):
-            raise OpenAIError(400, "best_of > 1 is not supported", param="best_of")
+        if self.best_of not in (None, self.n):
+            raise OpenAIError(400, "best_of other than n is not supported", param="best_of")
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         """One prompt per request (as n = 1): a string or a list of token ids."""
@@ -117,6 +134,22 @@ class CompletionRequest(_Common):
         if not p:
             raise OpenAIError(400, "prompt is empty", param="prompt")
         return p
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str
+    description: str | None = None
+    schema_: dict = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, json_object (any JSON object) or json_schema (JSON valid for a schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ContentPart(BaseModel):
@@ -140,19 +173,30 @@ class ChatCompletionRequest(_Common):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
-    response_format: dict | None = None
+    response_format: ResponseFormat | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs is not None:
-            raise OpenAIError(400, "logprobs are not supported", param="logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if self.tools or self.tool_choice not in (None, "none"):
             raise OpenAIError(400, "tools are not supported", param="tools")
-        if self.response_format not in (None, {"type": "text"}):
-            raise OpenAIError(400, "response_format other than text is not supported", param="response_format")
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def structured(self) -> StructuredOutputs | None:
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return StructuredOutputs(json_object=True)
+        if fmt.json_schema is None:
+            raise OpenAIError(400, "response_format json_schema needs a json_schema object", param="response_format")
+        return StructuredOutputs(json=fmt.json_schema.schema_)
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -29,10 +29,16 @@ def assert_error(r: httpx.Response, status: int, words: str) -> None:
         ({**GOOD, "temperature": -1}, 400, "temperature"),
         ({"prompt": "Hello"}, 400, "model"),
         ({**GOOD, "model": "gpt-4"}, 404, "does not exist"),
-        ({**GOOD, "n": 2}, 400, "n > 1"),
-        ({**GOOD, "logprobs": 3}, 400, "logprobs"),
+        ({**GOOD, "n": 17}, 400, "n"),
+        ({**GOOD, "logprobs": 21}, 400, "logprobs"),
         ({**GOOD, "echo": True}, 400, "echo"),
-        ({**GOOD, "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ({**GOOD, "presence_penalty": 2.5}, 400, "presence_penalty"),
+        ({**GOOD, "frequency_penalty": -3}, 400, "frequency_penalty"),
+        ({**GOOD, "repetition_penalty": 0}, 400, "repetition_penalty"),
+        ({**GOOD, "logit_bias": {"5": 101}}, 400, "logit_bias"),
+        ({**GOOD, "logit_bias": {"word": 1}}, 400, "logit_bias keys must be token ids"),
+        ({**GOOD, "logit_bias": {"99999999": 1}}, 400, "logit_bias keys must be token ids in 0.."),
+        ({**GOOD, "best_of": 3}, 400, "best_of"),
         ({**GOOD, "frobnicate": 1}, 400, "frobnicate"),
         ({**GOOD, "prompt": ""}, 400, "prompt"),
         ({**GOOD, "prompt": [1, 2, 10**9]}, 400, "token ids"),
@@ -53,6 +59,17 @@ def test_chat_errors(server):
     assert_error(post(server, bad_role, "/v1/chat/completions"), 400, "role")
     tools = {**chat, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}
     assert_error(post(server, tools, "/v1/chat/completions"), 400, "tools")
+    hi = {**chat, "messages": [{"role": "user", "content": "hi"}]}
+    bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
+    for body, words in [
+        ({**hi, "response_format": bad_schema}, "schema"),
+        ({**hi, "response_format": {"type": "xml"}}, "response_format"),
+        ({**hi, "response_format": {"type": "json_schema"}}, "needs a json_schema"),
+        ({**hi, "top_logprobs": 2}, "top_logprobs needs logprobs"),
+        ({**hi, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ]:
+        assert_error(post(server, body, "/v1/chat/completions"), 400, words)
+    assert post(server, hi, "/v1/chat/completions").status_code == 200  # still serving
 
 
 def test_malformed_json_and_oversized_body(server):

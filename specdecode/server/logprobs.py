@@ -1,0 +1,45 @@
+"""Logprobs in OpenAI's two shapes: chat's `content` list and completions' parallel arrays.
+
+A token is shown as its own decoded text (vLLM does the same), with its UTF-8 bytes in the chat shape: a token
+that holds part of a multi-byte character decodes to U+FFFD, and its bytes are what a client can join.
+"""
+
+from __future__ import annotations
+
+from specdecode.engine.sequence import TokenLogprob
+
+
+class LogprobFormats:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._text: dict[int, str] = {}
+
+    def token(self, token_id: int) -> str:
+        text = self._text.get(token_id)
+        if text is None:
+            text = self._text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def _entry(self, token_id: int, logprob: float) -> dict:
+        text = self.token(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def chat_logprobs(self, logprobs: list[TokenLogprob]) -> dict:
+        content = [
+            self._entry(lp.token_id, lp.logprob) | {"top_logprobs": [self._entry(t, v) for t, v in lp.top]}
+            for lp in logprobs
+        ]
+        return {"content": content, "refusal": None}
+
+    def completion_logprobs(self, logprobs: list[TokenLogprob], offset: int = 0) -> dict:
+        tokens = [self.token(lp.token_id) for lp in logprobs]
+        offsets, at = [], offset
+        for t in tokens:
+            offsets.append(at)
+            at += len(t)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{self.token(t): v for t, v in lp.top} for lp in logprobs],
+            "text_offset": offsets,
+        }
