@@ -96,6 +96,7 @@ class AsyncEngine:
         self._inbox: deque[tuple] = deque()
         self._streams: dict[str, RequestStream] = {}
         self._seqs: dict[str, list[Sequence]] = {}  # a request's samples, by request id
+        self._unfinished: dict[str, int] = {}  # samples of a request still to send their final message
         self._wake = threading.Event()
         self._stopping = False
         self._running = False
@@ -185,6 +186,7 @@ class AsyncEngine:
             else:
                 self.engine.abort(cmd[1])
                 self._seqs.pop(cmd[1], None)
+                self._unfinished.pop(cmd[1], None)
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         try:
@@ -209,7 +211,9 @@ class AsyncEngine:
                 self.metrics.observe_finished(u.seq)
                 out.finish_reason = u.seq.finish_reason
                 samples = self._seqs.get(rid, [u.seq])
-                if all(s.status is Status.FINISHED for s in samples):  # the request's last message
+                self._unfinished[rid] = self._unfinished.get(rid, len(samples)) - 1
+                if not self._unfinished[rid]:  # the request's last message (samples may end in one step)
+                    del self._unfinished[rid]
                     self._seqs.pop(rid, None)
                     out.usage = usage_of(samples)
                     self._end(rid, out)
@@ -231,6 +235,7 @@ class AsyncEngine:
             if all(s.status is Status.WAITING for s in samples):
                 continue
             self._seqs.pop(rid)
+            self._unfinished.pop(rid, None)
             try:
                 self.engine.abort(rid)
             except Exception:  # noqa: BLE001 - keep failing the others
