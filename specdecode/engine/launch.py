@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import warnings
 from datetime import timedelta
@@ -92,6 +93,8 @@ def _free_port() -> int:
 
 def _worker_main(index: int, world: int, port: int, device: str, packed_kind: str) -> None:
     """A spawned worker (rank index + 1): join, serve until rank 0 closes, leave the group."""
+    # Ctrl-C reaches the whole process group; rank 0 decides when the workers stop (or they see it go).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ[packed_linear.ENV] = packed_kind  # rank 0's measured choice: no probe per worker
     torch.set_num_threads(threads_per_rank(world))
     rank = index + 1
