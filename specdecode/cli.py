@@ -88,6 +88,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="run the target eagerly: no torch.compile warm-up (default: compiled, cached on disk after the first run)",
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="shard the target over N processes (gloo on CPU, NCCL on CUDA; under torchrun N = WORLD_SIZE)",
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -137,6 +143,7 @@ def llm_from_args(a: argparse.Namespace, **overrides):
         device=a.device,
         enforce_eager=a.enforce_eager,
         dtype=a.dtype,
+        tensor_parallel_size=a.tensor_parallel_size,
         **suffix_args(a),
     )
     return LLM(**{**kwargs, **overrides})

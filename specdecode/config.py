@@ -174,6 +174,7 @@ class EngineConfig:
     dtype: str = "float32"
     prefill_chunk: int = 512
     enforce_eager: bool = False  # vLLM's name: run the target eagerly instead of its compiled step
+    tensor_parallel_size: int = 1  # ranks the target is sharded over (specdecode/engine/launch.py)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -182,3 +183,5 @@ class EngineConfig:
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.prefill_chunk < 16:
             raise ConfigError(f"prefill_chunk must be >= 16, got {self.prefill_chunk}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")

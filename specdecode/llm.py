@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from itertools import count
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -15,6 +17,7 @@ from specdecode.control import make_controller
 from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
 from specdecode.engine.engine import Engine
+from specdecode.engine.launch import TensorParallelRuntime, check_tensor_parallel
 from specdecode.engine.sequence import Sequence, TokenLogprob
 from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
 from specdecode.models.llama import LlamaModel, load_llama
@@ -105,8 +108,13 @@ class LLM:
         suffix_spec_factor: float = 1.0,
         suffix_min_prob: float = 0.1,
         enforce_eager: bool | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
-        """enforce_eager: skip the compiled step (models/compiled.py); None reads $SPECDECODE_ENFORCE_EAGER."""
+        """enforce_eager: skip the compiled step (models/compiled.py); None reads $SPECDECODE_ENFORCE_EAGER.
+
+        tensor_parallel_size: shard the target over this many processes (specdecode/engine/launch.py); call
+        `close()` (or use the LLM as a context manager) to stop them before exit.
+        """
         if method == "draft" and draft is None:  # the draft shipped for a built-in target, if there is one
             draft = DEFAULT_DRAFTS.get(target)
         self.spec = SpeculativeConfig(
@@ -122,14 +130,36 @@ class LLM:
             suffix_spec_factor,
             suffix_min_prob,
         )
+        if tensor_parallel_size > 1:
+            enforce_eager = check_tensor_parallel(method, device, enforce_eager)
         if enforce_eager is None:
             enforce_eager = os.environ.get(ENFORCE_EAGER_ENV, "0") not in ("", "0")
-        self.engine_config = EngineConfig(max_num_seqs, max_model_len, device, dtype, prefill_chunk, enforce_eager)
+        self.engine_config = EngineConfig(
+            max_num_seqs, max_model_len, device, dtype, prefill_chunk, enforce_eager, tensor_parallel_size
+        )
         if device == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)
         target_dir = resolve_model_dir(target)
+        self._tp: TensorParallelRuntime | None = None
+        if tensor_parallel_size > 1:  # under torchrun, ranks > 0 serve in here and exit
+            self._tp = TensorParallelRuntime.start(target_dir, device, DTYPES[dtype], tensor_parallel_size)
+            self._close_tp = weakref.finalize(self, self._tp.close)  # also when collected, and at exit
+            self.target = self._tp.target
+        else:
+            self.target = load_target(target_dir, device, DTYPES[dtype], enforce_eager)
+        try:
+            self._build_engine(target, target_dir)
+        except BaseException:
+            self.close()  # a constructor that fails leaves no workers behind
+            raise
+        self._ids = count()
+
+    def _build_engine(self, target: str, target_dir: Path) -> None:
+        """Everything around the loaded target: tokenizer, draft model, drafter, controller, engine."""
+        spec, config = self.spec, self.engine_config
+        draft, method, controller = spec.draft, spec.method, spec.controller
+        device, dtype, max_model_len = config.device, config.dtype, config.max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(target_dir)
-        self.target = load_target(target_dir, device, DTYPES[dtype], enforce_eager)
         self.draft_model = None
         if draft is not None and method == "draft":
             draft_dir = resolve_model_dir(draft)
@@ -151,7 +181,17 @@ class LLM:
             self.max_model_len,
             self._eos_ids(),
         )
-        self._ids = count()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent)."""
+        if self._tp is not None:
+            self._close_tp()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}

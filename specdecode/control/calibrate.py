@@ -32,7 +32,7 @@ def model_fingerprint(model: LlamaModel) -> dict:
     """What a step-time profile depends on: the architecture and size, where it runs, and torch."""
     p = model.embed.weight
     cfg = model.cfg
-    return {
+    fingerprint = {
         "model_type": cfg.model_type,
         # From the config: on CPU the linears are packed into oneDNN buffers, so parameters() undercounts.
         "hidden_size": cfg.hidden_size,
@@ -46,6 +46,10 @@ def model_fingerprint(model: LlamaModel) -> dict:
         "torch": torch.__version__,
         "step": "compiled" if model.step.compiled else "eager",  # the compiled step's curve is another curve
     }
+    tp = getattr(model, "tensor_parallel_size", 1)  # a sharded target (engine/tensor_parallel.py) costs otherwise
+    if tp > 1:  # only then: single-process fingerprints, and the profiles saved under them, stay as they were
+        fingerprint["tensor_parallel_size"] = tp
+    return fingerprint
 
 
 def profile_path(model: LlamaModel) -> Path:

@@ -1,0 +1,122 @@
+"""A test on a gloo group: the test's own process is rank 0 and runs the case; spawned workers serve every
+tensor-parallel target it starts, as workers do (specdecode.engine.tensor_parallel.serve).
+
+One spawn serves many targets in a row (each a "session", announced to the workers on the default group), so a
+test pays for starting a process once, and rank 0 reuses the test process's imports. A session may carry a
+fault, injected into the real code on every rank (or on rank 0 only, for the driver's own faults), for negative
+controls.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from specdecode.engine import tensor_parallel as tp_engine
+from specdecode.engine.tensor_parallel import TensorParallelGroup, TensorParallelTarget, serve
+from specdecode.kv import KVCache
+from specdecode.models import packed_linear
+from specdecode.models import tensor_parallel as tp_models
+
+CPU = torch.device("cpu")
+
+
+def _rank0_slices() -> AbstractContextManager:
+    """Every rank keeps rank 0's heads and columns: a wrong shard offset."""
+    real = tp_models.shard_range
+    return mock.patch.object(tp_models, "shard_range", lambda n, rank, world: real(n, 0, world))
+
+
+# Faults every rank runs with (a fault on one rank only would desynchronise the collectives).
+FAULTS: dict[str, Callable[[], AbstractContextManager]] = {
+    "skip_all_reduce": lambda: mock.patch.object(dist, "all_reduce", lambda *args, **kwargs: None),
+    "rank0_slices": _rank0_slices,
+}
+# Faults of the driver alone: the workers never hear of the K/V moves rank 0 makes.
+DRIVER_FAULTS: dict[str, Callable[[], AbstractContextManager]] = {
+    "unmirrored_compact": lambda: mock.patch.object(tp_engine.MirroredCache, "compact", KVCache.compact),
+}
+
+
+def run_on_ranks(case: Callable, *args, world: int = 2):
+    """case(*args) in this process, as rank 0 of a gloo group whose other ranks are spawned workers; returns
+    what it returns. The group lives for this call only."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The workers pack linears as this process does, without probing the machine again (seconds under load).
+    spawn_args = (world, port, packed_linear.choice())
+    workers = mp.start_processes(_worker_main, args=spawn_args, nprocs=world - 1, join=False, start_method="spawn")
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world)
+        try:
+            result = case(*args)
+            _announce(None)  # no more sessions
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        for p in workers.processes:
+            p.terminate()
+        raise
+    while not workers.join():  # re-raises a worker's exception
+        pass
+    return result
+
+
+def _worker_main(index: int, world: int, port: int, packed_kind: str) -> None:
+    os.environ[packed_linear.ENV] = packed_kind
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=index + 1, world_size=world)
+    try:
+        _serve_sessions()
+    finally:
+        dist.destroy_process_group()
+
+
+def _announce(fault: str | None | bool) -> None:
+    """Rank 0 tells the workers another session starts (with this fault, or none: False), or that none will."""
+    dist.broadcast_object_list([fault], src=0)
+
+
+def _serve_sessions() -> None:
+    while True:
+        msg = [None]
+        dist.broadcast_object_list(msg, src=0)
+        if msg[0] is None:
+            return
+        with FAULTS[msg[0]]() if msg[0] in FAULTS else nullcontext():
+            tp = TensorParallelGroup.join(CPU)
+            serve(tp)
+            tp.close()
+
+
+@contextmanager
+def session(fault: str | None = None) -> Iterator[None]:
+    """Rank 0: the workers join the next target's group (an LLM with tensor_parallel_size, or `driven`)."""
+    _announce(fault or False)
+    faults = {**FAULTS, **DRIVER_FAULTS}
+    with faults[fault]() if fault else nullcontext():
+        yield
+
+
+@contextmanager
+def driven(
+    model_dir: Path | str, fault: str | None = None, dtype: torch.dtype = torch.float32
+) -> Iterator[TensorParallelTarget]:
+    """Rank 0: a sharded target over every rank, closed (workers released) on exit."""
+    with session(fault):
+        tp = TensorParallelGroup.join(CPU)
+        target = TensorParallelTarget(tp, Path(model_dir), dtype)
+        try:
+            yield target
+        finally:
+            target.close()
+            tp.close()
