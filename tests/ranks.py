@@ -43,6 +43,7 @@ FAULTS: dict[str, Callable[[], AbstractContextManager]] = {
 # Faults of the driver alone: the workers never hear of the K/V moves rank 0 makes.
 DRIVER_FAULTS: dict[str, Callable[[], AbstractContextManager]] = {
     "unmirrored_compact": lambda: mock.patch.object(tp_engine.MirroredCache, "compact", KVCache.compact),
+    "unmirrored_copy_prefix": lambda: mock.patch.object(tp_engine.MirroredCache, "copy_prefix", KVCache.copy_prefix),
 }
 
 

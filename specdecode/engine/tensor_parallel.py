@@ -5,9 +5,10 @@ Rank 0 (the driver) holds a `TensorParallelTarget`: it looks like a `LlamaModel`
 the controllers, and before each forward it broadcasts that forward's inputs (tokens, attention metadata, which
 logits to compute) to the workers, then runs its own shard; the shards meet in the layers' all-reduces and the
 LM head's gather, and only rank 0 gets the logits, verifies and samples. The next step's tokens reach the
-workers as the next forward's inputs. The KV cache a driver hands out (`MirroredCache`) repeats its one K/V move,
-`compact` (a tree's accepted path), on every rank; lengths, slots and rollback are rank 0's bookkeeping alone,
-since the workers get each forward's positions and write indices explicitly.
+workers as the next forward's inputs. The KV cache a driver hands out (`MirroredCache`) repeats its K/V moves,
+`compact` (a tree's accepted path) and `copy_prefix` (n samples of one prompt), on every rank; lengths, slots
+and rollback are rank 0's bookkeeping alone, since the workers get each forward's positions and write indices
+explicitly.
 
 Workers (`serve`) take orders only from rank 0's broadcasts, in order, and decide nothing themselves, so
 nothing that differs between processes (timing-based controllers, drafters' state, random streams) can make
@@ -38,7 +39,7 @@ from specdecode.models.tensor_parallel import load_sharded_llama
 
 CONTROL_TIMEOUT = timedelta(days=365)  # a worker waits for the next order as long as the driver stays idle
 HEADER = 8  # int64 slots of an order's header: [op, cache id, up to 6 arguments]
-FORWARD, COMPACT, NEW_CACHE, FREE_CACHE, STOP = range(5)  # the orders
+FORWARD, COMPACT, NEW_CACHE, FREE_CACHE, STOP, COPY_PREFIX = range(6)  # the orders
 
 
 @dataclass
@@ -102,6 +103,10 @@ class MirroredCache(KVCache):
             self.tp.send_header(COMPACT, self.cache_id, slot, start, len(offsets))
             self.tp.broadcast(torch.tensor(offsets, dtype=torch.long, device=self.tp.device))
         super().compact(slot, start, offsets)
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        self.tp.send_header(COPY_PREFIX, self.cache_id, src, dst, length)  # n samples sharing a prompt
+        super().copy_prefix(src, dst, length)
 
 
 class TensorParallelTarget:
@@ -217,6 +222,8 @@ def serve(tp: TensorParallelGroup) -> None:
             slot, start, count = args[:3]
             offsets = tp.broadcast(torch.empty(count, dtype=torch.long, device=tp.device)).tolist()
             caches[cache_id].compact(slot, start, offsets)
+        elif op == COPY_PREFIX:
+            caches[cache_id].copy_prefix(*args[:3])
         elif op == NEW_CACHE:
             caches[cache_id] = shard.new_cache(args[0], args[1])
         elif op == FREE_CACHE:

@@ -24,12 +24,17 @@ PROMPTS = [
 ]
 
 
+# n samples of one prompt: later samples copy sample 0's prompt K/V, on every rank (MirroredCache.copy_prefix).
+SAMPLES = SamplingParams(temperature=0.9, max_tokens=12, ignore_eos=True, seed=4, n=3)
+
+
 def _generate(llm: LLM) -> dict:
     outs = llm.generate(PROMPTS, GREEDY)
     return {
         "tokens": [o.token_ids for o in outs],
         "drafted": sum(o.metrics["num_drafted"] for o in outs),
         "accepted": sum(o.metrics["num_accepted"] for o in outs),
+        "samples": [o.token_ids for o in llm.generate(PROMPTS[2:3], SAMPLES)[0].outputs],
     }
 
 
@@ -57,6 +62,8 @@ def outputs(tiny_target, tiny_draft) -> dict[str, dict]:
 def test_tensor_parallel_greedy_equals_single_process(outputs, method):
     out = outputs[f"{method}+fixed"]
     assert out["tokens"] == outputs["reference"]["tokens"]
+    if method != "draft":  # one-hot drafts: a seeded sample's tokens are plain sampling's (streams.py)
+        assert out["samples"] == outputs["reference"]["samples"]
     if method != "none":
         assert out["drafted"] > 0
 

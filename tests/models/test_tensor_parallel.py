@@ -63,6 +63,10 @@ def _script(model, cache) -> list[torch.Tensor]:
     cache.set_length(SLOTS[1], 0)  # the slot goes to a new request: its stale K/V stay and must never be read
     steps.append(_prefill(model, cache, SLOTS[1:2], [[70, 71, 72, 73, 74, 75]]))
     steps.append(_prefill(model, cache, SLOTS, [[80], [81], [82]]))
+    n = cache.lengths[SLOTS[0]]
+    cache.copy_prefix(SLOTS[0], 1, n)  # a second sample of slot 2's prompt continues from a copy of its K/V
+    cache.set_length(1, n)
+    steps.append(_prefill(model, cache, [1], [[90, 91]]))
     return steps
 
 
@@ -121,7 +125,7 @@ def test_smollm2_logits_equal_single_process(diffs):
 @pytest.mark.parametrize("fault", [*FAULTS, *DRIVER_FAULTS])
 def test_control_faults_are_caught(diffs, fault):
     """Negative controls: a skipped all-reduce, every rank slicing rank 0's heads and columns, and a compaction
-    the workers never hear of each fail the same check by orders of magnitude."""
+    or a prefix copy the workers never hear of each fail the same check by orders of magnitude."""
     assert max(diffs[f"fault:{fault}"].steps) > 1000 * TOLERANCE, diffs[f"fault:{fault}"]
 
 
@@ -129,6 +133,12 @@ def test_unmirrored_compact_shows_only_after_the_tree(diffs):
     """The tree step itself is right (the fault is in the commit after it): the check sees the cache, not luck."""
     per_step = diffs["fault:unmirrored_compact"].steps
     assert max(per_step[:2]) < TOLERANCE and max(per_step[2:]) > 1000 * TOLERANCE
+
+
+def test_unmirrored_copy_shows_only_at_the_copy(diffs):
+    """Every step before the copy is right; the one that reads the copied K/V is not."""
+    per_step = diffs["fault:unmirrored_copy_prefix"].steps
+    assert max(per_step[:-1]) < TOLERANCE and per_step[-1] > 1000 * TOLERANCE
 
 
 def test_shard_ranges_cover_everything_once():
