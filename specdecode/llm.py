@@ -123,6 +123,11 @@ class LLM:
         )
         self._ids = count()
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the target scores (the tokenizer may know more)."""
+        return self.target.cfg.vocab_size
+
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
         eos = self.target.cfg.eos_token_id
