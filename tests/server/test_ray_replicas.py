@@ -24,6 +24,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from specdecode.cli import main
 from specdecode.config import ConfigError, SamplingParams
 from specdecode.llm import LLM, RequestOutput
 from specdecode.models import packed_linear
@@ -120,6 +121,21 @@ def test_scale_config_checks():
     for bad in (dict(replicas=0), dict(replicas=2, min_replicas=3), dict(replicas=2, max_replicas=1)):
         with pytest.raises(ConfigError):
             ScaleConfig(**bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["serve", "--min-replicas", "1"], "--min-replicas needs --replicas"),
+        (["serve", "--ray-address", "auto"], "--ray-address needs --replicas"),
+        (["serve", "--replicas", "0"], "--replicas must be >= 1"),
+        (["serve", "--replicas", "2", "--min-replicas", "3"], "--min-replicas <= --replicas"),
+    ],
+)
+def test_serve_replica_flags_are_checked_before_ray_starts(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
 
 
 def test_merged_metrics_have_one_family_with_a_sample_per_replica():
