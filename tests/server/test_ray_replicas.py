@@ -24,7 +24,8 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdecode.cli import main
+from specdecode.bench.serve import arm_flags, expand_arms
+from specdecode.cli import build_parser, main
 from specdecode.config import ConfigError, SamplingParams
 from specdecode.llm import LLM, RequestOutput
 from specdecode.models import packed_linear
@@ -136,6 +137,15 @@ def test_serve_replica_flags_are_checked_before_ray_starts(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err
+
+
+def test_bench_serve_runs_each_arm_per_replica_count():
+    a = build_parser().parse_args(["bench", "serve", "--prompts", "p.jsonl", "--replicas", "2,1", "--arms", "goodput"])
+    arms = expand_arms(a.arms, a.replicas)
+    assert arms == ["goodput x1", "goodput x2"]
+    flags = arm_flags(arms[1], a)
+    assert flags[-2:] == ["--replicas", "2"] and "--controller" in flags
+    assert "--replicas" not in arm_flags("goodput", a)  # without --replicas: the single server, as before
 
 
 def test_merged_metrics_have_one_family_with_a_sample_per_replica():
