@@ -72,6 +72,14 @@ class ScaleConfig:
     def threads(self) -> int:
         return max(1, round(self.cpus_per_replica))
 
+    def replica_options(self, slots: int) -> dict[str, Any]:
+        """Ray Serve's options for the replica count: fixed, or its autoscaler on queue depth, which adds a
+        replica once requests wait behind the batch slots (more than `slots` in flight per replica)."""
+        if self.low == self.high:
+            return {"num_replicas": self.replicas}
+        limits = {"min_replicas": self.low, "max_replicas": self.high, "initial_replicas": self.replicas}
+        return {"autoscaling_config": limits | {"target_ongoing_requests": slots}}
+
 
 def worker_env() -> dict[str, str]:
     """Environment variables the replicas need: the `specdecode` this process imported, its SPECDECODE_* settings.
@@ -163,11 +171,6 @@ def build_application(llm_kwargs: dict, config: ServerConfig, scale: ScaleConfig
     """
     slots = llm_kwargs.get("max_num_seqs", 8)
     per_replica = slots + config.max_waiting  # what one AsyncEngine holds before it would answer 429
-    if scale.low == scale.high:
-        count: dict[str, Any] = {"num_replicas": scale.replicas}
-    else:  # Ray's autoscaler on queue depth: more replicas once requests wait beyond the batch slots
-        autoscaling = {"min_replicas": scale.low, "max_replicas": scale.high, "initial_replicas": scale.replicas}
-        count = {"autoscaling_config": autoscaling | {"target_ongoing_requests": slots}}
     gpus = 1 if str(llm_kwargs.get("device", "cpu")).startswith("cuda") else 0
     engines = serve.deployment(EngineReplica).options(
         name="engine",
@@ -176,7 +179,7 @@ def build_application(llm_kwargs: dict, config: ServerConfig, scale: ScaleConfig
         request_router_config=RequestRouterConfig(request_router_class=LeastWorkRouter),
         health_check_period_s=2.0,
         max_constructor_retry_count=3,  # a replica that cannot load its model fails the deploy, not 20 retries
-        **count,
+        **scale.replica_options(slots),
     )
     ingress = serve.deployment(serve.ingress()(Ingress)).options(
         name="ingress",

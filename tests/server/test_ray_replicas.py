@@ -29,12 +29,14 @@ from specdecode.cli import build_parser, main
 from specdecode.config import ConfigError, SamplingParams
 from specdecode.llm import LLM, RequestOutput
 from specdecode.models import packed_linear
+from specdecode.server.app import ServerConfig
 from specdecode.server.router import LoadBook, ReplicaLoad, rank_replicas, request_work
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
-from specdecode.server.app import ServerConfig  # noqa: E402 - after the guard: these import ray
+from ray.serve.config import AutoscalingConfig  # noqa: E402 - after the guard: these import ray
+
 from specdecode.server.ingress import Job, ModelCard, merge_expositions  # noqa: E402
 from specdecode.server.ray_app import ScaleConfig, connect, deploy  # noqa: E402
 
@@ -116,9 +118,11 @@ def test_least_work_keeps_a_burst_within_one_request_and_request_counting_does_n
     assert failures >= len(bursts) // 4
 
 
-def test_scale_config_checks():
-    assert ScaleConfig(2).low == ScaleConfig(2).high == 2
-    assert ScaleConfig(2, 1, 4).high == 4
+def test_scale_config_checks_and_autoscales_on_queue_depth():
+    assert ScaleConfig(2).replica_options(16) == {"num_replicas": 2}
+    autoscaling = ScaleConfig(2, 1, 4).replica_options(16)["autoscaling_config"]
+    assert AutoscalingConfig(**autoscaling).target_ongoing_requests == 16  # the batch slots: beyond, requests wait
+    assert (autoscaling["min_replicas"], autoscaling["initial_replicas"], autoscaling["max_replicas"]) == (1, 2, 4)
     for bad in (dict(replicas=0), dict(replicas=2, min_replicas=3), dict(replicas=2, max_replicas=1)):
         with pytest.raises(ConfigError):
             ScaleConfig(**bad)
@@ -310,6 +314,21 @@ def test_errors_keep_the_single_server_bodies(cluster):
         url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 5000}, timeout=TIMEOUT_S
     )
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_client_that_disconnects_frees_its_replica_slot(cluster):
+    """The ingress cancels the replica's stream and the replica aborts the request: it leaves the batch without
+    finishing (a request left to run would end up counted as finished)."""
+    url, _ = cluster
+    finished = sum(finished_per_replica(url).values())
+    body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=TIMEOUT_S) as r:
+        next(line for line in r.iter_lines() if line.startswith("data: {"))  # generating; now hang up
+    deadline = time.monotonic() + TIMEOUT_S
+    while sum(r["running"] + r["waiting"] for r in health(url)["replicas"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sum(r["running"] + r["waiting"] for r in health(url)["replicas"]) == 0
+    assert sum(finished_per_replica(url).values()) == finished
 
 
 def test_model_card_tokenizes_as_the_llm(cluster):
