@@ -10,6 +10,7 @@ in-flight requests with 503 (the others finish) and Ray replaces it.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import socket
 import time
@@ -202,7 +203,7 @@ def cluster(tiny_full_vocab) -> Iterator[tuple[str, Reference]]:
         target=str(tiny_full_vocab), method="ngram", num_speculative_tokens=4, max_num_seqs=SLOTS, max_model_len=512
     )
     config = ServerConfig(MODEL, max_waiting=QUEUE, request_timeout_s=TIMEOUT_S)
-    threads = torch.get_num_threads()
+    threads, environ = torch.get_num_threads(), os.environ.copy()  # connect() exports the replicas' settings
     packed_linear.choice()  # timed once, before the replicas (which take it) and the reference start
     try:
         with ThreadPoolExecutor(1) as pool:
@@ -213,6 +214,8 @@ def cluster(tiny_full_vocab) -> Iterator[tuple[str, Reference]]:
     finally:
         ray.shutdown()
         torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 def health(url: str) -> dict:
