@@ -50,7 +50,7 @@ class ServerConfig:
 
 
 class EngineClient(Protocol):
-    """What the handlers need of an engine: `AsyncEngine` in this process, `ray_app.RemoteEngine` over replicas."""
+    """What the handlers need of an engine: `AsyncEngine` in this process, `ingress.RemoteEngine` over replicas."""
 
     @property
     def alive(self) -> bool: ...
@@ -81,7 +81,7 @@ class Server:
 
     def __init__(self, llm, config: ServerConfig, metrics: ServerMetrics, engine: EngineClient | None = None) -> None:
         """`llm` is used for its tokenizer and limits (encode, apply_chat_template, vocab_size, max_model_len);
-        `engine` defaults to an `AsyncEngine` over `llm.engine` (`ray_app` passes one that forwards to replicas).
+        `engine` defaults to an `AsyncEngine` over `llm.engine` (`ingress.py` passes one that forwards to replicas).
         """
         self.llm = llm
         self.config = config
