@@ -6,6 +6,10 @@ import argparse
 import os
 import signal
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specdecode.server.app import ServerConfig
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -69,7 +73,7 @@ def serve(a: argparse.Namespace) -> None:
         raise ConfigError(f"could not serve on {a.host}:{a.port} (see the log above)")
 
 
-def serve_replicas(a: argparse.Namespace, config) -> None:
+def serve_replicas(a: argparse.Namespace, config: ServerConfig) -> None:
     """`serve --replicas N`: the application on Ray Serve until SIGTERM or Ctrl-C (see server/ray_app.py)."""
     from specdecode.cli import llm_kwargs
     from specdecode.config import ConfigError
