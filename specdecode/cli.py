@@ -8,6 +8,7 @@ Usage:
     specdecode bench --method ngram --prompts ../shared/data/specbench_question.jsonl --json
     specdecode bench sweep --prompts ../shared/data/specbench_question.jsonl --concurrency 1,4,16
     specdecode serve --port 8000 --api-key secret
+    specdecode serve --replicas 2 --port 8000
     specdecode calibrate
     specdecode select-layers --out choice.json --vocab-data ../shared/data/distill/responses.npz
     specdecode distill --data responses.npz --out drafts/smol-2l --layers 2 --init-from-target --steps 2000
@@ -126,10 +127,8 @@ def suffix_args(a: argparse.Namespace) -> dict:
     )
 
 
-def llm_from_args(a: argparse.Namespace, **overrides):
-    """The LLM the model flags describe; `overrides` replace any of its keyword arguments."""
-    from specdecode.llm import LLM  # heavy imports only once the arguments are known to be valid
-
+def llm_kwargs(a: argparse.Namespace, **overrides) -> dict:
+    """The LLM keyword arguments the model flags describe; `overrides` replace any of them."""
     kwargs = dict(
         target=a.target,
         draft=a.draft,
@@ -146,7 +145,14 @@ def llm_from_args(a: argparse.Namespace, **overrides):
         tensor_parallel_size=a.tensor_parallel_size,
         **suffix_args(a),
     )
-    return LLM(**{**kwargs, **overrides})
+    return {**kwargs, **overrides}
+
+
+def llm_from_args(a: argparse.Namespace, **overrides):
+    """The LLM the model flags describe; `overrides` replace any of its keyword arguments."""
+    from specdecode.llm import LLM  # heavy imports only once the arguments are known to be valid
+
+    return LLM(**llm_kwargs(a, **overrides))
 
 
 def cmd_generate(a: argparse.Namespace) -> None:

@@ -193,11 +193,20 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the target scores (the tokenizer may know more)."""
+        return self.target.cfg.vocab_size
+
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
         eos = self.target.cfg.eos_token_id
         ids.update(eos if isinstance(eos, list) else [eos])
         return {i for i in ids if i is not None}
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ConfigError for what the engine would refuse (bias keys, schemas, the prompt)."""
+        self.engine.check_request(prompt_ids, params)
 
     def encode(self, prompt: str) -> list[int]:
         if not prompt:

@@ -164,6 +164,13 @@ def add_serve_bench_args(g: argparse._ArgumentGroup) -> None:
         "--rates", type=positive_float_list, default=[0.25, 0.5, 1.0, 2.0], help="requests per second (Poisson)"
     )
     g.add_argument("--requests-per-rate", type=int, default=16, help="requests sent at each rate")
+    g.add_argument(
+        "--replicas",
+        type=positive_int_list,
+        default=None,
+        help="serve each arm with N replicas on Ray Serve, for each N (e.g. 1,2; default arm goodput; "
+        "writes results/serve_replicas.json unless --output)",
+    )
 
 
 def add_cost_args(g: argparse._ArgumentGroup) -> None:
@@ -180,6 +187,8 @@ def run_bench(a: argparse.Namespace) -> None:
     mode = BENCH_MODES[a.mode]
     if mode.needs_prompts and not a.prompts:
         raise ConfigError(f"bench {a.mode} needs --prompts (e.g. ../shared/data/specbench_question.jsonl)")
+    if a.mode == "serve" and a.replicas and a.output is None:
+        a.output = "results/serve_replicas.json"  # never over the committed single-server results
     for key, value in mode.defaults.items():
         if getattr(a, key) is None:
             setattr(a, key, value)

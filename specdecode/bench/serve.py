@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -41,6 +42,19 @@ class RequestTiming:
     e2e: float
     tokens: int
     status: int
+
+
+def expand_arms(arms: list[str], replicas: list[int] | None) -> list[str]:
+    """Each arm once, or with `bench serve --replicas 1,2` once per replica count: 'goodput x2'."""
+    return [f"{arm} x{n}" for arm in arms for n in replicas] if replicas else arms
+
+
+def arm_flags(arm: str, a: argparse.Namespace) -> list[str]:
+    """`specdecode serve` flags of an arm; 'ARM xN' serves N replicas on Ray Serve."""
+    name, _, replicas = arm.partition(" x")
+    # The later flags win in argparse, so the arm's --method none overrides the model's method.
+    flags = model_flags(a) + parse_arm(name, a.num_speculative_tokens)
+    return flags + (["--replicas", replicas] if replicas else [])
 
 
 def parse_arm(arm: str, k_max: int) -> list[str]:
@@ -125,7 +139,7 @@ def scrape_speculation(url: str) -> dict[str, float]:
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
         for s in family.samples:
-            if not s.labels or s.name.endswith("_sum") or s.name.endswith("_count"):
+            if set(s.labels) <= {"replica"}:  # totals, summed over replicas (`serve --replicas`)
                 values[s.name] = values.get(s.name, 0.0) + s.value
     k_count = values.get("specdecode_speculative_k_count", 0.0)
     return {
@@ -153,10 +167,9 @@ def model_flags(a: argparse.Namespace) -> list[str]:
 
 def run_arm(arm: str, a: argparse.Namespace, prompts: list[str], schedules: dict[float, np.ndarray], bar, logdir):
     """All rates against one server for this arm; speculation counters are per rate (deltas of /metrics)."""
-    flags = model_flags(a) + parse_arm(arm, a.num_speculative_tokens)
-    # The later flags win in argparse, so the arm's --method none overrides the model's method.
     levels = {}
-    with LiveServer(flags, Path(logdir) / f"{arm.replace(':', '_')}.log") as server:
+    log = Path(logdir) / f"{arm.replace(':', '_').replace(' ', '_')}.log"
+    with LiveServer(arm_flags(arm, a), log) as server:
         asyncio.run(run_level(server.url, prompts[: a.warmup or 1], np.zeros(a.warmup or 1), 16))
         for rate, arrivals in schedules.items():
             before = scrape_speculation(server.url)
@@ -219,9 +232,10 @@ def plot(results: dict[str, dict[float, dict]], rates: list[float], path: Path) 
 
 def run_from_args(a: argparse.Namespace) -> None:
     rates = sorted(set(a.rates))
-    arms = a.arms or ["none", f"fixed:{a.num_speculative_tokens}", "goodput"]
-    for arm in arms:
+    default_arms = ["goodput"] if a.replicas else ["none", f"fixed:{a.num_speculative_tokens}", "goodput"]
+    for arm in a.arms or default_arms:
         parse_arm(arm, a.num_speculative_tokens)  # bad arms fail before any server starts
+    arms = expand_arms(a.arms or default_arms, a.replicas)
     picked = load_jsonl(a.prompts)
     if not picked:
         raise ConfigError(f"no prompts in {a.prompts}")
@@ -235,7 +249,7 @@ def run_from_args(a: argparse.Namespace) -> None:
             results[arm] = run_arm(arm, a, prompts, schedules, bar, logdir)
     console = Console(file=sys.stdout)
     md = render(results, rates, console)
-    verdict = targets(results, rates)
+    verdict = scaling(results, rates, a.replicas) if a.replicas else targets(results, rates)
     console.print(verdict)
     out = Path(a.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -244,6 +258,7 @@ def run_from_args(a: argparse.Namespace) -> None:
         "rates": rates,
         "requests_per_rate": a.requests_per_rate,
         "max_tokens": a.max_tokens,
+        "replicas": a.replicas,
         "arms": {arm: {str(r): v for r, v in levels.items()} for arm, levels in results.items()},
         "targets": verdict,
     }
@@ -271,5 +286,28 @@ def targets(results: dict[str, dict[float, dict]], rates: list[float]) -> str:
     ratio = results["none"][low]["tpot_p50_s"] / results["goodput"][low]["tpot_p50_s"]
     lines.append(
         f"lowest rate: none/goodput TPOT p50 = {ratio:.2f}x ({'met' if ratio >= 1.3 else 'missed'}, need 1.3x)"
+    )
+    return "\n".join(lines)
+
+
+def scaling(results: dict[str, dict[float, dict]], rates: list[float], replicas: list[int]) -> str:
+    """Throughput and TPOT p50 of each replica count against the fewest, per base arm and rate."""
+    base_count = min(replicas)
+    lines = []
+    for arm in dict.fromkeys(name.partition(" x")[0] for name in results):
+        base = results[f"{arm} x{base_count}"]
+        for n in replicas:
+            if n == base_count:
+                continue
+            levels = results[f"{arm} x{n}"]
+            for r in rates:
+                lines.append(
+                    f"{arm}, {r:g} req/s: {n} vs {base_count} replicas: throughput "
+                    f"{levels[r]['throughput_tok_s'] / base[r]['throughput_tok_s']:.2f}x, TPOT p50 "
+                    f"{base[r]['tpot_p50_s'] * 1e3:.1f} -> {levels[r]['tpot_p50_s'] * 1e3:.1f} ms"
+                )
+    lines.append(
+        f"(one CPU and one torch thread per replica; the load generator and every replica share this machine's "
+        f"{os.cpu_count()} cores, so on a small machine this shows the mechanism, not the scaling of real nodes)"
     )
     return "\n".join(lines)

@@ -58,6 +58,21 @@ def sampling_tensors(seqs: list[Sequence], device: torch.device | str, vocab: in
     return st
 
 
+def check_params(params: SamplingParams, vocab: int, tokenizer, eos_ids: list[int], grammars=None):
+    """What a request's sampling parameters need of the model: bias keys in the vocabulary, a schema that compiles
+    (into `grammars`, a GrammarCompiler made here on first use and returned, so the schema is compiled once)."""
+    if params.logit_bias and max(params.logit_bias) >= vocab:
+        raise ConfigError(f"logit_bias keys must be token ids in 0..{vocab - 1}, got {max(params.logit_bias)}")
+    so = params.structured_outputs
+    if so is not None:
+        if grammars is None:
+            from specdecode.grammar import GrammarCompiler  # the grammar library loads on first use
+
+            grammars = GrammarCompiler(tokenizer, vocab, eos_ids)
+        grammars.compile_json(None if so.json_object else so.json)  # an invalid schema fails here
+    return grammars
+
+
 class Engine:
     def __init__(
         self,
@@ -131,16 +146,10 @@ class Engine:
         vocab = self.target.cfg.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ConfigError(f"prompt token ids must be in 0..{vocab - 1}")
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise ConfigError(f"logit_bias keys must be token ids in 0..{vocab - 1}, got {max(params.logit_bias)}")
-        if params.structured_outputs is not None:
-            self._grammar_matcher(params)  # an invalid schema fails here, before anything is queued
+        self._grammars = check_params(params, vocab, self.tokenizer, sorted(self.eos_token_ids), self._grammars)
 
     def _grammar_matcher(self, params: SamplingParams):
-        if self._grammars is None:
-            from specdecode.grammar import GrammarCompiler  # the grammar library loads on first use
-
-            self._grammars = GrammarCompiler(self.tokenizer, self.target.cfg.vocab_size, sorted(self.eos_token_ids))
+        self._grammars = check_params(params, self.target.cfg.vocab_size, self.tokenizer, [], self._grammars)
         so = params.structured_outputs
         return self._grammars.matcher(self._grammars.compile_json(None if so.json_object else so.json))
 

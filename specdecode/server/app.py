@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdecode.config import ConfigError
+from specdecode.config import ConfigError, SamplingParams
 from specdecode.server.async_engine import AsyncEngine, Output, RequestStream
 from specdecode.server.logprobs import LogprobFormats
 from specdecode.server.metrics import ServerMetrics
@@ -49,6 +50,21 @@ class ServerConfig:
             raise ConfigError(f"max body size must be >= 1024 bytes, got {self.max_body_bytes}")
 
 
+class EngineClient(Protocol):
+    """What the handlers need of an engine: `AsyncEngine` in this process, `ingress.RemoteEngine` over replicas."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
 class ClientGone(Exception):
     """The HTTP client disconnected; its request has been aborted."""
 
@@ -64,11 +80,14 @@ def _validation_message(exc: RequestValidationError) -> str:
 class Server:
     """Handlers and the validation they share; `build_app` wires them into FastAPI."""
 
-    def __init__(self, llm, config: ServerConfig, metrics: ServerMetrics) -> None:
+    def __init__(self, llm, config: ServerConfig, metrics: ServerMetrics, engine: EngineClient | None = None) -> None:
+        """`llm` is used for its tokenizer and limits (encode, apply_chat_template, vocab_size, max_model_len);
+        `engine` defaults to an `AsyncEngine` over `llm.engine` (`ingress.py` passes one that forwards to replicas).
+        """
         self.llm = llm
         self.config = config
         self.metrics = metrics
-        self.engine = AsyncEngine(llm.engine, config.max_waiting, metrics)
+        self.engine = engine if engine is not None else AsyncEngine(llm.engine, config.max_waiting, metrics)
         self.formats = LogprobFormats(llm.tokenizer)
         self.created = int(time.time())
 
@@ -92,7 +111,7 @@ class Server:
             )
 
     def check_tokens(self, ids: list[int]) -> None:
-        vocab = self.llm.target.cfg.vocab_size
+        vocab = self.llm.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise OpenAIError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
 
@@ -150,7 +169,7 @@ class Server:
     async def respond(self, req: _Common, request: Request, ids: list[int], max_tokens: int, chat: bool):
         params = req.sampling(max_tokens)
         try:
-            self.llm.engine.check_request(ids, params)  # a bad schema or bias key is a 400, before any stream
+            self.llm.check_request(ids, params)  # a bad schema or bias key is a 400, before any stream
         except ConfigError as e:
             raise OpenAIError(400, str(e)) from e
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -271,6 +290,14 @@ class Server:
         }
         return {"object": "list", "data": [card]}
 
+    async def health(self) -> dict | JSONResponse:
+        if not self.engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        return {"status": "ok"}
+
+    async def prometheus(self) -> bytes:
+        return self.metrics.render()
+
 
 def build_app(llm, config: ServerConfig, engine_thread: bool = True):
     """The ASGI app: FastAPI routes inside the request-counting and body-limit middleware.
@@ -278,8 +305,12 @@ def build_app(llm, config: ServerConfig, engine_thread: bool = True):
     With `engine_thread` the app's lifespan runs the engine loop in a thread; without, the caller runs
     `app.state.server.engine.run()` itself (`specdecode serve` does, in the main thread).
     """
-    metrics = ServerMetrics()
-    server = Server(llm, config, metrics)
+    return serve_app(Server(llm, config, ServerMetrics()), engine_thread)
+
+
+def serve_app(server: Server, engine_thread: bool = True):
+    """`build_app` for a given `Server`: the Ray ingress passes one whose engine and probes span replicas."""
+    config, metrics = server.config, server.metrics
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -307,13 +338,11 @@ def build_app(llm, config: ServerConfig, engine_thread: bool = True):
 
     @app.get("/health")
     async def health():
-        if not server.engine.alive:
-            return JSONResponse({"status": "engine stopped"}, status_code=503)
-        return {"status": "ok"}
+        return await server.health()
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await server.prometheus(), media_type=CONTENT_TYPE_LATEST)
 
     add_error_handlers(app)
     return CountRequests(BodyLimit(app, config.max_body_bytes), metrics), app

@@ -38,11 +38,17 @@ class Output:
     error: OpenAIError | None = None
     index: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked
+    ends_request: bool = False  # set on the request's last message (that of its last sample, or an error)
 
     @property
     def final(self) -> bool:
         """The last message of this sample (or an error, which ends the whole request)."""
         return self.finish_reason is not None or self.error is not None
+
+    @property
+    def done(self) -> bool:
+        """Nothing follows this message on the request's stream."""
+        return self.ends_request or self.error is not None
 
 
 class RequestStream:
@@ -223,6 +229,7 @@ class AsyncEngine:
                 stream.put(out)
 
     def _end(self, request_id: str, out: Output) -> None:
+        out.ends_request = True
         with self._lock:
             stream = self._streams.pop(request_id, None)
         if stream is not None:

@@ -31,6 +31,14 @@ class OpenAIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def __reduce__(self):
+        # Ray carries errors from a replica to the ingress; the default rebuilds from args (the message) alone.
+        return (
+            OpenAIError,
+            (self.status, self.message, self.type),
+            {"param": self.param, "code": self.code, "headers": self.headers},
+        )
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
