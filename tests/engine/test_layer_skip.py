@@ -90,7 +90,7 @@ def test_sampled_drafts_stay_inside_the_subset_and_are_seeded(deep_target, subse
     seqs = [llm.engine.add_request("s", PROMPTS[0], sampled)]
     while seqs[0].status.value != "running":
         llm.engine.step()
-    proposal = llm.engine.drafter.propose(seqs, [3], sampling_tensors(seqs, "cpu"))
+    proposal = llm.engine.drafter.propose(seqs, [3], sampling_tensors(seqs, "cpu", llm.target.cfg.vocab_size))
     outside = torch.ones(llm.target.cfg.vocab_size, dtype=torch.bool)
     outside[SUBSET] = False
     assert proposal.probs.shape == (1, 3, llm.target.cfg.vocab_size)

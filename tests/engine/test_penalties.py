@@ -130,7 +130,7 @@ def check_logprobs(hf, prompt: list[int], out, params: SamplingParams) -> float:
     return worst
 
 
-@pytest.mark.parametrize("method", ["none", "ngram", "ngram_tree", "draft", "self", "eagle"])
+@pytest.mark.parametrize("method", METHODS + HEADS)
 @pytest.mark.parametrize("case", range(len(LOGPROB_CASES)))
 def test_logprobs_equal_the_reference(method, case, tiny_target, drafts, hf):
     params = LOGPROB_CASES[case]
