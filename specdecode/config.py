@@ -91,8 +91,9 @@ class SamplingParams:
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:
                 raise ConfigError(f"{name} must be in [-2, 2], got {value}")
-        if not 0.0 < self.repetition_penalty <= 10.0:
-            raise ConfigError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        # Bounded below so that dividing a logit by it stays finite (the schema fuzzer found 5e-324).
+        if not 0.01 <= self.repetition_penalty <= 10.0:
+            raise ConfigError(f"repetition_penalty must be in [0.01, 10], got {self.repetition_penalty}")
         for token, bias in (self.logit_bias or {}).items():
             if not isinstance(token, int) or token < 0:
                 raise ConfigError(f"logit_bias keys must be token ids >= 0, got {token!r}")

@@ -62,7 +62,7 @@ class _Common(BaseModel):
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None  # vLLM's extension
+    repetition_penalty: Annotated[float, Field(ge=0.01, le=10.0)] | None = None  # vLLM's extension
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
     ignore_eos: StrictBool = False

@@ -160,6 +160,7 @@ def test_bad_penalties_and_bias_are_clear_errors(tiny_target, drafts):
     with pytest.raises(ConfigError, match="logit_bias keys must be token ids in 0..95"):
         llm.generate(PROMPTS[:1], SamplingParams(logit_bias={96: 1.0}))
     for bad in (
+        dict(repetition_penalty=5e-324),  # the schema fuzzer's: a logit divided by it is inf
         dict(frequency_penalty=2.5),
         dict(presence_penalty=-3.0),
         dict(repetition_penalty=0.0),

@@ -96,7 +96,7 @@ def test_json_schema_output_parses_and_validates(client, reference_llm, stream):
 
 def test_json_object_mode(client):
     r = client.chat.completions.create(
-        model=MODEL, messages=CHAT, max_tokens=200, temperature=0.7, seed=1, response_format={"type": "json_object"}
+        model=MODEL, messages=CHAT, max_tokens=48, temperature=0.7, seed=1, response_format={"type": "json_object"}
     )
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(r.choices[0].message.content), dict)
