@@ -22,7 +22,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check specdecode tests
-	$(PY) -m pytest -q -x --durations=15
+	$(PY) -m pytest -q -x --durations=25
 
 # The long forms of the property-based engine tests (>20,000 examples, about an hour on 2 cores) and of the
 # server soak (thousands of requests on loopback); `make test` runs short forms of both.

@@ -22,7 +22,7 @@ from tests.server.conftest import start_server
 from tests.server.soak import DISCONNECT_BODY, Outcome, check_metrics, check_outcomes, rss_bytes, scrape, soak
 
 LONG = os.environ.get("SPECDECODE_SOAK") == "long"
-NUM_REQUESTS = 200  # plus the extra requests of overflow bursts: about 250
+NUM_REQUESTS = 120  # plus the extra requests of overflow bursts: about 150
 LONG_NUM_REQUESTS = 3000
 WARMUP_REQUESTS = 50
 CONTROL_REQUESTS = 100
