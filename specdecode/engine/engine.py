@@ -149,7 +149,8 @@ class Engine:
         self._grammars = check_params(params, vocab, self.tokenizer, sorted(self.eos_token_ids), self._grammars)
 
     def _grammar_matcher(self, params: SamplingParams):
-        self._grammars = check_params(params, self.target.cfg.vocab_size, self.tokenizer, [], self._grammars)
+        vocab, eos = self.target.cfg.vocab_size, sorted(self.eos_token_ids)
+        self._grammars = check_params(params, vocab, self.tokenizer, eos, self._grammars)
         so = params.structured_outputs
         return self._grammars.matcher(self._grammars.compile_json(None if so.json_object else so.json))
 
@@ -291,14 +292,15 @@ class Engine:
         A chain is scored causally; a tree with its ancestor mask and positions by depth (specdecode/tree.py).
         Penalties, logit_bias and grammars adjust the logits at each position for the drafts on its path.
         """
-        proposal, paths, allowed = self._paths(proposal, st)
+        # A tree's depths and ancestor mask, [num_seqs, k + 1] and [num_seqs, k + 1, k + 1]: for attention and paths.
+        depth, mask = (None, None) if proposal.parents is None else tree_layout(proposal.parents, proposal.num_tokens)
+        proposal, paths, allowed = self._paths(proposal, mask, st)
         pending = torch.tensor([[s.token_ids[-1]] for s in seqs], dtype=torch.long, device=self.device)
         tokens = torch.cat([pending, proposal.token_ids.clamp(min=0)], dim=1)  # [num_seqs, k + 1]
         slots, starts = [s.slot for s in seqs], [s.num_cached for s in seqs]
-        depth, mask = (None, None) if proposal.parents is None else tree_layout(proposal.parents, proposal.num_tokens)
         meta = AttentionMetadata.build(
             slots, starts, tokens.shape[1], self.device, depth, mask, proposal.num_tokens + 1, self.cache.max_len
-        )  # a tree's depth and mask: [num_seqs, k + 1], [num_seqs, k + 1, k + 1]
+        )
         out = self.target(tokens, meta, self.cache, return_hidden=self._needs_features)
         logits, hidden = out if self._needs_features else (out, None)  # [num_seqs, k + 1, vocab], [.., hidden]
         if st.adjust is not None:
@@ -314,17 +316,17 @@ class Engine:
         return Verified(result, starts, hidden, logprobs)
 
     def _paths(
-        self, proposal: Proposal, st: SamplingTensors
+        self, proposal: Proposal, tree_mask: torch.Tensor | None, st: SamplingTensors
     ) -> tuple[Proposal, torch.Tensor | None, torch.Tensor | None]:
         """Each verify position's drafted path [num_seqs, k + 1, k] and its grammar masks [num_seqs, k + 1, vocab]
-        (None when nothing adjusts). A chain is cut before its first draft outside the grammar: the target could
-        never accept it, so scoring it and what follows would be wasted."""
+        (None when nothing adjusts). A tree's paths come from its ancestor mask (None for a chain), and a tree is
+        never cut. A chain is cut before its first draft outside the grammar: the target could never accept it,
+        so scoring it and what follows would be wasted."""
         if st.adjust is None:
             return proposal, None, None
         drafts = proposal.token_ids
-        if proposal.parents is not None:
-            mask = tree_layout(proposal.parents, proposal.num_tokens)[1]  # [num_seqs, k + 1, k + 1]
-            paths = tree_paths(drafts, mask)
+        if tree_mask is not None:
+            paths = tree_paths(drafts, tree_mask)
             return proposal, paths, st.adjust.grammar_masks(paths)[0]
         paths = chain_paths(drafts)  # [num_seqs, k + 1, k]
         allowed, valid = st.adjust.grammar_masks(paths)  # valid [num_seqs, k + 1]

@@ -93,6 +93,16 @@ def usage_of(seqs: Sequence | list[Sequence]) -> dict:
     }
 
 
+def at_capacity(capacity: int) -> OpenAIError:
+    """The 429 for a server whose running + queued requests are at capacity (here, or over all replicas)."""
+    return OpenAIError(
+        429,
+        f"server is at capacity ({capacity} requests running or queued); retry shortly",
+        "rate_limit_error",
+        headers={"Retry-After": "1"},
+    )
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine, max_waiting: int, metrics: ServerMetrics) -> None:
         self.engine = engine
@@ -132,12 +142,7 @@ class AsyncEngine:
         stream = RequestStream(request_id, asyncio.get_running_loop())
         with self._lock:
             if len(self._streams) >= self.capacity:
-                raise OpenAIError(
-                    429,
-                    f"server is at capacity ({self.capacity} requests running or queued); retry shortly",
-                    "rate_limit_error",
-                    headers={"Retry-After": "1"},
-                )
+                raise at_capacity(self.capacity)
             self._streams[request_id] = stream
             self._inbox.append(("add", request_id, prompt_ids, params))
         self._wake.set()

@@ -24,7 +24,7 @@ from specdecode.config import SamplingParams
 from specdecode.engine.engine import check_params
 from specdecode.llm import LLM
 from specdecode.server.app import Server
-from specdecode.server.async_engine import Output, RequestStream
+from specdecode.server.async_engine import Output, RequestStream, at_capacity
 from specdecode.server.protocol import OpenAIError
 from specdecode.server.router import request_work
 
@@ -103,12 +103,7 @@ class RemoteEngine:
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
         if len(self._pumps) >= self.capacity:
-            raise OpenAIError(
-                429,
-                f"server is at capacity ({self.capacity} requests running or queued); retry shortly",
-                "rate_limit_error",
-                headers={"Retry-After": "1"},
-            )
+            raise at_capacity(self.capacity)
         stream = RequestStream(request_id, asyncio.get_running_loop())
         task = asyncio.create_task(self._pump(stream, Job(request_id, prompt_ids, params)))
         self._pumps[request_id] = task

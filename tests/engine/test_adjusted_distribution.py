@@ -9,7 +9,6 @@ q the drafts were drawn from, so that case only lowers acceptance; the engine ap
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -20,6 +19,7 @@ from specdecode import LLM
 from specdecode.engine.runner import prefill
 from specdecode.sampling import SamplingTensors, process_logits
 from tests.engine.test_distribution import PARAMS, REPEATING, SHORT, VOCAB, make, models  # noqa: F401
+from tests.engine.test_penalties import penalise
 from tests.stats import assert_follows
 
 N = 2000
@@ -56,15 +56,7 @@ class NoRepeat:
 
 def adjusted(logits: torch.Tensor, prompt: list[int], output: list[int], grammar: bool) -> torch.Tensor:
     """[vocab] logits after logit_bias, the penalties and the toy grammar, by hand."""
-    p = PENALISED
-    logits = logits.double().clone()
-    for token, bias in p.logit_bias.items():
-        logits[token] += bias
-    for token in set(prompt) | set(output):
-        rp = p.repetition_penalty
-        logits[token] = logits[token] / rp if logits[token] > 0 else logits[token] * rp
-    for token, count in Counter(output).items():
-        logits[token] -= p.frequency_penalty * count + p.presence_penalty
+    logits = penalise(logits, prompt, output, PENALISED)
     if grammar:
         last = (prompt + output)[-1]
         for token in range(VOCAB):

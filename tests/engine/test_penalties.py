@@ -43,7 +43,12 @@ def hf(tiny_target):
 def reference_logits(hf, prompt: list[int], output: list[int], params: SamplingParams) -> torch.Tensor:
     """[vocab] the next token's adjusted logits, penalties applied token by token (vLLM's order and rules)."""
     with torch.no_grad():
-        logits = hf(torch.tensor([prompt + output])).logits[0, -1].double()
+        return penalise(hf(torch.tensor([prompt + output])).logits[0, -1], prompt, output, params)
+
+
+def penalise(logits: torch.Tensor, prompt: list[int], output: list[int], params: SamplingParams) -> torch.Tensor:
+    """[vocab] logits -> a float64 copy with logit_bias and the penalties applied by hand, one token at a time."""
+    logits = logits.double().clone()
     for token, bias in (params.logit_bias or {}).items():
         logits[token] += bias
     for token in set(prompt) | set(output):
