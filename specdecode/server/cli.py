@@ -28,6 +28,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     ray.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
     ray.add_argument("--min-replicas", type=int, default=None, help="autoscale on queue depth down to this")
     ray.add_argument("--max-replicas", type=int, default=None, help="autoscale on queue depth up to this")
+    ray.add_argument("--upscale-delay", type=float, default=30.0, help="seconds of deep queue before adding a replica")
+    ray.add_argument("--downscale-delay", type=float, default=600.0, help="seconds of idle before one is removed")
     ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="Ray CPUs (and torch threads) per replica")
 
 
@@ -83,7 +85,9 @@ def serve_replicas(a: argparse.Namespace, config: ServerConfig) -> None:
         from specdecode.server import ray_app
     except ImportError as e:
         raise ConfigError(f"--replicas needs Ray Serve ({e}): pip install -e '.[ray]'") from None
-    scale = ray_app.ScaleConfig(a.replicas, a.min_replicas, a.max_replicas, a.cpus_per_replica)
+    scale = ray_app.ScaleConfig(
+        a.replicas, a.min_replicas, a.max_replicas, a.cpus_per_replica, a.upscale_delay, a.downscale_delay
+    )
     resolve_model_dir(a.target)  # a missing model fails here, once, not in every replica (converted once, too)
     ray_app.connect(a.ray_address)
     stop = threading.Event()

@@ -48,6 +48,11 @@ class ScaleConfig:
     min_replicas: int | None = None
     max_replicas: int | None = None
     cpus_per_replica: float = 1.0  # Ray CPUs each replica reserves; its torch threads are this, rounded
+    # Ray Serve's autoscaler: how long the queue must stay deep (shallow) before a replica is added (removed),
+    # and the window the queue depth is averaged over. Ray's defaults; shorter ones react faster but flap.
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    look_back_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -59,6 +64,11 @@ class ScaleConfig:
             )
         if self.cpus_per_replica <= 0:
             raise ConfigError(f"CPUs per replica must be > 0, got {self.cpus_per_replica}")
+        if min(self.upscale_delay_s, self.downscale_delay_s) < 0 or self.look_back_s <= 0:
+            raise ConfigError(
+                "autoscaling delays must be >= 0 and the look-back window > 0, got "
+                f"{self.upscale_delay_s:g}, {self.downscale_delay_s:g} and {self.look_back_s:g} s"
+            )
 
     @property
     def low(self) -> int:
@@ -78,7 +88,13 @@ class ScaleConfig:
         if self.low == self.high:
             return {"num_replicas": self.replicas}
         limits = {"min_replicas": self.low, "max_replicas": self.high, "initial_replicas": self.replicas}
-        return {"autoscaling_config": limits | {"target_ongoing_requests": slots}}
+        timing = {
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+            "look_back_period_s": self.look_back_s,
+            "metrics_interval_s": min(10.0, self.look_back_s / 2),  # Ray's default, or inside the window
+        }
+        return {"autoscaling_config": limits | timing | {"target_ongoing_requests": slots}}
 
 
 def worker_env() -> dict[str, str]:

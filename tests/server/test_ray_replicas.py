@@ -10,6 +10,7 @@ in-flight requests with 503 (the others finish) and Ray replaces it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import socket
@@ -39,12 +40,17 @@ serve = pytest.importorskip("ray.serve")
 from ray.serve.config import AutoscalingConfig  # noqa: E402 - after the guard: these import ray
 
 from specdecode.server.ingress import Job, ModelCard, merge_expositions  # noqa: E402
-from specdecode.server.ray_app import ScaleConfig, connect, deploy  # noqa: E402
+from specdecode.server.ray_app import APP_NAME, ScaleConfig, build_application, connect, deploy  # noqa: E402
 
 MODEL = "tiny"
 SLOTS, QUEUE = 16, 64
 NUM_CLIENTS, MAX_TOKENS = 64, 12
 TIMEOUT_S = 60.0
+# Serve's handles and replicas report queue depth to its autoscaler every 10 s by default: too slow for a test.
+FAST_AUTOSCALER_ENV = {
+    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+}
 
 
 # ---- the router, without Ray ------------------------------------------------------------------------------
@@ -124,7 +130,12 @@ def test_scale_config_checks_and_autoscales_on_queue_depth():
     autoscaling = ScaleConfig(2, 1, 4).replica_options(16)["autoscaling_config"]
     assert AutoscalingConfig(**autoscaling).target_ongoing_requests == 16  # the batch slots: beyond, requests wait
     assert (autoscaling["min_replicas"], autoscaling["initial_replicas"], autoscaling["max_replicas"]) == (1, 2, 4)
-    for bad in (dict(replicas=0), dict(replicas=2, min_replicas=3), dict(replicas=2, max_replicas=1)):
+    assert AutoscalingConfig(**autoscaling).upscale_delay_s == 30.0  # Ray's defaults unless told
+    fast = ScaleConfig(2, 1, 4, upscale_delay_s=0.5, downscale_delay_s=1, look_back_s=2).replica_options(16)
+    config = AutoscalingConfig(**fast["autoscaling_config"])
+    assert (config.upscale_delay_s, config.downscale_delay_s, config.look_back_period_s) == (0.5, 1, 2)
+    bad_cases = (dict(replicas=0), dict(replicas=2, min_replicas=3), dict(replicas=2, max_replicas=1))
+    for bad in (*bad_cases, dict(replicas=2, upscale_delay_s=-1), dict(replicas=2, look_back_s=0)):
         with pytest.raises(ConfigError):
             ScaleConfig(**bad)
 
@@ -168,6 +179,7 @@ def test_merged_metrics_have_one_family_with_a_sample_per_replica():
 # ---- one local cluster: two replicas of a tiny model ------------------------------------------------------
 PROMPTS = [f"Tell me something about the number {i}." for i in range(8)]
 LONG_TOKENS = 300
+IGNORE_EOS = {"ignore_eos": True}
 
 
 @dataclass
@@ -190,6 +202,14 @@ def greedy_reference(target: Path) -> Reference:
     )
 
 
+def app_args(target: Path) -> tuple[dict, ServerConfig]:
+    """The replicas' LLM arguments and the server's settings."""
+    llm_kwargs = dict(
+        target=str(target), method="ngram", num_speculative_tokens=4, max_num_seqs=SLOTS, max_model_len=512
+    )
+    return llm_kwargs, ServerConfig(MODEL, max_waiting=QUEUE, request_timeout_s=TIMEOUT_S)
+
+
 @pytest.fixture(scope="module")
 def cluster(tiny_full_vocab) -> Iterator[tuple[str, Reference]]:
     """The application on a fresh local Ray cluster (its URL), and the reference outputs, computed meanwhile.
@@ -199,11 +219,9 @@ def cluster(tiny_full_vocab) -> Iterator[tuple[str, Reference]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    llm_kwargs = dict(
-        target=str(tiny_full_vocab), method="ngram", num_speculative_tokens=4, max_num_seqs=SLOTS, max_model_len=512
-    )
-    config = ServerConfig(MODEL, max_waiting=QUEUE, request_timeout_s=TIMEOUT_S)
+    llm_kwargs, config = app_args(tiny_full_vocab)
     threads, environ = torch.get_num_threads(), os.environ.copy()  # connect() exports the replicas' settings
+    os.environ.update(FAST_AUTOSCALER_ENV)  # the local cluster's processes inherit it
     packed_linear.choice()  # timed once, before the replicas (which take it) and the reference start
     try:
         with ThreadPoolExecutor(1) as pool:
@@ -392,3 +410,68 @@ def test_killed_replica_fails_only_its_requests_then_is_replaced(cluster):
         pytest.fail(f"no replacement replica within {TIMEOUT_S:g} s: {body}")
     chunks, _ = asyncio.run(stream_completion(client(url), PROMPTS[0], MAX_TOKENS))
     assert "".join(chunks) == reference.short[PROMPTS[0]].text
+
+
+# ---- last: the same cluster redeployed under Ray's autoscaler ---------------------------------------------
+def running_replicas() -> int:
+    states = serve.status().applications[APP_NAME].deployments["engine"].replica_states
+    return states.get("RUNNING", 0)
+
+
+def wait_for_replicas(count: int) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while running_replicas() != count:
+        if time.monotonic() > deadline:
+            pytest.fail(f"not {count} running replicas within {TIMEOUT_S:g} s: {serve.status()}")
+        time.sleep(0.2)
+
+
+def test_autoscaler_removes_an_idle_replica_and_adds_one_under_a_deep_queue(cluster, tiny_full_vocab):
+    """Redeployed with 1..2 replicas under Ray's autoscaler (short delays): idle, the two replicas become one;
+    then streams kept at twice one replica's batch slots bring a second one up, which takes the next requests
+    (least outstanding work), and every stream still gets the greedy text."""
+    url, reference = cluster
+    llm_kwargs, config = app_args(tiny_full_vocab)
+    scale = ScaleConfig(2, 1, 2, upscale_delay_s=0.5, downscale_delay_s=1.0, look_back_s=1.0)
+    serve.run(build_application(llm_kwargs, config, scale), name=APP_NAME, route_prefix="/")
+    wait_for_replicas(1)
+    survivor = {r["replica"] for r in health(url)["replicas"]}
+    texts: list[tuple[str, str]] = []
+
+    async def keep_busy(c: openai.AsyncOpenAI) -> None:
+        """Twice one replica's batch slots in flight (the autoscaler's target is one batch) until cancelled."""
+
+        async def one(prompt: str) -> None:
+            chunks, _ = await stream_completion(c, prompt, LONG_TOKENS, extra_body=IGNORE_EOS)
+            texts.append((prompt, "".join(chunks)))
+
+        slots, streams = asyncio.Semaphore(2 * SLOTS), set()
+        try:
+            for i in itertools.count():
+                await slots.acquire()
+                stream = asyncio.create_task(one(PROMPTS[i % len(PROMPTS)]))
+                streams.add(stream)
+                stream.add_done_callback(lambda done: (slots.release(), streams.discard(done)))
+        finally:  # hang up on the streams still running
+            for stream in streams:
+                stream.cancel()
+            await asyncio.gather(*streams, return_exceptions=True)
+
+    async def run() -> dict[str, float]:
+        c = client(url)
+        load = asyncio.create_task(keep_busy(c))
+        await asyncio.to_thread(wait_for_replicas, 2)
+        before = await asyncio.to_thread(finished_per_replica, url)
+        short = await asyncio.gather(*(stream_completion(c, p, MAX_TOKENS) for p in PROMPTS))
+        after = await asyncio.to_thread(finished_per_replica, url)
+        load.cancel()
+        texts.extend((p, "".join(chunks)) for p, (chunks, _) in zip(PROMPTS, short, strict=True))
+        await asyncio.gather(load, return_exceptions=True)
+        return {r: after[r] - before.get(r, 0) for r in after}
+
+    served = asyncio.run(asyncio.wait_for(run(), 3 * TIMEOUT_S))
+    newcomer = [r for r in served if r not in survivor]
+    assert len(newcomer) == 1 and served[newcomer[0]] > 0
+    expected = {p: reference.short[p].text for p in PROMPTS}
+    assert all(text == expected[prompt] for prompt, text in texts[-len(PROMPTS) :])
+    assert len(texts) > len(PROMPTS) and all(text == reference.long[prompt] for prompt, text in texts[: -len(PROMPTS)])
