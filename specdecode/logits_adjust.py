@@ -88,8 +88,10 @@ class LogitAdjuster:
         def column(name: str) -> torch.Tensor:
             return torch.tensor([getattr(p, name) for p in params], device=device)[:, None, None]
 
-        presence, frequency, repetition = column("presence_penalty"), column("frequency_penalty"), column(
-            "repetition_penalty"
+        presence, frequency, repetition = (
+            column("presence_penalty"),
+            column("frequency_penalty"),
+            column("repetition_penalty"),
         )
         counting = any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params)
         repeating = any(p.repetition_penalty != 1.0 for p in params)
@@ -133,9 +135,7 @@ class LogitAdjuster:
                 full[b] = m
         return full.to(paths.device), valid.to(paths.device)
 
-    def __call__(
-        self, logits: torch.Tensor, paths: torch.Tensor, allowed: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, paths: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
         """logits [num_seqs, n, vocab] at positions whose paths beyond the committed tokens are paths
         [num_seqs, n, m] (PAD-padded) -> adjusted float32 logits. allowed: the grammar masks of these paths
         when the caller has them already (grammar_masks), else they are computed here."""

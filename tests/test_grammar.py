@@ -139,8 +139,15 @@ def test_mask_covers_the_model_vocab_without_padding_or_special_tokens(compiler,
 
 @pytest.mark.parametrize(
     "schema",
-    [{"type": "nonsense"}, [1, 2], "an object", {"type": "object", "required": "name"}, {"$ref": "#/nowhere"},
-     {"type": "object", "properties": {"a": {"type": 5}}}, {"enum": {1, 2}}],
+    [
+        {"type": "nonsense"},
+        [1, 2],
+        "an object",
+        {"type": "object", "required": "name"},
+        {"$ref": "#/nowhere"},
+        {"type": "object", "properties": {"a": {"type": 5}}},
+        {"enum": {1, 2}},
+    ],
 )
 def test_invalid_schema_raises_a_one_line_config_error(compiler, schema):
     with pytest.raises(ConfigError) as e:

@@ -136,7 +136,7 @@ def run_arms(arms: list[Arm], texts: list[tuple[str, str]], max_tokens: int, war
 
 
 def build_arms(a: argparse.Namespace) -> list[Arm]:
-    from specdecode.cli import llm_from_args
+    from specdecode.llm_args import llm_from_args
 
     # Batch 1 needs one cache slot, so the bench takes the model's whole context: long RAG prompts fit.
     batch1 = dict(max_num_seqs=1, max_model_len=a.max_model_len or 8192)

@@ -283,7 +283,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     from specdecode.bench.specbench import provenance
     from specdecode.bench.sweep_peers import run_peers
     from specdecode.bench.sweep_report import report
-    from specdecode.cli import llm_from_args
+    from specdecode.llm_args import llm_from_args
     from specdecode.prompts import load_jsonl
 
     load_jsonl(a.prompts)  # a bad prompts file fails before any model loads

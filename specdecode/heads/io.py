@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specdecode.atomic_dir import write_atomically
 from specdecode.config import ConfigError
 from specdecode.heads.config import HeadConfig
 from specdecode.heads.eagle import EagleHead
@@ -26,7 +27,6 @@ def build_heads(cfg: HeadConfig) -> nn.Module:
 
 def save_heads(module: nn.Module, cfg: HeadConfig, out_dir: str | Path, manifest: dict) -> Path:
     """Written atomically (a crash never leaves a half-written head directory); a checkpoint inside is kept."""
-    from specdecode.train.export import write_atomically
 
     def fill(tmp: Path) -> None:
         state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}

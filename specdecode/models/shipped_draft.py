@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from specdecode.atomic_dir import write_atomically
 from specdecode.config import ConfigError
 
 DRAFT_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "drafts"
@@ -62,8 +63,6 @@ def pack_draft(src: Path, dst: Path, target_dir: Path) -> Path:
                 shutil.copy(src / name, tmp / name)
         _note_packing(tmp / "manifest.json", src)
         _readable(tmp)
-
-    from specdecode.train.export import write_atomically  # pulls in transformers: only when packing
 
     return write_atomically(dst, fill)
 

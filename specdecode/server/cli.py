@@ -36,8 +36,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 def serve(a: argparse.Namespace) -> None:
     import uvicorn
 
-    from specdecode.cli import llm_from_args
     from specdecode.config import ConfigError
+    from specdecode.llm_args import llm_from_args
     from specdecode.server.app import ServerConfig, build_app
 
     if not 0 < a.port < 65536:
@@ -77,8 +77,8 @@ def serve(a: argparse.Namespace) -> None:
 
 def serve_replicas(a: argparse.Namespace, config: ServerConfig) -> None:
     """`serve --replicas N`: the application on Ray Serve until SIGTERM or Ctrl-C (see server/ray_app.py)."""
-    from specdecode.cli import llm_kwargs
     from specdecode.config import ConfigError
+    from specdecode.llm_args import llm_kwargs
     from specdecode.models.loader import resolve_model_dir
 
     try:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
+from specdecode.atomic_dir import CHECKPOINT_DIR
 from specdecode.config import ConfigError
 
-CHECKPOINT_DIR = "checkpoint"
+__all__ = ["CHECKPOINT_DIR", "load_checkpoint", "save_checkpoint"]
 STATE_FILE = "state.pt"
 
 

@@ -19,10 +19,10 @@ from specdecode.drafters.layer_select import (
     AgreementProbe,
     LayerSkipChoice,
     estimated_speedup,
-    frequent_tokens,
     select_layers,
 )
 from specdecode.drafters.layer_skip import LayerSkipDrafter
+from specdecode.drafters.subset_head import frequent_tokens
 from specdecode.engine.engine import sampling_tensors
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.train.data import load_samples

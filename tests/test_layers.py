@@ -1,0 +1,84 @@
+"""The package's layers read bottom-up: a module never imports one of a higher layer, not even lazily inside a
+function. Interfaces (the drafter and controller Protocols) are the one way down: the engine holds a
+`Drafter` and a `Controller` without knowing which.
+
+Checked on the source (every `import` statement, at any depth), so a violation is caught without running it.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import specdecode
+
+PACKAGE = Path(specdecode.__file__).resolve().parent
+
+# Lowest first. A module's layer is its first dotted component under specdecode (a package or a top module).
+LAYERS: list[set[str]] = [
+    {
+        "config", "atomic_dir", "prompts", "detokenize", "kv", "tree", "streams", "sampling", "logits_adjust",
+        "grammar", "verify", "verify_tree", "models", "assets",
+    },
+    {"heads"},
+    {"engine"},
+    {"drafters", "control"},
+    {"llm"},
+    {"llm_args"},
+    {"cli", "server", "bench", "train", "demo", "__init__", "__main__"},
+]  # fmt: skip
+INTERFACES = {"specdecode.drafters.base", "specdecode.control.base"}  # the Protocols: importable from below
+
+
+def layer_of(name: str) -> int:
+    """The layer of a dotted module name under specdecode ("specdecode.engine.engine" -> the engine's)."""
+    top = name.split(".")[1] if "." in name else "__init__"
+    return next(i for i, names in enumerate(LAYERS) if top in names)
+
+
+def imports_of(path: Path) -> list[str]:
+    """Every specdecode module the file imports, anywhere in it (`from specdecode.x import y` names x)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return [n for n in names if n == "specdecode" or n.startswith("specdecode.")]
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(("specdecode", *parts))
+
+
+def upward_imports(root: Path) -> list[str]:
+    """'importer -> imported' for every import of a higher layer (an interface excepted)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        me = module_name(root, path)
+        for name in imports_of(path):
+            if name != "specdecode" and name not in INTERFACES and layer_of(name) > layer_of(me):
+                found.append(f"{me} -> {name}")
+    return found
+
+
+def test_every_module_has_a_layer():
+    for path in PACKAGE.rglob("*.py"):
+        layer_of(module_name(PACKAGE, path))  # StopIteration: a new top-level module needs a place in LAYERS
+
+
+def test_no_module_imports_a_higher_layer():
+    assert upward_imports(PACKAGE) == []
+
+
+def test_a_lazy_upward_import_is_caught(tmp_path):
+    """Negative control: the same check on a copy of the package where a drafter imports the LLM inside a
+    function (the way drafters/layer_select.py used to)."""
+    root = tmp_path / "specdecode"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__", "assets"))
+    ngram = root / "drafters" / "ngram.py"
+    lazy = "\n\ndef _calibrate():\n    from specdecode.llm import LLM\n\n    return LLM\n"
+    ngram.write_text(ngram.read_text() + lazy)
+    assert upward_imports(root) == ["specdecode.drafters.ngram -> specdecode.llm"]
