@@ -5,10 +5,10 @@ call: the graph around it depends only on the batch's [num_seqs, T], never on ho
 steady decoding never recompiles as the contexts grow. The eager model calls the same op at inference.
 
 The attended length comes from the additive mask's last dimension (built once per forward, not per layer).
-When the rows' slots are contiguous (the usual case at batch 1 and right after admission) the keys are one
-view of the cache; otherwise each row attends to a view of its own slot, up to its own length, so the batch's
-caches are never gathered into a copy. On an accelerator the rows are gathered instead: reading the slots on
-the host would be a sync per layer.
+When the rows' slots form one block, in any order (the usual case: a finished request's slot goes to the
+next one), the keys are one view of the cache; otherwise each row attends to a view of its own slot, up to its
+own length, so the batch's caches are never gathered into a copy. On an accelerator the rows are gathered
+instead: reading the slots on the host would be a sync per layer.
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ def attend_eager(
     elif rows == list(range(rows[0], rows[0] + b)):  # contiguous: the batch's keys are one view
         first, end = rows[0], rows[0] + b
         out = _sdpa(queries, k_cache[first:end, :, :kv_len], v_cache[first:end, :, :kv_len], mask)
+    elif sorted(rows) == list(range(min(rows), min(rows) + b)):
+        # The slots of a block in another order (a finished row's slot went to a newcomer, who joined the batch
+        # last): one view still serves, with the queries and masks put in slot order and the output put back.
+        first = min(rows)
+        keys, values = k_cache[first : first + b, :, :kv_len], v_cache[first : first + b, :, :kv_len]
+        out = _in_slot_order(queries, keys, values, mask, slots.argsort())
     else:
         # Each row up to its own end: its last real write (padding writes -1), so no padded keys are read.
         ends = (write_pos.amax(1) + 1).tolist()
@@ -67,6 +73,19 @@ attend = torch.library.custom_op("specdecode::attend", attend_eager, mutates_arg
 def attend_fn() -> Callable[..., torch.Tensor]:
     """The op under inference, the plain function when gradients may flow (autograd runs through it)."""
     return attend_eager if torch.is_grad_enabled() else attend
+
+
+def _in_slot_order(
+    q: torch.Tensor,  # [n, heads, T, d] in batch order
+    keys: torch.Tensor,  # [n, kv_heads, L, d] in slot order
+    values: torch.Tensor,  # [n, kv_heads, L, d] in slot order
+    mask: torch.Tensor,  # [n, 1, T, L] in batch order
+    order: torch.Tensor,  # [n] int64: the batch rows in slot order
+) -> torch.Tensor:
+    """Attention when the keys come in slot order and the queries in batch order: [n, heads, T, d], batch order."""
+    out = torch.empty_like(q)
+    out[order] = _sdpa(q[order], keys, values, mask[order])
+    return out
 
 
 def _sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
