@@ -162,6 +162,8 @@ def model_flags(a: argparse.Namespace) -> list[str]:
         flags += ["--draft", a.draft]
     if a.max_model_len:
         flags += ["--max-model-len", str(a.max_model_len)]
+    if a.enforce_eager:  # no compile in each server (or each replica)
+        flags += ["--enforce-eager"]
     return flags
 
 
