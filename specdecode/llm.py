@@ -131,7 +131,7 @@ class LLM:
             suffix_min_prob,
         )
         if tensor_parallel_size > 1:
-            enforce_eager = check_tensor_parallel(method, device, enforce_eager)
+            enforce_eager = check_tensor_parallel(device, enforce_eager)
         if enforce_eager is None:
             enforce_eager = os.environ.get(ENFORCE_EAGER_ENV, "0") not in ("", "0")
         self.engine_config = EngineConfig(

@@ -40,10 +40,27 @@ FAULTS: dict[str, Callable[[], AbstractContextManager]] = {
     "skip_all_reduce": lambda: mock.patch.object(dist, "all_reduce", lambda *args, **kwargs: None),
     "rank0_slices": _rank0_slices,
 }
-# Faults of the driver alone: the workers never hear of the K/V moves rank 0 makes.
+
+
+def _wrong_layer_ids() -> AbstractContextManager:
+    """The workers hear other layer ids than rank 0 runs: each one layer on, as many of them, so the collectives
+    stay in step. (Sending none at all makes the workers run every layer, more all-reduces than rank 0's: the
+    ranks then wait on each other until the group times out, 30 minutes here, a hang rather than a failure.)"""
+    real = tp_engine.TensorParallelTarget._announce_forward
+
+    def announce(self, tokens, meta, cache, logits_index, layer_ids=None) -> None:
+        if layer_ids is not None:
+            layer_ids = [(i + 1) % self.cfg.num_layers for i in layer_ids]
+        real(self, tokens, meta, cache, logits_index, layer_ids)
+
+    return mock.patch.object(tp_engine.TensorParallelTarget, "_announce_forward", announce)
+
+
+# Faults of the driver alone: the workers never hear of the K/V moves rank 0 makes, or mishear its layer choice.
 DRIVER_FAULTS: dict[str, Callable[[], AbstractContextManager]] = {
     "unmirrored_compact": lambda: mock.patch.object(tp_engine.MirroredCache, "compact", KVCache.compact),
     "unmirrored_copy_prefix": lambda: mock.patch.object(tp_engine.MirroredCache, "copy_prefix", KVCache.copy_prefix),
+    "wrong_layer_ids": _wrong_layer_ids,
 }
 
 

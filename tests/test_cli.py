@@ -24,7 +24,7 @@ BAD_ARGS = [
     (["generate", "hi", "--target", "/nonexistent/model"], "model not found"),
     (["generate", "--prompts-file", "/nonexistent.jsonl"], "prompts file not found"),
     (["generate", "hi", "--tensor-parallel-size", "0"], "tensor_parallel_size must be >= 1"),
-    (["generate", "hi", "--tensor-parallel-size", "2", "--method", "eagle"], "tensor parallelism does not support"),
+    (["generate", "hi", "--tensor-parallel-size", "2", "--device", "cuda:1"], "device type only"),
     (["bench", "sweep", "--prompts", "missing.jsonl"], "prompts file not found"),
     (["distill", "generate", "--prompts", "missing.jsonl", "--out", "x.npz"], "prompts file not found"),
     (["distill-generate", "--prompts", "specbench_question.jsonl", "--out", "x.npz"], "evaluation only"),

@@ -10,7 +10,8 @@ torchrun (WORLD_SIZE set, or a default group already initialised): every rank ru
 that group (env://, cuda:LOCAL_RANK). Rank 0 drives; on the other ranks `start` serves rank 0's orders and then
 ends the process with SystemExit(0) once rank 0 closes, so no worker runs the rest of the script.
 
-Methods whose drafters reach into the target (its KV cache or features, its body or head) are refused for now.
+Every method runs: drafters run on rank 0, including those that reach into the target (its cache, features,
+layers or head; specdecode/engine/tensor_parallel.py says how), while the target's forwards stay sharded.
 """
 
 from __future__ import annotations
@@ -33,22 +34,15 @@ from specdecode.models import packed_linear
 from specdecode.models.llama import LlamaConfig
 from specdecode.models.tensor_parallel import check_shardable
 
-# Drafters that only read tokens (or run a draft model of their own on rank 0).
-TP_METHODS = ("draft", "ngram", "ngram_tree", "suffix", "suffix_tree", "none")
 STARTUP_TIMEOUT = timedelta(minutes=10)  # rendezvous and the layers' collectives (control waits longer)
 JOIN_TIMEOUT_S = 30.0
 
 
-def check_tensor_parallel(method: str, device: str, enforce_eager: bool | None) -> bool:
-    """Refuse what tensor parallelism can't run yet; returns enforce_eager (always True: the compiled step has
-    no collectives, so the shards run the eager one)."""
+def check_tensor_parallel(device: str, enforce_eager: bool | None) -> bool:
+    """Refuse what tensor parallelism can't run; returns enforce_eager (always True: the compiled step has no
+    collectives, so the shards run the eager one)."""
     if torch.device(device).index is not None:
         raise ConfigError(f"with tensor parallelism name the device type only, not {device!r}: rank r runs on :r")
-    if method not in TP_METHODS:
-        raise ConfigError(
-            f"tensor parallelism does not support method {method!r} yet (its drafter reads the target's KV cache, "
-            f"features or layers on one rank); supported: {', '.join(TP_METHODS)}"
-        )
     if enforce_eager is False:
         warnings.warn("tensor parallelism runs the target eagerly; enforce_eager=False is ignored", stacklevel=3)
     return True

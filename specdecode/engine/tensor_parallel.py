@@ -3,12 +3,12 @@ only repeat its target forwards on their shards.
 
 Rank 0 (the driver) holds a `TensorParallelTarget`: it looks like a `LlamaModel` to the engine, the drafters and
 the controllers, and before each forward it broadcasts that forward's inputs (tokens, attention metadata, which
-logits to compute) to the workers, then runs its own shard; the shards meet in the layers' all-reduces and the
-LM head's gather, and only rank 0 gets the logits, verifies and samples. The next step's tokens reach the
-workers as the next forward's inputs. The KV cache a driver hands out (`MirroredCache`) repeats its K/V moves,
-`compact` (a tree's accepted path) and `copy_prefix` (n samples of one prompt), on every rank; lengths, slots
-and rollback are rank 0's bookkeeping alone, since the workers get each forward's positions and write indices
-explicitly.
+logits to compute, which layers to run) to the workers, then runs its own shard; the shards meet in the layers'
+all-reduces and the LM head's gather, and only rank 0 gets the logits, verifies and samples. The next step's
+tokens reach the workers as the next forward's inputs. The KV cache a driver hands out (`MirroredCache`)
+repeats its K/V moves, `compact` (a tree's accepted path) and `copy_prefix` (n samples of one prompt), on every
+rank; lengths, slots and rollback are rank 0's bookkeeping alone, since the workers get each forward's
+positions and write indices explicitly.
 
 Workers (`serve`) take orders only from rank 0's broadcasts, in order, and decide nothing themselves, so
 nothing that differs between processes (timing-based controllers, drafters' state, random streams) can make
@@ -16,12 +16,16 @@ ranks diverge. Orders are a fixed-size int64 header on a CPU (gloo) group, then 
 device group (gloo on CPU, NCCL on CUDA): an idle worker waits on the CPU, not in a GPU kernel, and the control
 group's long timeout lets a server sit idle for days.
 
-Not mirrored: forwards over a subset of layers (layer skipping) and direct calls to the shard's body or head
-(EAGLE, Medusa, MTP); those methods are refused under tensor parallelism (specdecode/engine/launch.py).
+Drafting happens on rank 0 alone (vLLM's spirit): a forward over a subset of layers (layer skipping) is a target
+forward like any other, its layer ids carried in the order, so the workers run the same layers on their shards
+of the same cache. Feature heads (EAGLE, Medusa, MTP) read the last layer's hidden states, which are whole on
+rank 0 (the row-parallel outputs are all-reduced), and score them with `lm_head`, a whole LM head on rank 0: the
+shard's own head is vocab-parallel and gathers across ranks, a collective the workers would never join.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import weakref
@@ -32,13 +36,15 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from specdecode.kv import KVCache
 from specdecode.models.llama import AttentionMetadata, LlamaConfig, StepFunctions
-from specdecode.models.tensor_parallel import load_sharded_llama
+from specdecode.models.tensor_parallel import load_sharded_llama, whole_lm_head
 
 CONTROL_TIMEOUT = timedelta(days=365)  # a worker waits for the next order as long as the driver stays idle
 HEADER = 8  # int64 slots of an order's header: [op, cache id, up to 6 arguments]
+ALL_LAYERS = -1  # a forward's layer count in its header when it runs every layer
 FORWARD, COMPACT, NEW_CACHE, FREE_CACHE, STOP, COPY_PREFIX = range(6)  # the orders
 
 
@@ -118,7 +124,7 @@ class TensorParallelTarget:
 
     def __init__(self, tp: TensorParallelGroup, model_dir: Path, dtype: torch.dtype) -> None:
         send_launch_spec(tp, model_dir, dtype)
-        self.tp = tp
+        self.tp, self.model_dir = tp, model_dir
         self.shard = load_sharded_llama(model_dir, tp.rank, tp.world, tp.device, dtype, tp.group)
         self.cfg = LlamaConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
         self.tensor_parallel_size = tp.world
@@ -129,6 +135,19 @@ class TensorParallelTarget:
     @property
     def embed(self) -> torch.nn.Embedding:
         return self.shard.embed  # whole on every rank
+
+    @functools.cached_property
+    def lm_head(self) -> nn.Module:
+        """The whole LM head on rank 0, for drafters that score features themselves: no collective (the shard's
+        vocab-parallel head gathers across ranks). Built on first use, so methods that never call it hold no
+        copy; a tied head reuses the embedding every rank keeps whole (CPU packing still makes its packed copy,
+        as in one process)."""
+        return whole_lm_head(self.shard, self.model_dir, self.cfg.tie_embeddings)
+
+    def lm_head_weight(self) -> torch.Tensor:
+        """[vocab, hidden] the whole LM head as a dense tensor (as `LlamaModel.lm_head_weight`)."""
+        w = self.lm_head.weight
+        return w.to_dense() if w.is_mkldnn else w
 
     @property
     def step(self) -> StepFunctions:
@@ -150,15 +169,27 @@ class TensorParallelTarget:
         return_hidden: bool = False,
         layer_ids: Sequence[int] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """LlamaModel.forward over every rank's shard: logits [num_seqs, n or T, vocab] on rank 0."""
-        if layer_ids is not None:
-            raise NotImplementedError("forwards over a subset of layers are not mirrored on the workers")
+        """LlamaModel.forward over every rank's shard: logits [num_seqs, n or T, vocab] on rank 0 (and its hidden
+        states, whole there: the workers never return them)."""
+        self._announce_forward(tokens, meta, cache, logits_index, layer_ids)
+        return self.shard(tokens, meta, cache, logits_index, return_hidden, layer_ids)
+
+    def _announce_forward(
+        self,
+        tokens: torch.Tensor,  # [num_seqs, T] int64
+        meta: AttentionMetadata,
+        cache: MirroredCache,
+        logits_index: torch.Tensor | None,  # [num_seqs, n]
+        layer_ids: Sequence[int] | None = None,
+    ) -> None:
+        """The workers' FORWARD order: sizes in the header (all 8 slots: op, cache id, b, t, kv_len, n, tree,
+        layer count), inputs in one broadcast."""
         b, t = tokens.shape
         n = -1 if logits_index is None else logits_index.shape[1]
         tree = meta.tree_mask is not None
-        self._order(FORWARD, cache.cache_id, b, t, meta.kv_len, n, int(tree))
-        self.tp.broadcast(pack_forward(tokens, meta, logits_index))
-        return self.shard(tokens, meta, cache, logits_index, return_hidden)
+        num_layers = ALL_LAYERS if layer_ids is None else len(layer_ids)
+        self._order(FORWARD, cache.cache_id, b, t, meta.kv_len, n, int(tree), num_layers)
+        self.tp.broadcast(pack_forward(tokens, meta, logits_index, layer_ids))
 
     def _order(self, op: int, *args: int) -> None:
         if self.closed:
@@ -174,19 +205,27 @@ class TensorParallelTarget:
             self.closed = True
 
 
-def pack_forward(tokens: torch.Tensor, meta: AttentionMetadata, logits_index: torch.Tensor | None) -> torch.Tensor:
+def pack_forward(
+    tokens: torch.Tensor,
+    meta: AttentionMetadata,
+    logits_index: torch.Tensor | None,
+    layer_ids: Sequence[int] | None = None,
+) -> torch.Tensor:
     """A forward's inputs as one flat int64 tensor (one broadcast): tokens, slots, start, positions, write
-    positions, then the logits index and tree mask when there are any."""
+    positions, then the logits index, tree mask and layer ids when there are any."""
     parts = [tokens, meta.slots, meta.start, meta.positions, meta.write_pos]
     parts += [x.long() for x in (logits_index, meta.tree_mask) if x is not None]
+    if layer_ids is not None:
+        parts.append(torch.tensor(list(layer_ids), dtype=torch.long, device=tokens.device))
     return torch.cat([x.reshape(-1) for x in parts])
 
 
 def unpack_forward(
-    flat: torch.Tensor, b: int, t: int, kv_len: int, n: int, tree: bool
-) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor | None]:
-    """`pack_forward` undone: (tokens [b, t], metadata, logits index [b, n] or None)."""
-    tokens, slots, start, positions, write_pos, index, mask = flat.split(_forward_sizes(b, t, n, tree))
+    flat: torch.Tensor, b: int, t: int, kv_len: int, n: int, tree: bool, num_layers: int
+) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor | None, list[int] | None]:
+    """`pack_forward` undone: (tokens [b, t], metadata, logits index [b, n] or None, layer ids or None)."""
+    sizes = _forward_sizes(b, t, n, tree, num_layers)
+    tokens, slots, start, positions, write_pos, index, mask, layers = flat.split(sizes)
     meta = AttentionMetadata(
         slots=slots,
         start=start,
@@ -195,12 +234,13 @@ def unpack_forward(
         write_pos=write_pos.view(b, t),
         tree_mask=mask.view(b, t, t).bool() if tree else None,
     )
-    return tokens.view(b, t), meta, index.view(b, n) if n >= 0 else None
+    layer_ids = layers.tolist() if num_layers != ALL_LAYERS else None
+    return tokens.view(b, t), meta, index.view(b, n) if n >= 0 else None, layer_ids
 
 
-def _forward_sizes(b: int, t: int, n: int, tree: bool) -> list[int]:
-    """Elements of each part `pack_forward` concatenates (n = -1: no logits index)."""
-    return [b * t, b, b, b * t, b * t, max(n, 0) * b, t * t * b if tree else 0]
+def _forward_sizes(b: int, t: int, n: int, tree: bool, num_layers: int) -> list[int]:
+    """Elements of each part `pack_forward` concatenates (n = -1: no logits index; ALL_LAYERS: no layer ids)."""
+    return [b * t, b, b, b * t, b * t, max(n, 0) * b, t * t * b if tree else 0, max(num_layers, 0)]
 
 
 @torch.inference_mode()
@@ -214,10 +254,11 @@ def serve(tp: TensorParallelGroup) -> None:
         if op == STOP:
             return
         if op == FORWARD:
-            b, t, kv_len, n, tree = args[:5]
-            flat = torch.empty(sum(_forward_sizes(b, t, n, bool(tree))), dtype=torch.long, device=tp.device)
-            tokens, meta, index = unpack_forward(tp.broadcast(flat), b, t, kv_len, n, bool(tree))
-            shard(tokens, meta, caches[cache_id], index)  # logits stay on rank 0
+            b, t, kv_len, n, tree, num_layers = args[:6]
+            sizes = _forward_sizes(b, t, n, bool(tree), num_layers)
+            flat = torch.empty(sum(sizes), dtype=torch.long, device=tp.device)
+            tokens, meta, index, layer_ids = unpack_forward(tp.broadcast(flat), b, t, kv_len, n, bool(tree), num_layers)
+            shard(tokens, meta, caches[cache_id], index, layer_ids=layer_ids)  # logits and hidden stay on rank 0
         elif op == COMPACT:
             slot, start, count = args[:3]
             offsets = tp.broadcast(torch.empty(count, dtype=torch.long, device=tp.device)).tolist()

@@ -9,7 +9,8 @@
 - MLP: gate/up (fused `w13`) column-parallel by intermediate columns, `down_proj` (`w2`) row-parallel with one
   all-reduce;
 - LM head: vocab-parallel (each rank scores a contiguous block of vocabulary rows) and gathered on rank 0,
-  the only rank that samples; the embedding, norms and RoPE table stay whole on every rank.
+  the only rank that samples; the embedding, norms and RoPE table stay whole on every rank. Drafters on rank 0
+  that score features themselves get `whole_lm_head`, beside the shard and free of collectives.
 
 The modules read their sizes from the config they are given, so the shard's `cfg` describes the shard: its
 query heads, kv heads and intermediate size are this rank's, while hidden and vocabulary sizes stay whole
@@ -33,11 +34,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
 from torch import nn
 
 from specdecode.config import ConfigError
 from specdecode.models import packed_linear
-from specdecode.models.llama import LlamaConfig, LlamaModel, load_llama
+from specdecode.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError, load_llama
+
+LM_HEAD = "lm_head.weight"  # an untied head's name in a Hugging Face checkpoint
 
 
 def shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
@@ -182,3 +186,25 @@ def load_sharded_llama(
     if packed_linear.available(torch.device(device), dtype):
         packed_linear.pack_linears(model)
     return model.requires_grad_(False)
+
+
+@torch.no_grad()
+def whole_lm_head(shard: LlamaModel, model_dir: str | Path, tied: bool) -> nn.Module:
+    """The unsharded LM head [vocab, hidden] beside a shard, with no collective, packed as `load_llama` packs the
+    single process's: the shard's embedding when the model ties them (it is whole on every rank), else the
+    checkpoint's head, read alone and cast to the shard's device and dtype."""
+    like = shard.embed.weight  # [vocab, hidden]
+    weight = like if tied else _read_tensor(Path(model_dir), LM_HEAD).to(device=like.device, dtype=like.dtype)
+    holder = nn.Sequential(_linear(weight))
+    if packed_linear.available(like.device, like.dtype):
+        packed_linear.pack_linears(holder)
+    return holder[0].requires_grad_(False)
+
+
+def _read_tensor(model_dir: Path, name: str) -> torch.Tensor:
+    """One tensor of a (possibly multi-file) safetensors checkpoint, without reading the others."""
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            if name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                return f.get_tensor(name)
+    raise UnsupportedModelError(f"{model_dir}: missing weight {name}")

@@ -1,6 +1,9 @@
 """Tensor parallelism through the engine: with the target on two gloo ranks, greedy speculative output equals the
-single process's plain greedy output for every drafter it runs; `LLM(..., tensor_parallel_size=2)` spawns its
-worker, and closing it reaps the worker; what it can't run is refused before any process starts."""
+single process's plain greedy output for every method, drafts made: those that only read tokens, a draft model,
+and those that reach into the target (EAGLE, Medusa and MTP score its features with a whole LM head on rank 0,
+layer skipping forwards a subset of its layers on every rank, `self` drafts with the sharded target itself);
+`LLM(..., tensor_parallel_size=2)` spawns its worker, and closing it reaps the worker; what it can't run is
+refused before any process starts."""
 
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ import pytest
 import torch.distributed as dist
 
 from specdecode import LLM, SamplingParams
-from specdecode.config import ConfigError
-from specdecode.engine.launch import TP_METHODS
+from specdecode.config import METHODS, ConfigError
+from specdecode.drafters.layer_select import LayerSkipChoice
+from tests.engine.test_head_drafters import write_heads
 from tests.ranks import run_on_ranks, session
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -26,6 +30,9 @@ PROMPTS = [
 
 # n samples of one prompt: later samples copy sample 0's prompt K/V, on every rank (MirroredCache.copy_prefix).
 SAMPLES = SamplingParams(temperature=0.9, max_tokens=12, ignore_eos=True, seed=4, n=3)
+# Drafters whose sampled drafts are not one-hot: a seeded sample's tokens differ from plain sampling's.
+SAMPLED_DRAFTS = ("draft", "self", "layer_skip")
+HEADS = ("eagle", "medusa", "mtp")
 
 
 def _generate(llm: LLM) -> dict:
@@ -38,34 +45,83 @@ def _generate(llm: LLM) -> dict:
     }
 
 
-def _greedy_case(target: str, draft: str) -> dict[str, dict]:
-    """Rank 0: the single process's plain greedy output, then every TP method's (3 slots for 4 prompts: rows
-    join and leave the batch)."""
-    with LLM(target=target, method="none", controller="fixed", max_num_seqs=3) as llm:
+def _llm(target: str, drafts: dict[str, str], method: str, controller: str = "fixed", tp: int = 1) -> LLM:
+    return LLM(
+        target=target,
+        draft=drafts.get(method),
+        method=method,
+        num_speculative_tokens=4,
+        controller=controller,
+        max_num_seqs=3,  # 3 slots for 4 prompts: rows join and leave the batch
+        tensor_parallel_size=tp,
+    )
+
+
+def _greedy_case(target: str, drafts: dict[str, str]) -> dict[str, dict]:
+    """Rank 0: the single process's plain greedy output and its layer-skip drafts, then every method under TP,
+    and layer skipping under TP with workers that run the wrong layers. drafts: --draft of the methods that
+    need one."""
+    with _llm(target, drafts, "none") as llm:
         result = {"reference": _generate(llm)}
-    arms = [(method, "fixed") for method in TP_METHODS] + [("ngram_tree", "goodput")]
-    for method, controller in arms:
-        with session():
-            draft_dir = draft if method == "draft" else None
-            kwargs = dict(method=method, num_speculative_tokens=4, controller=controller, max_num_seqs=3)
-            with LLM(target=target, draft=draft_dir, tensor_parallel_size=2, **kwargs) as llm:
-                result[f"{method}+{controller}"] = _generate(llm)
+    with _llm(target, drafts, "layer_skip") as llm:
+        result["layer_skip single"] = _generate(llm)
+    arms = [(method, "fixed", None) for method in METHODS]
+    arms += [("ngram_tree", "goodput", None), ("layer_skip", "fixed", "wrong_layer_ids")]
+    for method, controller, fault in arms:
+        with session(fault), _llm(target, drafts, method, controller, tp=2) as llm:
+            result["+".join(filter(None, (method, controller, fault)))] = _generate(llm)
     return result
 
 
 @pytest.fixture(scope="module")
-def outputs(tiny_target, tiny_draft) -> dict[str, dict]:
-    return run_on_ranks(_greedy_case, str(tiny_target), str(tiny_draft))
+def drafts(tmp_path_factory, tiny_target, tiny_draft) -> dict[str, str]:
+    """Random heads for the tiny target, and a layer-skip choice that drafts through its first layer of two."""
+    root = tmp_path_factory.mktemp("tp_drafts")
+    paths = {kind: str(write_heads(root / kind, tiny_target, kind, 3)) for kind in HEADS}
+    LayerSkipChoice([0], 0.5, 1.1).save(root / "skip.json")
+    return paths | {"layer_skip": str(root / "skip.json"), "draft": str(tiny_draft)}
 
 
-@pytest.mark.parametrize("method", TP_METHODS)
+@pytest.fixture(scope="module")
+def outputs(tiny_target, drafts) -> dict[str, dict]:
+    return run_on_ranks(_greedy_case, str(tiny_target), drafts)
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_tensor_parallel_greedy_equals_single_process(outputs, method):
     out = outputs[f"{method}+fixed"]
     assert out["tokens"] == outputs["reference"]["tokens"]
-    if method != "draft":  # one-hot drafts: a seeded sample's tokens are plain sampling's (streams.py)
+    if method not in SAMPLED_DRAFTS:  # one-hot drafts: a seeded sample's tokens are plain sampling's (streams.py)
         assert out["samples"] == outputs["reference"]["samples"]
     if method != "none":
         assert out["drafted"] > 0
+
+
+def test_self_drafts_are_all_accepted(outputs):
+    """The sharded target drafting for itself proposes exactly what its verify forward picks."""
+    assert outputs["self+fixed"]["accepted"] == outputs["self+fixed"]["drafted"] > 0
+
+
+def _same_drafts(out: dict, single: dict) -> bool:
+    """Drafted as `single` did: the same counts, and the same seeded samples (a sampled layer-skip draft's
+    distribution q decides which tokens are kept or resampled, so these tokens follow q itself)."""
+    keys = ("drafted", "accepted", "samples")
+    return [out[k] for k in keys] == [single[k] for k in keys]
+
+
+def test_layer_skip_drafts_as_the_single_process(outputs):
+    """Greedy output can't tell what a draft computed (verification is lossless); its acceptance and sampled
+    output can: the workers run rank 0's layers on their shards, so two ranks draft what one process does."""
+    assert _same_drafts(outputs["layer_skip+fixed"], outputs["layer_skip single"])
+    assert outputs["layer_skip single"]["accepted"] > 0
+
+
+def test_wrong_layer_ids_are_caught(outputs):
+    """Negative control: workers running other layers than rank 0 (tests/ranks.py) leave the greedy output
+    right, since verification repairs any draft, but their drafts are not one process's: the same check fails."""
+    out = outputs["layer_skip+fixed+wrong_layer_ids"]
+    assert out["tokens"] == outputs["reference"]["tokens"]
+    assert not _same_drafts(out, outputs["layer_skip single"]), out
 
 
 def test_timing_based_controller_keeps_ranks_in_step(outputs):
@@ -96,8 +152,6 @@ def test_llm_spawns_and_reaps_its_worker(tiny_target, outputs):
     [
         (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"),
         (dict(tensor_parallel_size=3), "key/value heads"),  # the tiny target has 2
-        (dict(tensor_parallel_size=2, method="eagle"), "does not support method 'eagle'"),
-        (dict(tensor_parallel_size=2, method="self"), "does not support method 'self'"),
         (dict(tensor_parallel_size=2, device="cuda:1"), "device type only"),
     ],
 )

@@ -1,6 +1,7 @@
 """Tensor parallelism at the model: two gloo ranks give the single process's logits (fp32, < 1e-4) on every
-family and on SmolLM2, step after step over one cache (ragged prefill, a tree batch and its compaction, slot
-reuse); faults injected into the real sharding and mirroring code fail the same check by far.
+family and on SmolLM2, step after step over one cache (ragged prefill, a tree batch and its compaction, a
+forward over a subset of layers scored by rank 0's whole LM head, slot reuse); faults injected into the real
+sharding and mirroring code fail the same check by far.
 
 All cases run in one group, the test process as rank 0 beside one spawned worker (tests/ranks.py): starting
 a process is most of the cost.
@@ -27,6 +28,7 @@ TOLERANCE = 1e-4
 UNEVEN = dict(num_attention_heads=6, num_key_value_heads=3, hidden_size=48, intermediate_size=91, vocab_size=97)
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [11, 12, 13], [20, 21, 22, 23, 24]]
 SLOTS = [2, 0, 3]  # scattered: attention takes its per-row path
+SKIP_STEP = 3  # the script's forward over a subset of layers
 
 
 def _prefill(model, cache, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
@@ -54,12 +56,25 @@ def _tree_step(model, cache, slots: list[int]) -> torch.Tensor:
     return torch.cat([logits[b, : n + 1] for b, n in enumerate(num_nodes.tolist())])
 
 
+def _skip_step(model, cache, slots: list[int]) -> torch.Tensor:
+    """A layer-skip draft: one token per row through the first layer only, on the full model's cached context,
+    not committed (the next forward overwrites its K/V). Its final hidden states are scored as a feature drafter
+    scores them, by `lm_head` and by `lm_head_weight()` (on a sharded target: rank 0's whole head, no collective).
+    Returns both scores [2, num_seqs, 1, vocab]."""
+    meta = AttentionMetadata.build(slots, [cache.lengths[s] for s in slots], 1, "cpu", max_len=cache.max_len)
+    tokens = torch.tensor([[65], [66], [67]])  # [num_seqs, 1]
+    none = torch.zeros((len(slots), 0), dtype=torch.long)  # no logits from the forward: the head runs below
+    _, hidden = model(tokens, meta, cache, none, return_hidden=True, layer_ids=[0])  # [num_seqs, 1, hidden]
+    return torch.stack([model.lm_head(hidden).float(), hidden @ model.lm_head_weight().T])
+
+
 @torch.inference_mode()
 def _script(model, cache) -> list[torch.Tensor]:
     """The same steps on any model and its cache; the logits of every step."""
     steps = [_prefill(model, cache, SLOTS, PROMPTS)]
     steps.append(_tree_step(model, cache, SLOTS))
     steps.append(_prefill(model, cache, SLOTS, [[60, 61], [62], [63, 64]]))  # a ragged chain after the tree
+    steps.append(_skip_step(model, cache, SLOTS))
     cache.set_length(SLOTS[1], 0)  # the slot goes to a new request: its stale K/V stay and must never be read
     steps.append(_prefill(model, cache, SLOTS[1:2], [[70, 71, 72, 73, 74, 75]]))
     steps.append(_prefill(model, cache, SLOTS, [[80], [81], [82]]))
@@ -73,7 +88,7 @@ def _script(model, cache) -> list[torch.Tensor]:
 @dataclass
 class Comparison:
     steps: list[float]  # max |logits TP - logits single process| at each step of the script
-    scale: float  # the single process's largest |logit|
+    scale: float  # the single process's largest |logit| of the whole model (not the skip step's draft)
 
 
 def _compare(model_dir: str, fault: str | None = None) -> Comparison:
@@ -83,7 +98,8 @@ def _compare(model_dir: str, fault: str | None = None) -> Comparison:
     with driven(model_dir, fault) as target:
         got = _script(target, target.new_cache(4, 64))
     diffs = [(g - w).abs().max().item() for g, w in zip(got, want, strict=True)]
-    return Comparison(diffs, max(w.abs().max().item() for w in want))
+    scale = max(w.abs().max().item() for i, w in enumerate(want) if i != SKIP_STEP)
+    return Comparison(diffs, scale)
 
 
 def _all_cases(model_dirs: dict[str, str]) -> dict[str, Comparison]:
@@ -124,8 +140,9 @@ def test_smollm2_logits_equal_single_process(diffs):
 
 @pytest.mark.parametrize("fault", [*FAULTS, *DRIVER_FAULTS])
 def test_control_faults_are_caught(diffs, fault):
-    """Negative controls: a skipped all-reduce, every rank slicing rank 0's heads and columns, and a compaction
-    or a prefix copy the workers never hear of each fail the same check by orders of magnitude."""
+    """Negative controls: a skipped all-reduce, every rank slicing rank 0's heads and columns, a compaction or a
+    prefix copy the workers never hear of, and workers running other layers than rank 0's layer skip each fail
+    the same check by orders of magnitude."""
     assert max(diffs[f"fault:{fault}"].steps) > 1000 * TOLERANCE, diffs[f"fault:{fault}"]
 
 
@@ -133,6 +150,14 @@ def test_unmirrored_compact_shows_only_after_the_tree(diffs):
     """The tree step itself is right (the fault is in the commit after it): the check sees the cache, not luck."""
     per_step = diffs["fault:unmirrored_compact"].steps
     assert max(per_step[:2]) < TOLERANCE and max(per_step[2:]) > 1000 * TOLERANCE
+
+
+def test_wrong_layer_ids_show_only_at_the_skip_step(diffs):
+    """Workers that run other layers than rank 0 (as many: the collectives stay in step) spoil that forward's
+    features; every other step is right, since nothing commits the draft's K/V."""
+    per_step = diffs["fault:wrong_layer_ids"].steps
+    assert per_step[SKIP_STEP] > 1000 * TOLERANCE
+    assert max(per_step[:SKIP_STEP] + per_step[SKIP_STEP + 1 :]) < TOLERANCE
 
 
 def test_unmirrored_copy_shows_only_at_the_copy(diffs):
