@@ -120,15 +120,17 @@ class Engine:
 
         With a seed, sample i draws as a single request with seed + i would, so each is reproducible alone.
         """
-        self.check_request(prompt_ids, params)
+        self.check_request(prompt_ids, params)  # compiles a schema into self._grammars, once per request
+        so = params.structured_outputs
+        grammar = None if so is None else self._grammars.compile_json(None if so.json_object else so.json)
         seqs = []
         for i in range(params.n):
             sample_params = replace(params, n=1, seed=None if params.seed is None else params.seed + i)
             rid = request_id if params.n == 1 else f"{request_id}/{i}"
             seq = Sequence(rid, list(prompt_ids), sample_params, self.max_model_len, group=request_id, index=i)
             seq.parent = seqs[0] if seqs else None
-            if params.structured_outputs is not None:
-                seq.grammar = self._grammar_matcher(params)
+            if grammar is not None:
+                seq.grammar = self._grammars.matcher(grammar)  # each sample walks the grammar on its own
             self._detok[rid] = IncrementalDetokenizer(self.tokenizer, prompt_ids)
             seqs.append(seq)
         self.waiting.extend(seqs)
@@ -147,12 +149,6 @@ class Engine:
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ConfigError(f"prompt token ids must be in 0..{vocab - 1}")
         self._grammars = check_params(params, vocab, self.tokenizer, sorted(self.eos_token_ids), self._grammars)
-
-    def _grammar_matcher(self, params: SamplingParams):
-        vocab, eos = self.target.cfg.vocab_size, sorted(self.eos_token_ids)
-        self._grammars = check_params(params, vocab, self.tokenizer, eos, self._grammars)
-        so = params.structured_outputs
-        return self._grammars.matcher(self._grammars.compile_json(None if so.json_object else so.json))
 
     def abort(self, request_id: str) -> None:
         """Abort a request: every sample of it (request_id is what add_request/add_samples were given)."""

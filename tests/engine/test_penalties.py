@@ -19,8 +19,7 @@ import specdecode.engine.engine
 import specdecode.engine.logprobs
 from specdecode import LLM, SamplingParams
 from specdecode.config import ConfigError
-from specdecode.drafters.layer_select import LayerSkipChoice
-from tests.engine.test_head_drafters import write_heads
+from specdecode.heads import HEAD_KINDS
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13, 11, 12]]
 PENALISED = SamplingParams(
@@ -32,7 +31,7 @@ PENALISED = SamplingParams(
     logit_bias={7: 4.0, 30: -5.0},
 )
 METHODS = ["none", "ngram", "ngram_tree", "suffix", "suffix_tree", "draft", "self", "layer_skip"]
-HEADS = ["eagle", "medusa", "mtp"]
+HEADS = list(HEAD_KINDS)
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +63,6 @@ def reference_greedy(hf, prompt: list[int], params: SamplingParams) -> list[int]
     for _ in range(params.max_tokens):
         output.append(int(reference_logits(hf, prompt, output, params).argmax()))
     return output
-
-
-@pytest.fixture(scope="module")
-def drafts(tmp_path_factory, tiny_target, tiny_draft) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("penalty_drafts")
-    paths = {kind: str(write_heads(root / kind, tiny_target, kind, 3)) for kind in HEADS}
-    LayerSkipChoice([0], 0.5, 1.1).save(root / "skip.json")
-    return paths | {"layer_skip": str(root / "skip.json"), "draft": str(tiny_draft), "self": None}
 
 
 def make(method: str, tiny_target, drafts, k: int = 4) -> LLM:

@@ -14,8 +14,6 @@ import torch.distributed as dist
 
 from specdecode import LLM, SamplingParams
 from specdecode.config import METHODS, ConfigError
-from specdecode.drafters.layer_select import LayerSkipChoice
-from tests.engine.test_head_drafters import write_heads
 from tests.ranks import run_on_ranks, session
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -32,7 +30,6 @@ PROMPTS = [
 SAMPLES = SamplingParams(temperature=0.9, max_tokens=12, ignore_eos=True, seed=4, n=3)
 # Drafters whose sampled drafts are not one-hot: a seeded sample's tokens differ from plain sampling's.
 SAMPLED_DRAFTS = ("draft", "self", "layer_skip")
-HEADS = ("eagle", "medusa", "mtp")
 
 
 def _generate(llm: LLM) -> dict:
@@ -71,15 +68,6 @@ def _greedy_case(target: str, drafts: dict[str, str]) -> dict[str, dict]:
         with session(fault), _llm(target, drafts, method, controller, tp=2) as llm:
             result["+".join(filter(None, (method, controller, fault)))] = _generate(llm)
     return result
-
-
-@pytest.fixture(scope="module")
-def drafts(tmp_path_factory, tiny_target, tiny_draft) -> dict[str, str]:
-    """Random heads for the tiny target, and a layer-skip choice that drafts through its first layer of two."""
-    root = tmp_path_factory.mktemp("tp_drafts")
-    paths = {kind: str(write_heads(root / kind, tiny_target, kind, 3)) for kind in HEADS}
-    LayerSkipChoice([0], 0.5, 1.1).save(root / "skip.json")
-    return paths | {"layer_skip": str(root / "skip.json"), "draft": str(tiny_draft)}
 
 
 @pytest.fixture(scope="module")
