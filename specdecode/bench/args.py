@@ -37,6 +37,12 @@ BENCH_MODES = {
         {"output": "results/cost.json"},
         needs_prompts=False,
     ),
+    "startup": BenchMode(
+        "specdecode.bench.startup",
+        "seconds from process start to the first answer: eager, the compiled step's first run, later runs",
+        {"max_tokens": 32, "output": "results/startup.json"},
+        needs_prompts=False,
+    ),
     "serve": BenchMode(
         "specdecode.bench.serve",
         "open-loop Poisson arrivals against live servers: TTFT, TPOT, throughput per request rate",
@@ -177,8 +183,14 @@ def add_cost_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--batches", type=positive_int_list, default=[1, 4, 8, 16, 32], help="rows per forward")
     g.add_argument("--new-tokens", type=positive_int_list, default=[1, 2, 3, 5, 9, 17], help="new tokens per row")
     g.add_argument("--contexts", type=positive_int_list, default=[256, 1024], help="cached tokens per row")
-    g.add_argument("--repeats", type=int, default=5, help="timed forwards per cell (median)")
+    g.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="cost: timed forwards per cell (median); startup: runs on a warm package cache",
+    )
     g.add_argument("--baseline", default=None, help="another checkout (e.g. a worktree of the previous commit)")
+    g.add_argument("--jit", action="store_true", help="add the compiled step under torch.compile as an arm")
 
 
 def run_bench(a: argparse.Namespace) -> None:

@@ -1,10 +1,11 @@
 """`specdecode bench cost`: the target's step-cost curve, ms per forward by batch x new tokens per row.
 
-Each arm is a worker process holding one model: this checkout's compiled step and its eager step
-(`--enforce-eager`), and with `--baseline DIR` another commit's checkout (e.g. a git worktree of the previous
-commit), eager. Cells are interleaved across the arms, so the noise of this machine hits them alike. The worker
-uses only the model API every version has (load_llama, new_cache, AttentionMetadata.build(slots, starts, T,
-device), forward), plus models.compiled in the compiled arm.
+Each arm is a worker process holding one model: this checkout's compiled step (AOTInductor packages), with
+`--jit` the same step under torch.compile in the process, its eager step (`--enforce-eager`), and with
+`--baseline DIR` another commit's checkout (e.g. a git worktree of the previous commit), eager. Cells are
+interleaved across the arms, so the noise of this machine hits them alike. The worker uses only the model API
+every version has (load_llama, new_cache, AttentionMetadata.build(slots, starts, T, device), forward), plus
+models.compiled in the compiled arms.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import torch
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.models.loader import resolve_model_dir
 torch.set_num_threads(os.cpu_count() or 1)
-if sys.argv[4] == "compiled":
+if sys.argv[4] in ("compiled", "jit"):
     from specdecode.models.compiled import load_target
-    model = load_target(resolve_model_dir(sys.argv[1], progress=False), "cpu", torch.float32, False, progress=False)
+    aot = sys.argv[4] == "compiled"
+    model = load_target(resolve_model_dir(sys.argv[1], progress=False), "cpu", torch.float32, False, False, aot)
 else:
     model = load_llama(resolve_model_dir(sys.argv[1], progress=False))
 cache = model.new_cache(int(sys.argv[2]), int(sys.argv[3]))
@@ -139,7 +141,7 @@ def plot(path: Path, a: argparse.Namespace, ms: dict[str, dict[str, float]]) -> 
     fig, axes = plt.subplots(1, len(a.contexts), figsize=(6 * len(a.contexts), 4.5), squeeze=False)
     for ax, c in zip(axes[0], a.contexts, strict=True):
         for i, b in enumerate(a.batches):
-            for name, style in zip(ms, ("-", "--", ":"), strict=False):
+            for name, style in zip(ms, ("-", "--", ":", "-."), strict=False):
                 ys = [ms[name][f"{b}x{t}@{c}"] for t in a.new_tokens]
                 ax.plot(a.new_tokens, ys, style, color=f"C{i}", marker="o", label=f"batch {b} ({name})")
         ax.set(xlabel="new tokens per row", ylabel="ms per forward", title=f"context {c}", yscale="log")
@@ -153,6 +155,8 @@ def run_from_args(a: argparse.Namespace) -> None:
     here = Path(__file__).resolve().parents[2]
     slots, max_len = max(a.batches), max(a.contexts) + max(a.new_tokens) + 1
     arms = [Worker.start("compiled", here, a.target, slots, max_len, "compiled")]
+    if a.jit:
+        arms.append(Worker.start("torch.compile", here, a.target, slots, max_len, "jit"))
     arms.append(Worker.start("eager", here, a.target, slots, max_len, "eager"))
     if a.baseline:
         arms.append(Worker.start("baseline", Path(a.baseline).resolve(), a.target, slots, max_len, "eager"))

@@ -33,8 +33,8 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoTokenizer
 
-from specdecode.bench.specbench import _cpu_model
 from specdecode.grammar import MAX_WHITESPACE, GrammarCompiler
+from specdecode.hardware import cpu_model
 
 CHAIN = 8  # drafts per chained `allowed` call: 9 paths, [] .. d_1..d_8
 
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     render(rows)
     result = {
         "command": " ".join(["python -m specdecode.bench.grammar_cost", *(sys.argv[1:] if argv is None else argv)]),
-        "machine": f"{_cpu_model()} ({os.cpu_count()} cores, shared with other jobs)",
+        "machine": f"{cpu_model()} ({os.cpu_count()} cores, shared with other jobs)",
         "date": date.today().isoformat(),
         "tokenizer": Path(a.tokenizer).name,
         "vocab_size": len(tokenizer),

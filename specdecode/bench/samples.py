@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specdecode import LLM, SamplingParams
-from specdecode.bench.specbench import _cpu_model
+from specdecode.hardware import cpu_model
 
 PASSAGE = (
     "The lighthouse stood on the northern cape for two hundred years. Its keepers logged every ship, every storm "
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"samples identical both ways: {same}/{a.prompts} prompts")
     out = {
         "command": "python -m specdecode.bench.samples " + " ".join(sys.argv[1:]),
-        "machine": f"{_cpu_model()} ({os.cpu_count()} cores)",
+        "machine": f"{cpu_model()} ({os.cpu_count()} cores)",
         "date": date.today().isoformat(),
         "arms": rows,
         "identical_samples": f"{same}/{a.prompts}",

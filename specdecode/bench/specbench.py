@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from specdecode.bench.draft_tradeoff import plot_tradeoff, render_tradeoff, step_costs
 from specdecode.config import SamplingParams, SpeculativeConfig
+from specdecode.hardware import cpu_model
 from specdecode.prompts import Prompt, load_jsonl
 
 
@@ -244,22 +245,12 @@ def machine() -> str:
 
     if torch.cuda.is_available():
         return f"{platform.machine()} {torch.cuda.get_device_name()}, torch {torch.__version__}"
-    cpu = _cpu_model()
+    cpu = cpu_model()
     packed = {"plain": "plain F.linear", "mkl": "MKL-packed", "onednn": "oneDNN-packed"}[packed_linear.choice()]
     return (
         f"{platform.machine()} {os.cpu_count()}-core CPU ({cpu}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {packed} fp32 linears"
     )
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown model"
 
 
 def provenance() -> dict[str, str]:

@@ -1,20 +1,21 @@
-"""Compiled target steps: the model's body and LM head under torch.compile, compiled once per process.
+"""Compiled target steps: the model's body and LM head compiled with frozen weights, once per machine.
 
 The body (embedding to final norm) and the head are compiled as two graphs with dynamic batch and token
 dimensions. Attention is one opaque custom op (models/attention.py), so nothing in a graph depends on how long
-the contexts are and steady decoding never recompiles. With duck sizing off and size-1 dimensions left
-unspecialised, one body graph and one head graph serve every batch size and token count; `warm_up` compiles
-both at load, behind a progress bar, so no request pays for a compile.
+the contexts are and steady decoding never recompiles: one body graph and one head graph serve every batch
+size and token count.
 
 On CPU the weights are frozen into the graphs and the linears go through inductor's C++ GEMM template
 (`max_autotune` with the CPP backend): it packs each weight once and, at the 1-17 rows of a decode or verify
-step, streams it far faster than MKL's or oneDNN's GEMM did on the 2-core hosts measured here. On CUDA the
-default inductor backend runs (no CUDA graphs: the attended length changes every step).
+step, streams it far faster than MKL's or oneDNN's GEMM did on the 2-core hosts measured here. The graphs are
+exported and compiled ahead of time into AOTInductor packages on disk (models/aot_package.py): the first
+process on a machine compiles them (~75 s for SmolLM2-135M on two cores, behind a progress bar), later ones
+load them in seconds. torch.compile's own graph cache could not do this: it refuses graphs holding packed
+constants, so every process compiled again.
 
-Kernels and autotuning results land in inductor's on-disk caches under the specdecode cache directory, but
-the whole graph is not reused across processes: inductor's graph cache refuses graphs that hold oneDNN-packed
-constants, and without that packing pass the C++ GEMM template does not apply. So every process compiles
-once (~80-90 s for SmolLM2-135M on two cores); `enforce_eager` (vLLM's name) skips all of this.
+On CUDA, and on CPU if packaging fails, the step goes under torch.compile in the process (with duck sizing off
+and size-1 dimensions left unspecialised, so one graph still serves every shape); `warm_up` compiles it at
+load. No CUDA graphs: the attended length changes every step. `enforce_eager` (vLLM's name) skips all of this.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from pathlib import Path
 
 import torch
 import torch._inductor.config
 import torch.fx.experimental._config
-from torch import nn
 from tqdm import tqdm
 
+from specdecode.models.aot_package import Body, Head, load_or_compile
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama
 from specdecode.models.loader import cache_root
 
@@ -39,29 +41,6 @@ ENFORCE_EAGER_ENV = "SPECDECODE_ENFORCE_EAGER"  # "1": LLM and the commands defa
 # needs exactly one of each.
 RECOMPILE_LIMIT = 256
 COMPILED_MAX_ROWS = 24  # tokens per forward up to which the compiled step beats the eager one (load_target)
-
-
-class _Body(nn.Module):
-    """The model's body as a module of its own: torch.compile freezes a module's parameters into the graph
-    (they become packed constants); a bound method's would stay graph inputs."""
-
-    def __init__(self, model: LlamaModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return self.model.body(*args)
-
-
-class _Head(nn.Module):
-    """The LM head, likewise (a class of its own: dynamo's cache and its limit are per code object)."""
-
-    def __init__(self, model: LlamaModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.head(hidden)
 
 
 def _configure_inductor(device: torch.device) -> None:
@@ -83,42 +62,80 @@ def _configure_inductor(device: torch.device) -> None:
         inductor.max_autotune_gemm_backends = "CPP"
 
 
-def compile_step(model: LlamaModel, warm: bool = True, progress: bool = True) -> float:
-    """Swap the model's eager step for compiled body and head; with `warm`, compile both graphs now.
+def compile_step(
+    model: LlamaModel, warm: bool = True, progress: bool = True, ahead_of_time: bool | None = None
+) -> float:
+    """Swap the model's eager step for compiled body and head; returns the seconds spent compiling or loading.
 
-    Returns the seconds spent compiling.
+    ahead_of_time (default: on CPU) loads AOTInductor packages of the step from disk, compiling and saving them
+    first if absent (models/aot_package.py). If that fails, or without it, the step goes under torch.compile in
+    this process, and `warm` compiles it now.
     """
-    _configure_inductor(model.embed.weight.device)
+    device = model.embed.weight.device
+    _configure_inductor(device)
     model.requires_grad_(False)  # frozen weights are constants of the graph
+    t0 = time.perf_counter()
+    if device.type == "cpu" if ahead_of_time is None else ahead_of_time:
+        try:
+            model.step = _packaged_step(model, progress)
+            return time.perf_counter() - t0
+        except Exception as e:  # export or AOT compile refused this model: the in-process compiler still serves
+            warnings.warn(
+                f"AOTInductor could not package the step ({type(e).__name__}: {e}); using torch.compile", stacklevel=2
+            )
     model.step = StepFunctions(
-        body=torch.compile(_Body(model), dynamic=True, fullgraph=True),
-        head=torch.compile(_Head(model), dynamic=True, fullgraph=True),
+        body=torch.compile(Body(model), dynamic=True, fullgraph=True),
+        head=torch.compile(Head(model), dynamic=True, fullgraph=True),
         compiled=True,
     )
-    return warm_up(model, progress) if warm else 0.0
+    return warm_up(model, progress) if warm else time.perf_counter() - t0
+
+
+def _packaged_step(model: LlamaModel, progress: bool) -> StepFunctions:
+    """The step from AOTInductor packages, checked by one forward on a scratch cache."""
+    desc = "compiling the target step (first run only: saved for later runs; --enforce-eager skips it)"
+    with tqdm(total=1, desc=desc, disable=not progress) as bar:
+        body, head = load_or_compile(model, on_compile=bar.refresh)
+        bar.update()
+    step = StepFunctions(body=body, head=head, compiled=True)
+    _scratch_forward(model, step)
+    return step
 
 
 def warm_up(model: LlamaModel, progress: bool = True) -> float:
-    """Compile the body and head graphs with one forward on a scratch cache; returns the seconds taken.
-    Batch 2 x 3 tokens: sizes above one keep every dimension dynamic."""
-    device = model.embed.weight.device
-    # Made outside inference mode, like the engine's cache: an inference tensor would be guarded on and a
-    # normal cache would then compile the graph a second time.
-    cache = model.new_cache(3, 16)
+    """Compile the body and head graphs with one forward on a scratch cache; returns the seconds taken."""
     t0 = time.perf_counter()
     desc = "compiling the target step (once per process; --enforce-eager skips it)"
-    with torch.inference_mode(), tqdm(total=1, desc=desc, disable=not progress) as bar:
-        tokens = torch.zeros((2, 3), dtype=torch.long, device=device)
-        meta = AttentionMetadata.build([0, 1], [4, 5], 3, device)
-        model(tokens, meta, cache)  # the body at [2, 3] and the head at 6 rows
+    with tqdm(total=1, desc=desc, disable=not progress) as bar:
+        _scratch_forward(model, model.step)
         bar.update()
     return time.perf_counter() - t0
 
 
+def _scratch_forward(model: LlamaModel, step: StepFunctions) -> None:
+    """One forward of `step` at batch 2 x 3 tokens (sizes above one keep every dimension dynamic) on a scratch
+    cache made outside inference mode, like the engine's: an inference tensor would be guarded on and a normal
+    cache would then compile the graph a second time."""
+    device = model.embed.weight.device
+    cache = model.new_cache(3, 16)
+    with torch.inference_mode():
+        tokens = torch.zeros((2, 3), dtype=torch.long, device=device)
+        meta = AttentionMetadata.build([0, 1], [4, 5], 3, device)
+        mask = meta.additive_mask(3, cache.k.dtype)  # [2, 1, 3, kv_len]
+        hidden = step.body(tokens, meta.positions, meta.slots, meta.write_pos, mask, cache.k, cache.v)
+        step.head(hidden.reshape(6, -1))  # [6, vocab]
+
+
 def load_target(
-    model_dir: str | Path, device: str | torch.device, dtype: torch.dtype, enforce_eager: bool, progress: bool = True
+    model_dir: str | Path,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    enforce_eager: bool,
+    progress: bool = True,
+    ahead_of_time: bool | None = None,
 ) -> LlamaModel:
     """The model as the engine runs it: compiled and warmed, or eager with packed linears (enforce_eager).
+    ahead_of_time: see compile_step.
 
     On CPU, forwards over more than COMPILED_MAX_ROWS tokens run on an eager twin with packed linears (a second
     copy of the weights, sharing the cache it is handed): the compiled GEMM streams weights best at the few
@@ -128,7 +145,7 @@ def load_target(
     if enforce_eager:
         return load_llama(model_dir, device, dtype)
     model = load_llama(model_dir, device, dtype, inference=False)  # inductor packs the weights itself
-    compile_step(model, progress=progress)
+    compile_step(model, progress=progress, ahead_of_time=ahead_of_time)
     if torch.device(device).type == "cpu":
         twin = load_llama(model_dir, device, dtype)
         large = StepFunctions(twin.body, twin.head)

@@ -34,6 +34,7 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "BuiltinModel",
     "ModelLoadError",
+    "build_once",
     "cache_root",
     "gguf_to_hf_dir",
     "resolve_model_dir",
@@ -143,17 +144,17 @@ def _check_model_type(config_path: Path) -> None:
 def _converted(gguf_path: Path, name: str, root: Path, progress: bool) -> Path:
     """The cached conversion of `gguf_path`, made now if absent."""
     final = root / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{_file_key(gguf_path)}"
-    return _cached(final, lambda tmp: gguf_to_hf_dir(gguf_path, tmp, progress=progress))
+    return build_once(final, lambda tmp: gguf_to_hf_dir(gguf_path, tmp, progress=progress))
 
 
 def _shipped_draft(name: str, root: Path, progress: bool) -> Path:
     """The full directory of a built-in draft, rebuilt from its packed weights and its target on first use."""
     target_dir = resolve_model_dir(BUILTIN_DRAFTS[name], cache_dir=root, progress=progress)
     final = root / f"{name}-{_file_key(packed_weights(name), extra=target_dir.name)}"
-    return _cached(final, lambda tmp: rebuild_draft(name, tmp, target_dir))
+    return build_once(final, lambda tmp: rebuild_draft(name, tmp, target_dir))
 
 
-def _cached(final: Path, build: Callable[[Path], object]) -> Path:
+def build_once(final: Path, build: Callable[[Path], object]) -> Path:
     """`final`, made now by `build(tmp)` if absent.
 
     The work happens in a hidden temporary sibling that is renamed into place only when complete, so an

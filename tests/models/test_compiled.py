@@ -1,5 +1,6 @@
 """The compiled step (models/compiled.py) computes what the eager step computes, writes the same cache, serves
-every shape from one graph, and keeps greedy speculative decoding equal to plain decoding."""
+every shape from one compiled artifact, and keeps greedy speculative decoding equal to plain decoding. Both
+compilers are covered: AOTInductor packages (the CPU default) and torch.compile (CUDA, and the fallback)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from specdecode import LLM, SamplingParams
+from specdecode.models import compiled as compiled_module
 from specdecode.models.compiled import COMPILED_MAX_ROWS, compile_step, load_target
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.tree import tree_layout
@@ -27,7 +29,23 @@ def models(tiny_target):
     eager = load_llama(tiny_target, inference=False)
     compiled = load_llama(tiny_target, inference=False)
     compile_step(compiled, progress=False)
+    assert compiled.step.compiled and not isinstance(compiled.step.body, torch.nn.Module)  # a package, not dynamo
     return eager, compiled
+
+
+@pytest.fixture(scope="module")
+def jit_models(tiny_target):
+    """The step under torch.compile, reached the way a failed export or AOT compile reaches it: the fallback."""
+    eager = load_llama(tiny_target, inference=False)
+    compiled = load_llama(tiny_target, inference=False)
+    with pytest.MonkeyPatch.context() as mp, pytest.warns(UserWarning, match="using torch.compile"):
+        mp.setattr(compiled_module, "load_or_compile", _refuse)
+        compile_step(compiled, progress=False)
+    return eager, compiled
+
+
+def _refuse(*args, **kwargs):
+    raise RuntimeError("AOT compile refused (injected)")
 
 
 def run_both(models, slots, starts, t, num_new, write_shift=0):
@@ -49,8 +67,9 @@ def run_both(models, slots, starts, t, num_new, write_shift=0):
 
 
 @pytest.mark.parametrize(("slots", "starts", "t", "num_new"), CASES)
-def test_compiled_equals_eager(models, slots, starts, t, num_new):
-    logits_diff, cache_diff = run_both(models, slots, starts, t, num_new)
+@pytest.mark.parametrize("compiler", ["models", "jit_models"])
+def test_compiled_equals_eager(compiler, slots, starts, t, num_new, request):
+    logits_diff, cache_diff = run_both(request.getfixturevalue(compiler), slots, starts, t, num_new)
     assert logits_diff < 1e-4 and cache_diff < 1e-5
 
 
@@ -72,9 +91,9 @@ def test_tree_step_equals_eager(models):
     assert (got - want)[:, :4].abs().max().item() < 1e-4
 
 
-def test_new_shapes_reuse_the_one_graph(models):
+def test_new_shapes_reuse_the_one_graph(jit_models):
     """After the warm-up, batch and token counts never seen (and batch 1 x 1 token) compile nothing new."""
-    _, compiled = models
+    _, compiled = jit_models
     before = counters["stats"]["unique_graphs"]
     cache = compiled.new_cache(8, 64)
     with torch.inference_mode():
@@ -82,6 +101,21 @@ def test_new_shapes_reuse_the_one_graph(models):
             meta = AttentionMetadata.build(list(range(b)), [b] * b, t, "cpu")
             compiled(torch.zeros((b, t), dtype=torch.long), meta, cache)
     assert counters["stats"]["unique_graphs"] == before
+
+
+@pytest.mark.parametrize(("b", "t", "slots", "length"), [(1, 1, 1, 8), (7, 13, 9, 40), (1, 30, 2, 300), (6, 1, 6, 20)])
+def test_the_package_serves_shapes_and_caches_it_was_not_exported_at(models, b, t, slots, length):
+    """Batch, tokens, attended length and the cache's slots and length all differ from the export's example
+    (2 x 3 tokens on a 3 x 16 cache), and the package still computes what the eager step does."""
+    eager, compiled = models
+    caches = [m.new_cache(slots, length) for m in models]
+    tokens = torch.randint(0, eager.cfg.vocab_size, (b, t), generator=torch.Generator().manual_seed(b * t))
+    starts = [min(length - t, 3 + i) for i in range(b)]
+    meta = AttentionMetadata.build(list(range(b)), starts, t, "cpu", max_len=length)
+    with torch.inference_mode():
+        want, got = eager(tokens, meta, caches[0]), compiled(tokens, meta, caches[1])
+    assert (got - want).abs().max().item() < 1e-4
+    assert (caches[1].k - caches[0].k).abs().max().item() < 1e-5
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)

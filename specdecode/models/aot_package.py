@@ -1,0 +1,156 @@
+"""The compiled step as AOTInductor packages on disk: compiled by the first process, loaded in seconds after.
+
+torch.compile's graph cache refuses graphs holding packed constants (models/compiled.py), so a compiled step
+would be rebuilt by every process. Instead the body and the head are exported (torch.export, with dynamic
+batch, tokens, attended length and cache size) and compiled ahead of time (AOTInductor, the same freezing
+and C++ GEMM settings) into two packages whose constants are the frozen, packed weights. The attention op
+runs inside the package through AOTInductor's proxy executor and writes the cache in place.
+
+A package's key covers everything its code and constants depend on: the weights' bytes, the config, dtype
+and device, the source of the modules traced into it, torch's version, inductor's settings, the CPU and the
+thread count. Any change gives a new key, so a stale package is never loaded; packages live under
+`<cache_root>/aoti/<key>/`, published by an atomic rename. CPU only: on CUDA the step stays under
+torch.compile (no GPU has been lent to measure AOTInductor there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import platform
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch._inductor
+import torch._inductor.config
+import torch.fx.experimental._config
+from torch import nn
+from torch.export import Dim
+
+from specdecode.hardware import cpu_model
+from specdecode.models import attention, llama
+from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.models.loader import build_once, cache_root
+
+FORMAT = 1  # bump when what a package holds, or how it is called, changes
+BODY, HEAD = "body.pt2", "head.pt2"
+INDUCTOR_SETTINGS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+# Export bounds: far past any step the engine runs (a shape outside them would be refused by the package).
+MAX_ROWS, MAX_LEN = 1 << 16, 1 << 24
+MAX_PACKAGES = 4  # packages kept on disk, most recently used first (SmolLM2-135M's are ~1 GB)
+
+
+def package_key(model: LlamaModel) -> str:
+    """A hex key over everything a package of `model`'s step depends on."""
+    h = hashlib.blake2b(digest_size=16)
+    described = {
+        "format": FORMAT,
+        "torch": torch.__version__,
+        "config": repr(model.cfg),
+        "dtype": str(model.embed.weight.dtype),
+        "device": model.embed.weight.device.type,
+        "inductor": INDUCTOR_SETTINGS,
+        "shapes": [torch.fx.experimental._config.use_duck_shape, torch.fx.experimental._config.backed_size_oblivious],
+        "cpu": (platform.machine(), cpu_model(), torch.backends.cpu.get_cpu_capability()),
+        "threads": torch.get_num_threads(),
+        "source": [inspect.getsource(m) for m in (llama, attention, sys.modules[__name__])],
+    }
+    h.update(json.dumps(described, sort_keys=True).encode())
+    seen: set[int] = set()
+    for name, t in model.state_dict(keep_vars=False).items():  # tied weights are hashed once
+        h.update(name.encode())
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        h.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def load_or_compile(model: LlamaModel, on_compile: Callable[[], None] | None = None) -> tuple[Callable, Callable]:
+    """The body and head runners of `model`'s step: loaded from disk, else compiled and saved first
+    (`on_compile` is called before a compile starts, e.g. to show a progress bar). A package that does not
+    load (truncated, say) is compiled again."""
+    root = cache_root() / "aoti"
+    final = root / package_key(model)
+    try:
+        runners = _load(final / BODY), _load(final / HEAD)
+    except (FileNotFoundError, RuntimeError):  # absent, or unreadable
+        shutil.rmtree(final, ignore_errors=True)
+        if on_compile is not None:
+            on_compile()
+        build_once(final, lambda tmp: compile_packages(model, tmp))
+        prune(root, keep=final)
+        runners = _load(final / BODY), _load(final / HEAD)
+    os.utime(final)  # most recently used: kept by prune
+    return runners
+
+
+def prune(root: Path, keep: Path, max_packages: int = MAX_PACKAGES) -> None:
+    """Delete all but the `max_packages` most recently used packages under `root` (`keep` always stays): each
+    is a copy of a model's weights, and every change to the model's source gives a new key."""
+    packages = sorted((p for p in root.iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime)
+    for old in packages[: max(0, len(packages) - (max_packages - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def compile_packages(model: LlamaModel, out: Path) -> None:
+    """Export and AOT-compile `model`'s body and head into `out` (BODY, HEAD)."""
+    p = model.embed.weight
+    body_args, body_shapes = _body_example(model)
+    head_args = (torch.zeros(6, model.cfg.hidden_size, dtype=p.dtype, device=p.device),)  # [rows, hidden]
+    head_shapes = ({0: Dim("rows", min=1, max=MAX_ROWS)},)
+    parts = ((Body(model), body_args, body_shapes, BODY), (Head(model), head_args, head_shapes, HEAD))
+    with torch.no_grad():
+        for module, args, shapes, name in parts:
+            program = torch.export.export(module, args, dynamic_shapes=shapes)
+            settings = dict(INDUCTOR_SETTINGS)
+            torch._inductor.aoti_compile_and_package(program, package_path=str(out / name), inductor_configs=settings)
+
+
+class Body(nn.Module):
+    """The model's body (embedding to final norm) as a module of its own, over flat tensors: compilers freeze a
+    module's parameters into the graph (packed constants), where a bound method's would stay graph inputs."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.model.body(*args)
+
+
+class Head(nn.Module):
+    """The LM head, likewise (a class of its own: dynamo's cache and its limit are per code object)."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.head(hidden)
+
+
+def _body_example(model: LlamaModel) -> tuple[tuple[torch.Tensor, ...], tuple]:
+    """Example inputs of the body (batch 2 x 3 tokens on a 3-slot cache: every dynamic size above one and
+    all of them distinct) and their dynamic dimensions."""
+    device = model.embed.weight.device
+    cache = model.new_cache(3, 16)
+    meta = AttentionMetadata.build([0, 1], [4, 5], 3, device)
+    tokens = torch.zeros((2, 3), dtype=torch.long, device=device)
+    args = (tokens, meta.positions, meta.slots, meta.write_pos, meta.additive_mask(3, cache.k.dtype), cache.k, cache.v)
+    b, t = Dim("batch", min=1, max=MAX_ROWS), Dim("tokens", min=1, max=MAX_ROWS)
+    kv, slots, length = Dim("kv", min=1, max=MAX_LEN), Dim("slots", min=1, max=MAX_ROWS), Dim("len", min=2, max=MAX_LEN)
+    cache_dims = {1: slots, 3: length}  # [layers, slots, kv_heads, len + 1, head_dim]
+    shapes = ({0: b, 1: t}, {0: b, 1: t}, {0: b}, {0: b, 1: t}, {0: b, 2: t, 3: kv}, cache_dims, cache_dims)
+    return args, (shapes,)  # one entry: the body takes *args
+
+
+def _load(path: Path) -> Callable:
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    return torch._inductor.aoti_load_package(str(path))

@@ -1,0 +1,95 @@
+"""AOTInductor packages of the compiled step (models/aot_package.py): compiled once, loaded from disk after,
+never loaded for other weights, compiled again when unreadable."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from specdecode.models import aot_package
+from specdecode.models.compiled import compile_step
+from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
+
+
+@pytest.fixture(scope="module")
+def package_root(tmp_path_factory):
+    """One package directory for the module (a compile of the tiny model takes ~25 s on two cores)."""
+    root = tmp_path_factory.mktemp("packages")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDECODE_CACHE", str(root))
+        yield root
+
+
+@pytest.fixture
+def compiles(package_root, monkeypatch):
+    """The keys of the compiles the real compiler runs during a test."""
+    calls: list[str] = []
+    real = aot_package.compile_packages
+
+    def counted(model, out):
+        calls.append(aot_package.package_key(model))
+        real(model, out)
+
+    monkeypatch.setattr(aot_package, "compile_packages", counted)
+    return calls
+
+
+def logits_gap(model: LlamaModel, reference: LlamaModel) -> float:
+    """Largest logit difference between `model` and `reference` on one ragged batch, each on its own cache."""
+    tokens = torch.randint(0, model.cfg.vocab_size, (3, 4), generator=torch.Generator().manual_seed(0))
+    meta = AttentionMetadata.build([2, 0, 1], [5, 9, 1], 4, "cpu", max_len=32)
+    with torch.inference_mode():
+        got = model(tokens, meta, model.new_cache(3, 32))
+        want = reference(tokens, meta, reference.new_cache(3, 32))
+    return (got - want).abs().max().item()
+
+
+def compiled_copy(model_dir, perturb: float = 0.0) -> tuple[LlamaModel, LlamaModel]:
+    """(compiled, eager) copies of the model at `model_dir`, one weight shifted by `perturb` in both."""
+    models = [load_llama(model_dir, inference=False) for _ in range(2)]
+    for m in models:
+        with torch.no_grad():
+            m.layers[0].mlp.w2.weight.add_(perturb)
+    compile_step(models[0], progress=False)
+    return models[0], models[1]
+
+
+def test_a_second_load_comes_from_disk_and_other_weights_compile_their_own(tiny_target, compiles):
+    first, eager = compiled_copy(tiny_target)
+    assert len(compiles) <= 1  # none if another test of the module compiled it first
+    second, _ = compiled_copy(tiny_target)
+    assert compiles == compiles[:1]  # the second model loaded the first one's package
+    assert logits_gap(second, eager) < 1e-4
+    changed, changed_eager = compiled_copy(tiny_target, perturb=0.05)
+    assert compiles[-1] == aot_package.package_key(changed) != aot_package.package_key(first)
+    assert logits_gap(changed, changed_eager) < 1e-4
+    assert logits_gap(changed, eager) > 1e-2  # the change is visible in the logits, so the check above can fail
+
+
+def test_control_a_key_blind_to_the_weights_serves_stale_logits(tiny_target, compiles, monkeypatch):
+    """Negative control: with the weights left out of the key, changed weights load the unchanged model's
+    package and the check above fails by far."""
+    _, eager = compiled_copy(tiny_target)
+    base = aot_package.package_key(eager)
+    monkeypatch.setattr(aot_package, "package_key", lambda model: base)
+    changed, changed_eager = compiled_copy(tiny_target, perturb=0.05)
+    assert logits_gap(changed, changed_eager) > 1e-2
+
+
+def test_an_unreadable_package_is_compiled_again(tiny_target, compiles, package_root):
+    _, eager = compiled_copy(tiny_target)
+    body = package_root / "aoti" / aot_package.package_key(eager) / aot_package.BODY
+    body.write_bytes(body.read_bytes()[:1000])  # truncated, as by a full disk or a killed copy
+    del compiles[:]
+    again, _ = compiled_copy(tiny_target)
+    assert len(compiles) == 1 and logits_gap(again, eager) < 1e-4
+
+
+def test_prune_keeps_the_most_recently_used(tmp_path):
+    for i in range(6):
+        (tmp_path / f"p{i}").mkdir()
+        os.utime(tmp_path / f"p{i}", (i, i))
+    aot_package.prune(tmp_path, keep=tmp_path / "p0", max_packages=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p0", "p4", "p5"]
