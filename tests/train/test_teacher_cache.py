@@ -392,9 +392,11 @@ def test_cli_cache_then_distill(tiny_target, train_npz, eval_npz, tmp_path, caps
 def test_bench_writes_json(tiny_target, train_npz, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--target", str(tiny_target), "--data", str(train_npz), "--samples", "10", "--seq-len", str(SEQ_LEN)]
+    argv += ["--init-from-target", "--freeze-embeddings", "--draft-vocab", str(SUBSET)]  # the shipped draft's flags
     assert bench.main([*argv, "--steps", "2", "--warmup", "1", "--layers", "1", "--output", str(out)]) == 0
     result = json.loads(out.read_text())
     for mode in ("build", "on_the_fly", "from_cache"):
         assert result[mode]["tokens_per_s"] > 0 and result[mode]["tokens"] > 0, mode
     assert result["on_the_fly"]["tokens"] == result["from_cache"]["tokens"]  # the same batches, both ways
+    assert result["settings"]["draft_vocab"] == SUBSET and result["settings"]["freeze_embeddings"]
     assert "train from cache" in capsys.readouterr().out
