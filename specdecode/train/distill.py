@@ -149,7 +149,7 @@ def student_logits(
     """[num_masked, S] logits at the loss positions (in tensor[loss_mask] order) over the draft vocabulary
     (S = vocab without a subset). The LM head, most of a small draft's step, runs only where the loss reads it,
     and with a subset only on the subset's rows, as at inference."""
-    hidden = student.model(input_ids).last_hidden_state[loss_mask]  # [num_masked, hidden]
+    hidden = student.model(input_ids, use_cache=False).last_hidden_state[loss_mask]  # [num_masked, hidden]
     weight = student.lm_head.weight if subset is None else student.lm_head.weight[subset]  # [S, hidden]
     return torch.nn.functional.linear(hidden, weight)
 
