@@ -5,12 +5,17 @@ Usage:
         --data ../shared/data/distill/smollm2_135m_instruct_responses_part2.npz --samples 200 \
         --steps 20 --batch-size 4 --seq-len 256 --layers 2 [--head eagle] --output results/distill_cache.json
 
+    # the shipped draft's configuration (assets/drafts/smollm2-135m-instruct-draft): a draft-vocabulary cache
+    python -m specdecode.bench.distill_cache ... --layers 2 --init-from-target --freeze-embeddings \
+        --draft-vocab 16384 --output results/distill_cache_draft_vocab.json
+
 The first --samples samples of --data are cached (`distill cache`, timed over the pass alone), then the same
 draft (or --head) is trained --steps steps on the fly and from the cache. A training rate is the difference of
 two runs, --warmup steps and --warmup + --steps steps, each timed over its steps alone (the manifest's
 train_seconds: no loading, no checkpoints), so the first steps' one-off costs cancel; tokens/s counts the input
 tokens of the timed steps, as `distill` does. The cache is built with this process's settings (--dtype, --top-k):
-it is the rate of what a user would run, not of the exact top-k = vocab case.
+it is the rate of what a user would run, not of the exact top-k = vocab case. With --draft-vocab N the cache is
+built for that draft vocabulary (`distill cache --draft-vocab N`), as training it requires.
 """
 
 from __future__ import annotations
@@ -61,7 +66,12 @@ def train_rate(a: argparse.Namespace, data: Path, cache: Path | None, work: Path
             target=a.target,
             data=[str(data)],
             out=str(work / f"student-{'cache' if cache else 'fly'}-{steps}"),
-            draft=DraftOptions(num_layers=a.layers, init_from_target=a.init_from_target),
+            draft=DraftOptions(
+                num_layers=a.layers,
+                init_from_target=a.init_from_target,
+                freeze_embeddings=a.freeze_embeddings,
+                vocab_subset=a.draft_vocab,
+            ),
             steps=steps,
             batch_size=a.batch_size,
             seq_len=a.seq_len,
@@ -117,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", choices=("eagle", "medusa", "mtp"), default=None, help="train heads, not a draft")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--init-from-target", action="store_true")
+    p.add_argument("--freeze-embeddings", action="store_true", help="keep the draft's embedding (and tied head) fixed")
+    p.add_argument("--draft-vocab", type=int, default=None, help="draft only the N most frequent response tokens")
     p.add_argument("--steps", type=int, default=20, help="timed training steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps (the short run of the difference)")
     p.add_argument("--batch-size", type=int, default=4)
@@ -127,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--output", default="results/distill_cache.json")
     a = p.parse_args(argv)
+    if a.head is not None and a.draft_vocab is not None:
+        p.error("--draft-vocab is for draft models; heads train from a full-vocabulary cache")
     with tempfile.TemporaryDirectory(prefix="distill_cache-") as tmp:
         work = Path(tmp)
         data = first_samples(a.data, a.samples, work / "data.npz")
@@ -136,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             out=str(work / "cache"),
             top_k=a.top_k,
             features=a.head is not None,
+            draft_vocab=a.draft_vocab,
             seq_len=a.seq_len,
             batch_size=a.cache_batch_size,
             dtype=a.dtype,

@@ -158,6 +158,12 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="cache directory (.npy memory maps + manifest.json)")
     p.add_argument("--top-k", type=int, default=64, help="teacher tokens kept per position, plus the rest mass")
     p.add_argument("--features", action="store_true", help="also the final hidden states (for distill --head)")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="for `distill --draft-vocab N`: store the target over that subset (the same N most frequent tokens)",
+    )
     p.add_argument("--seq-len", type=int, default=512, help="training window length: must match distill's")
     p.add_argument("--batch-size", type=int, default=8, help="windows per target forward")
     p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="stored log-probs, features")
@@ -177,6 +183,7 @@ def run_cache(a: argparse.Namespace) -> None:
         out=a.out,
         top_k=a.top_k,
         features=a.features,
+        draft_vocab=a.draft_vocab,
         seq_len=a.seq_len,
         batch_size=a.batch_size,
         dtype=a.dtype,
@@ -193,5 +200,6 @@ def run_cache(a: argparse.Namespace) -> None:
     rate = r.tokens / max(r.seconds, 1e-9)
     print(
         f"teacher cache written to {r.out}: {m['num_loss_positions']:,} positions, top-{m['top_k']}"
+        f"{f' of a {cfg.draft_vocab}-token draft vocabulary' if cfg.draft_vocab else ''}"
         f"{', features' if m['features'] else ''}, {size:,.1f} MB; {r.tokens:,} tokens at {rate:.0f} tok/s"
     )

@@ -5,6 +5,7 @@ Usage:
         --data ../shared/data/distill/smollm2_135m_instruct_responses_part1.npz --out cache/part1 \
         --seq-len 512 --top-k 64 --features
     specdecode distill --teacher-cache cache/part1 --data ...part1.npz --seq-len 512 --out drafts/smol-2l ...
+    specdecode distill cache ... --draft-vocab 16384 --out cache/part1-v16k  (for `distill --draft-vocab 16384`)
     specdecode distill --head eagle --teacher-cache cache/part1 --data ...part1.npz --seq-len 512 --out heads/e
 
 The pass runs the same forward as `distill --head` (our runtime, fp32) over the windows training cuts, in
@@ -12,6 +13,8 @@ order, --batch-size windows at a time, and writes each batch into preallocated .
 teacher_cache.py). Progress is committed every --save-every seconds (arrays flushed first, then the manifest
 replaced atomically), so an interrupted run resumes with --resume at the last commit. Commits fall on batch
 boundaries and the batches are the same, so a resumed cache equals an uninterrupted one bit for bit.
+With --draft-vocab S the pass picks the subset `distill --draft-vocab S` picks from the same data and stores the
+target renormalised over it, which is what that training learns (a draft-vocabulary cache serves only it).
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
 from specdecode.train import teacher_cache as C
-from specdecode.train.distill import training_device
-from specdecode.train.topk import TopKTeacher, topk_of
+from specdecode.train.distill import draft_subset, training_device
+from specdecode.train.topk import TopKTeacher, teacher_topk
 
 LOGIT_CHUNK = 1024  # loss positions per LM-head chunk: [1024, 49152] fp32 logits are 200 MB
 
@@ -45,6 +48,7 @@ class CacheConfig:
     out: str
     top_k: int = 64
     features: bool = False  # also the final hidden states, for `distill --head`
+    draft_vocab: int | None = None  # for `distill --draft-vocab N`: the teacher over that subset
     seq_len: int = 512
     batch_size: int = 8  # windows per forward
     dtype: str = "float16"  # of the stored log-probs and features
@@ -58,6 +62,10 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.top_k < 1 or self.batch_size < 1:
             raise ConfigError(f"top-k and batch-size must be >= 1, got {self.top_k} and {self.batch_size}")
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise ConfigError(f"draft-vocab must be >= 1, got {self.draft_vocab}")
+        if self.draft_vocab is not None and self.features:
+            raise ConfigError("--features is for heads, which need a full-vocabulary cache: drop --draft-vocab")
         if self.seq_len < 2:
             raise ConfigError(f"seq-len must be >= 2, got {self.seq_len}")
         if self.dtype not in C.DTYPES:
@@ -89,8 +97,10 @@ def _check_output(cfg: CacheConfig) -> Path:
     return out
 
 
-def cache_key(cfg: CacheConfig, target_dir: Path, target_json: dict) -> dict:
-    """What a cache is for: resuming needs all of it to match, training the target, data and seq-len."""
+def cache_key(cfg: CacheConfig, target_dir: Path, target_json: dict, subset: torch.Tensor | None) -> dict:
+    """What a cache is for: resuming needs all of it to match, training the target, data, seq-len and draft
+    vocabulary."""
+    distribution = int(target_json["vocab_size"]) if subset is None else len(subset)
     return {
         "target": {
             "spec": cfg.target,
@@ -102,14 +112,15 @@ def cache_key(cfg: CacheConfig, target_dir: Path, target_json: dict) -> dict:
         },
         "data": C.data_fingerprint(cfg.data),
         "seq_len": cfg.seq_len,
-        "top_k": min(cfg.top_k, int(target_json["vocab_size"])),
+        "top_k": min(cfg.top_k, distribution),
         "dtype": cfg.dtype,
         "features": cfg.features,
         "batch_size": cfg.batch_size,
+        "draft_vocab": C.vocab_key(subset),
     }
 
 
-def _new_cache(out: Path, key: dict, windows: np.ndarray, layout: C.Layout, command: str) -> dict:
+def _new_cache(out: Path, key: dict, windows: np.ndarray, layout: C.Layout, subset, command: str) -> dict:
     """Preallocate every array (sparse files) and commit progress 0."""
     out.mkdir(parents=True)
     manifest = {
@@ -127,6 +138,8 @@ def _new_cache(out: Path, key: dict, windows: np.ndarray, layout: C.Layout, comm
     for name, (shape, dtype) in specs.items():
         np.lib.format.open_memmap(out / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
     fixed = {"windows": windows, "loss_offsets": layout.loss_offsets, "token_offsets": layout.token_offsets}
+    if subset is not None:
+        fixed["vocab"] = subset.numpy()
     for name, values in fixed.items():
         if name in specs:
             a = np.lib.format.open_memmap(out / f"{name}.npy", mode="r+")
@@ -145,9 +158,12 @@ def _resumed_cache(out: Path, key: dict, windows: np.ndarray, layout: C.Layout) 
 
 
 @torch.no_grad()
-def teacher_pass(target: LlamaModel, batch: D.Batch, k: int, device: torch.device) -> tuple[TopKTeacher, torch.Tensor]:
-    """The target teacher-forced over one batch: top-k at the loss positions ([num_masked], row-major) and the
-    final hidden states ([B, T, H]); the LM head runs only at the loss positions, a chunk at a time."""
+def teacher_pass(
+    target: LlamaModel, batch: D.Batch, k: int, device: torch.device, subset: torch.Tensor | None = None
+) -> tuple[TopKTeacher, torch.Tensor]:
+    """The target teacher-forced over one batch: top-k at the loss positions ([num_masked], row-major; over the
+    draft vocabulary `subset` ([S] on `device`) when given) and the final hidden states ([B, T, H]); the LM head
+    runs only at the loss positions, a chunk at a time."""
     ids = torch.from_numpy(batch.input_ids).to(device)  # [B, T]
     b, t = ids.shape
     meta = AttentionMetadata.build(list(range(b)), [0] * b, t, device)
@@ -155,14 +171,15 @@ def teacher_pass(target: LlamaModel, batch: D.Batch, k: int, device: torch.devic
     _, hidden = target(ids, meta, target.new_cache(b, t), logits_index=first, return_hidden=True)  # [B, T, H]
     at_loss = hidden[torch.from_numpy(batch.loss_mask).to(device)]  # [num_masked, H]
     parts = [
-        topk_of(target.lm_head(at_loss[lo : lo + LOGIT_CHUNK]).float().log_softmax(-1), k)
+        teacher_topk(target.lm_head(at_loss[lo : lo + LOGIT_CHUNK]).float(), k, subset)
         for lo in range(0, len(at_loss), LOGIT_CHUNK)
     ]
     top = TopKTeacher(
         torch.cat([p.log_p for p in parts]),  # [num_masked, k]
         torch.cat([p.ids for p in parts]),  # [num_masked, k]
         torch.cat([p.log_rest for p in parts]),  # [num_masked]
-        target.cfg.vocab_size,
+        target.cfg.vocab_size if subset is None else len(subset),
+        None if subset is None else torch.cat([p.top_token for p in parts]),  # [num_masked]
     )
     return top, hidden
 
@@ -173,6 +190,8 @@ def _write_batch(arrays: dict, layout: C.Layout, lo: int, hi: int, top: TopKTeac
     arrays["topk_logp"][rows] = top.log_p.cpu().numpy()
     arrays["topk_ids"][rows] = top.ids.cpu().numpy()
     arrays["log_rest"][rows] = top.log_rest.cpu().numpy()
+    if "target_argmax" in arrays:
+        arrays["target_argmax"][rows] = top.top_token.cpu().numpy()
     if "features" in arrays:
         lengths = np.diff(layout.token_offsets[lo : hi + 1])  # [B] real tokens per window
         real = torch.arange(batch.input_ids.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]  # [B, T]
@@ -196,7 +215,8 @@ def build_cache(cfg: CacheConfig) -> CacheResult:
     samples = D.load_samples(cfg.data, int(target_json["vocab_size"]))
     windows = D.window_starts(samples, cfg.seq_len)
     layout = C.plan_layout(samples, windows, cfg.seq_len)
-    key = cache_key(cfg, target_dir, target_json)
+    subset = draft_subset(cfg.draft_vocab, samples, target_json)  # [S] or None
+    key = cache_key(cfg, target_dir, target_json, subset)
     if cfg.resume:
         manifest = _resumed_cache(out, key, windows, layout)
     target = load_llama(target_dir, device, torch.float32)
@@ -204,14 +224,15 @@ def build_cache(cfg: CacheConfig) -> CacheResult:
     if not cfg.resume:
         if out.exists():  # --overwrite, now that every input has been checked
             shutil.rmtree(out)
-        manifest = _new_cache(out, key, windows, layout, cfg.command)
+        manifest = _new_cache(out, key, windows, layout, subset, cfg.command)
     specs = C.array_specs(manifest)
     written = [n for n in (*C.LOSS_ARRAYS, "features") if n in specs]
     arrays = {n: C.open_array(out / f"{n}.npy", *specs[n], mode="r+") for n in written}
-    return _run_pass(cfg, out, manifest, arrays, target, samples, windows, layout, device)
+    subset = None if subset is None else subset.to(device)
+    return _run_pass(cfg, out, manifest, arrays, target, samples, windows, layout, device, subset)
 
 
-def _run_pass(cfg, out, manifest, arrays, target, samples, windows, layout, device) -> CacheResult:
+def _run_pass(cfg, out, manifest, arrays, target, samples, windows, layout, device, subset) -> CacheResult:
     """Batches from the last commit to the end; commits every cfg.save_every seconds, at the end, and on the way
     out of an exception (only whole batches are ever counted)."""
     done, total, k = manifest["windows_done"], len(windows), manifest["top_k"]
@@ -223,7 +244,7 @@ def _run_pass(cfg, out, manifest, arrays, target, samples, windows, layout, devi
         for lo in range(start, total, cfg.batch_size):
             hi = min(lo + cfg.batch_size, total)
             batch = D.make_batch(samples, windows[lo:hi], cfg.seq_len, np.arange(lo, hi))
-            top, hidden = teacher_pass(target, batch, k, device)
+            top, hidden = teacher_pass(target, batch, k, device, subset)
             _write_batch(arrays, layout, lo, hi, top, hidden, batch)
             done, tokens = hi, tokens + batch.num_tokens
             bar.update(hi - lo)

@@ -8,8 +8,9 @@ Usage (the CLI wraps `distill`):
 The teacher is the target itself, run teacher-forced over the data's own tokens; the student learns its full
 next-token distribution at every response position (see objective.py). With --teacher-cache DIR (built once by
 `specdecode distill cache`, see build_cache.py) the teacher's top-k distributions are read from DIR instead of
-running the target on every batch. Resuming from OUT/checkpoint reaches the same weights as an uninterrupted
-run: batches are a function of (seed, step) and all state is saved.
+running the target on every batch (with --draft-vocab, from a cache built with the same --draft-vocab). Resuming
+from OUT/checkpoint reaches the same weights as an uninterrupted run: batches are a function of (seed, step) and
+all state is saved.
 """
 
 from __future__ import annotations
@@ -84,9 +85,6 @@ class DistillConfig:
             raise ConfigError(f"unknown --head {self.head!r}; expected one of {', '.join(HEAD_KINDS)}")
         if self.num_head_tokens < 1:
             raise ConfigError(f"num-head-tokens must be >= 1, got {self.num_head_tokens}")
-        if self.teacher_cache and self.draft.vocab_subset is not None and self.head is None:
-            # the cache keeps the top-k and the total rest mass, not the rest mass inside a subset
-            raise ConfigError("--draft-vocab cannot train from a --teacher-cache yet; drop one of them")
 
 
 @dataclass
@@ -120,7 +118,7 @@ def training_device(name: str) -> torch.device:
     return device
 
 
-def _eos_ids(target_json: dict) -> list[int]:
+def eos_ids(target_json: dict) -> list[int]:
     eos = target_json.get("eos_token_id")
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
@@ -145,35 +143,37 @@ def _tensors(batch: D.Batch, device: torch.device) -> tuple[torch.Tensor, ...]:
     return tuple(torch.from_numpy(a).to(device) for a in (batch.input_ids, batch.loss_mask, batch.labels))
 
 
-def student_logits(student, input_ids: torch.Tensor, subset: torch.Tensor | None) -> torch.Tensor:
-    """[batch, seq_len, S] logits over the draft vocabulary (S = vocab without a subset): with one, only the
-    subset's rows of the LM head are multiplied, as at inference."""
-    if subset is None:
-        return student(input_ids).logits
-    hidden = student.model(input_ids).last_hidden_state  # [batch, seq_len, hidden]
-    return torch.nn.functional.linear(hidden, student.lm_head.weight[subset])
+def student_logits(
+    student, input_ids: torch.Tensor, loss_mask: torch.Tensor, subset: torch.Tensor | None
+) -> torch.Tensor:
+    """[num_masked, S] logits at the loss positions (in tensor[loss_mask] order) over the draft vocabulary
+    (S = vocab without a subset). The LM head, most of a small draft's step, runs only where the loss reads it,
+    and with a subset only on the subset's rows, as at inference."""
+    hidden = student.model(input_ids, use_cache=False).last_hidden_state[loss_mask]  # [num_masked, hidden]
+    weight = student.lm_head.weight if subset is None else student.lm_head.weight[subset]  # [S, hidden]
+    return torch.nn.functional.linear(hidden, weight)
 
 
 def _forward(student, teacher, batch: D.Batch, device, ce_weight: float, subset: torch.Tensor | None) -> StepStats:
     input_ids, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
     with torch.no_grad():
         teacher_logits = teacher(input_ids).logits  # [batch, seq_len, vocab]
-    logits = student_logits(student, input_ids, subset)  # [batch, seq_len, S]
+    logits = student_logits(student, input_ids, mask, subset)  # [num_masked, S]
     return distill_loss(logits, teacher_logits, mask, labels, ce_weight, subset)
 
 
-def _cached_forward(student, cache: TeacherCache, batch: D.Batch, device, ce_weight: float) -> StepStats:
+def _cached_forward(student, cache: TeacherCache, batch: D.Batch, device, ce_weight: float, subset) -> StepStats:
     input_ids, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
     teacher = cache.topk(batch.window_ids).to(device)  # [num_masked] top-k rows, in tensor[mask] order
-    logits = student_logits(student, input_ids, None)  # [batch, seq_len, vocab]
-    return topk_distill_loss(logits, teacher, mask, labels, ce_weight)
+    logits = student_logits(student, input_ids, mask, subset)  # [num_masked, S]
+    return topk_distill_loss(logits, teacher, mask, labels, ce_weight, subset)
 
 
-def draft_subset(cfg: DistillConfig, samples: D.Samples, eos_ids: list[int]) -> torch.Tensor | None:
-    """[S] sorted token ids of --draft-vocab: the most frequent response tokens, end-of-turn ids always in (a
-    draft that can never propose the end of its answer wastes the last step of every request)."""
-    size = cfg.draft.vocab_subset
-    return None if size is None else frequent_tokens(samples.responses(), size, always=eos_ids)
+def draft_subset(size: int | None, samples: D.Samples, target_json: dict) -> torch.Tensor | None:
+    """[S] sorted token ids of --draft-vocab S: the most frequent response tokens, end-of-turn ids always in (a
+    draft that can never propose the end of its answer wastes the last step of every request). `distill cache
+    --draft-vocab` picks the same subset from the same data."""
+    return None if size is None else frequent_tokens(samples.responses(), size, always=eos_ids(target_json))
 
 
 def evaluate(student, teacher, samples: D.Samples, windows: np.ndarray, cfg: DistillConfig, device, subset) -> dict:
@@ -233,9 +233,11 @@ def distill(cfg: DistillConfig) -> DistillResult:
     samples = D.load_samples(cfg.data, draft_cfg.vocab_size)
     windows = D.window_starts(samples, cfg.seq_len)
     held_out = D.load_samples([cfg.eval_data], draft_cfg.vocab_size) if cfg.eval_data else None
+    subset = draft_subset(cfg.draft.vocab_subset, samples, target_json)  # [S] or None
     cache = None
     if cfg.teacher_cache:
-        cache = open_for_training(cfg.teacher_cache, cfg.target, target_dir, cfg.data, cfg.seq_len, windows)
+        args = (cfg.teacher_cache, cfg.target, target_dir, cfg.data, cfg.seq_len, windows)
+        cache = open_for_training(*args, subset=subset)
 
     # with a cache the target is loaded only to copy weights from (--init-from-target) or score --eval-data
     needs_teacher = cache is None or cfg.draft.init_from_target or held_out is not None
@@ -243,7 +245,6 @@ def distill(cfg: DistillConfig) -> DistillResult:
     student = _build_student(cfg, draft_cfg, teacher, device)
     if cache is not None and held_out is None:
         teacher = None  # its weights were only needed to initialise the student
-    subset = draft_subset(cfg, samples, _eos_ids(target_json))
     subset = None if subset is None else subset.to(device)
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
@@ -258,7 +259,7 @@ def distill(cfg: DistillConfig) -> DistillResult:
     def forward(batch: D.Batch) -> StepStats:
         if cache is None:
             return _forward(student, teacher, batch, device, cfg.ce_weight, subset)
-        return _cached_forward(student, cache, batch, device, cfg.ce_weight)
+        return _cached_forward(student, cache, batch, device, cfg.ce_weight, subset)
 
     losses, accs = run_steps(cfg, student, forward, samples, windows, optimizer, scheduler, start, totals, "distill")
     eval_stats = None

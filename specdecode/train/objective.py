@@ -24,20 +24,21 @@ class StepStats:
 
 
 def distill_loss(
-    student_logits: torch.Tensor,  # [batch, seq_len, S]: S = vocab, or the subset's size
+    student_logits: torch.Tensor,  # [num_masked, S] at the masked positions, row-major: S = vocab or the subset's
     teacher_logits: torch.Tensor,  # [batch, seq_len, vocab]
     loss_mask: torch.Tensor,  # [batch, seq_len] bool
     labels: torch.Tensor,  # [batch, seq_len] int64
     ce_weight: float = 0.0,
     subset: torch.Tensor | None = None,  # [S] token ids the student drafts from (sorted), or None: all
 ) -> StepStats:
-    """Mean over masked positions; only those positions are gathered, so the vocab-wide ops stay small.
+    """Mean over masked positions; only those positions are gathered (the student's already are), so the
+    vocab-wide ops stay small.
 
     With a subset the student learns the target's distribution renormalised over it (the mass outside is lost
     to a draft that never proposes those tokens anyway); hard labels outside it are left out of the CE, and
     accuracy still compares with the target's argmax over the whole vocabulary.
     """
-    q_log = F.log_softmax(student_logits[loss_mask].float(), dim=-1)  # [num_masked, S]
+    q_log = F.log_softmax(student_logits.float(), dim=-1)  # [num_masked, S]
     teacher = teacher_logits[loss_mask].float()  # [num_masked, vocab]
     target_argmax = teacher.argmax(-1)  # [num_masked]
     if subset is not None:
@@ -47,28 +48,37 @@ def distill_loss(
     loss = kl
     if ce_weight > 0.0:
         loss = loss + ce_weight * F.nll_loss(q_log, _subset_labels(labels[loss_mask], subset), ignore_index=-100)
-    drafted = q_log.argmax(-1) if subset is None else subset[q_log.argmax(-1)]  # [num_masked] token ids
-    agree = (drafted == target_argmax).float().mean()
+    agree = (_drafted(q_log, subset) == target_argmax).float().mean()
     return StepStats(loss, kl.item(), agree.item(), int(loss_mask.sum()))
 
 
 def topk_distill_loss(
-    student_logits: torch.Tensor,  # [batch, seq_len, vocab]
-    teacher: TopKTeacher,  # [num_masked] the cached teacher at the masked positions, in row-major order
+    student_logits: torch.Tensor,  # [num_masked, S] at the masked positions, row-major: S = vocab or the subset's
+    teacher: TopKTeacher,  # [num_masked] the cached teacher at the masked positions, over the same S tokens
     loss_mask: torch.Tensor,  # [batch, seq_len] bool
     labels: torch.Tensor,  # [batch, seq_len] int64
     ce_weight: float = 0.0,
+    subset: torch.Tensor | None = None,  # [S] token ids the student drafts from (sorted), or None: all
 ) -> StepStats:
-    """distill_loss against a cached top-k teacher: the KL over its k tokens and one rest bucket (see topk.py)."""
-    q_log = F.log_softmax(student_logits[loss_mask].float(), dim=-1)  # [num_masked, vocab]
-    if len(teacher.ids) != len(q_log):
-        raise ValueError(f"the cache holds {len(teacher.ids)} positions for a batch of {len(q_log)}")
+    """distill_loss against a cached top-k teacher: the KL over its k tokens and one rest bucket (see topk.py).
+    With a subset the cache holds the teacher renormalised over it, so this is distill_loss's subset objective."""
+    q_log = F.log_softmax(student_logits.float(), dim=-1)  # [num_masked, S]
+    if len(teacher.ids) != len(q_log) or teacher.vocab_size != q_log.shape[-1]:
+        raise ValueError(
+            f"the cache holds {len(teacher.ids)} positions over {teacher.vocab_size} tokens for a batch of "
+            f"{len(q_log)} over {q_log.shape[-1]}"
+        )
     kl = teacher.kl(q_log)
     loss = kl
     if ce_weight > 0.0:
-        loss = loss + ce_weight * F.nll_loss(q_log, labels[loss_mask])
-    agree = (q_log.argmax(-1) == teacher.argmax()).float().mean()
+        loss = loss + ce_weight * F.nll_loss(q_log, _subset_labels(labels[loss_mask], subset), ignore_index=-100)
+    agree = (_drafted(q_log, subset) == teacher.argmax()).float().mean()
     return StepStats(loss, kl.item(), agree.item(), int(loss_mask.sum()))
+
+
+def _drafted(q_log: torch.Tensor, subset: torch.Tensor | None) -> torch.Tensor:
+    """[n, S] student log-probs -> [n] the token ids it drafts greedily."""
+    return q_log.argmax(-1) if subset is None else subset[q_log.argmax(-1)]
 
 
 def _subset_labels(labels: torch.Tensor, subset: torch.Tensor | None) -> torch.Tensor:

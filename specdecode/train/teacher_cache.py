@@ -14,8 +14,16 @@ fly. A directory holds .npy arrays (numpy.lib.format, opened with mmap) and mani
     token_offsets.npy  [num_windows + 1] int64    (--features) window w's tokens are rows token_offsets[w]:[w + 1]
     features.npy       [num_tokens, hidden] f16|f32  (--features) final post-norm hidden state at every real token
 
+Built for a draft vocabulary (--draft-vocab S, the subset `distill --draft-vocab S` picks from the same data),
+the loss arrays hold the distribution that training on the fly learns: the target renormalised over the subset
+(topk.teacher_topk). topk_ids then index vocab.npy, log_rest is the subset's mass outside the top-k, and
+
+    vocab.npy          [S] int64                  (--draft-vocab) the subset, sorted token ids
+    target_argmax.npy  [num_loss] int32           (--draft-vocab) the target's argmax over the whole vocabulary
+
 The manifest names the target (a fingerprint of its config and weights), the token files (sha256), seq-len, k,
-dtype and progress; a cache that does not match what training asks for is refused rather than silently used.
+dtype, the draft vocabulary (its size and sha256, or null) and progress; a cache that does not match what
+training asks for is refused rather than silently used. Format 1 (before draft vocabularies) reads as null.
 """
 
 from __future__ import annotations
@@ -35,10 +43,11 @@ from specdecode.train import data as D
 from specdecode.train.head_objective import Teacher
 from specdecode.train.topk import TopKTeacher
 
-FORMAT = 1
+FORMAT = 2
+READS = (1, 2)  # format 1 caches are full-vocabulary ones
 MANIFEST = "manifest.json"
 DTYPES = ("float16", "float32")
-LOSS_ARRAYS = ("topk_logp", "topk_ids", "log_rest")
+LOSS_ARRAYS = ("topk_logp", "topk_ids", "log_rest", "target_argmax")  # the pass writes those in array_specs
 FEATURE_ARRAYS = ("token_offsets", "features")
 _SAMPLE_CHUNKS, _CHUNK = 64, 1 << 16  # target fingerprint: 64 chunks of 64 KiB per weight file
 
@@ -111,6 +120,9 @@ def array_specs(manifest: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         "topk_ids": ((n, k), "int32"),
         "log_rest": ((n,), "float32"),
     }
+    if manifest.get("draft_vocab"):
+        specs["vocab"] = ((manifest["draft_vocab"]["size"],), "int64")
+        specs["target_argmax"] = ((n,), "int32")
     if manifest["features"]:
         specs["token_offsets"] = ((w + 1,), "int64")
         specs["features"] = ((manifest["num_tokens"], manifest["target"]["hidden_size"]), dtype)
@@ -123,10 +135,11 @@ _TARGET_FIELDS = ("fingerprint", "vocab_size", "hidden_size")
 
 def _validate(manifest: dict) -> None:
     """Raise ValueError naming the first thing missing or wrong in a parsed manifest."""
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in READS:
         got = manifest.get("format") if isinstance(manifest, dict) else manifest
-        raise ValueError(f"format {got!r}, this version reads {FORMAT}")
-    missing = [k for k in (*_FIELDS, "num_tokens", "windows_done") if k not in manifest]
+        raise ValueError(f"format {got!r}, this version reads {' and '.join(map(str, READS))}")
+    fields = (*_FIELDS, "num_tokens", "windows_done", *(("draft_vocab",) if manifest["format"] >= 2 else ()))
+    missing = [k for k in fields if k not in manifest]
     missing += [f"target.{k}" for k in _TARGET_FIELDS if k not in (manifest.get("target") or {})]
     missing += [f"data[{i}].sha256" for i, d in enumerate(manifest.get("data") or []) if "sha256" not in d]
     if missing:
@@ -177,6 +190,29 @@ def open_array(path: Path, shape: tuple[int, ...], dtype: str, mode: str = "r") 
     return np.lib.format.open_memmap(path, mode=mode)
 
 
+def vocab_key(subset: torch.Tensor | np.ndarray | None) -> dict | None:
+    """What a cache records of a draft vocabulary: its size and the sha256 of its sorted ids (as int64)."""
+    if subset is None:
+        return None
+    ids = np.asarray(subset, dtype=np.int64)
+    return {"size": len(ids), "sha256": hashlib.sha256(ids.tobytes()).hexdigest()[:16]}
+
+
+def _vocab_name(key: dict | None) -> str:
+    return "the full vocabulary" if key is None else f"--draft-vocab {key['size']} (subset {key['sha256']})"
+
+
+def _check_vocab(built: dict | None, want: dict | None, root: Path) -> None:
+    """A draft-vocabulary cache holds the teacher renormalised over its subset: only that subset trains from it."""
+    if built == want:
+        return
+    fix = "without --draft-vocab" if want is None else f"with --draft-vocab {want['size']}"
+    raise ConfigError(
+        f"teacher cache {root} was built for {_vocab_name(built)}, not for {_vocab_name(want)}; "
+        f"build one with `specdecode distill cache` {fix}"
+    )
+
+
 def check_key(manifest: dict, expect: dict, root: Path) -> None:
     """Refuse a cache built for another target, other token files or other settings than `expect` holds."""
     built = manifest["target"]
@@ -193,6 +229,8 @@ def check_key(manifest: dict, expect: dict, root: Path) -> None:
         flag = "--" + key.replace("_", "-")
         if key in expect and manifest.get(key) != expect[key]:
             raise ConfigError(f"teacher cache {root} was built with {flag} {manifest.get(key)}, not {expect[key]}")
+    if "draft_vocab" in expect:
+        _check_vocab(manifest.get("draft_vocab"), expect["draft_vocab"], root)
     if expect.get("features") and not manifest["features"]:
         raise ConfigError(f"teacher cache {root} has no target features; heads need one built with --features")
 
@@ -202,7 +240,8 @@ class TeacherCache:
 
     def __init__(self, root: Path, manifest: dict, arrays: dict[str, np.memmap]) -> None:
         self.root, self.manifest, self.arrays = root, manifest, arrays
-        self.vocab_size = int(manifest["target"]["vocab_size"])
+        subset = manifest.get("draft_vocab")
+        self.vocab_size = int(manifest["target"]["vocab_size"] if subset is None else subset["size"])
 
     def _rows(self, offsets: str, window_ids: np.ndarray) -> np.ndarray:
         """[n] the rows of `window_ids`, window after window."""
@@ -219,11 +258,13 @@ class TeacherCache:
         """[num_masked] the teacher at the batch's loss positions, in the row-major order of tensor[loss_mask]."""
         rows = self._rows("loss_offsets", window_ids)
         a = self.arrays
+        top = torch.from_numpy(a["target_argmax"][rows].astype(np.int64)) if "target_argmax" in a else None
         return TopKTeacher(
             torch.from_numpy(a["topk_logp"][rows].astype(np.float32)),  # [num_masked, k]
-            torch.from_numpy(a["topk_ids"][rows].astype(np.int64)),  # [num_masked, k]
+            torch.from_numpy(a["topk_ids"][rows].astype(np.int64)),  # [num_masked, k] token ids or subset indices
             torch.from_numpy(np.asarray(a["log_rest"][rows])),  # [num_masked]
             self.vocab_size,
+            top,  # [num_masked] or None
         )
 
     def head_teacher(self, batch: D.Batch, device: torch.device) -> Teacher:
@@ -259,6 +300,8 @@ def open_cache(root: str | Path, expect: dict, windows: np.ndarray) -> TeacherCa
     arrays = {name: open_array(root / f"{name}.npy", *spec) for name, spec in array_specs(manifest).items()}
     if not np.array_equal(arrays["windows"], windows):
         raise ConfigError(f"teacher cache {root} covers other training windows than --data and --seq-len give")
+    if "vocab" in arrays and vocab_key(arrays["vocab"]) != manifest["draft_vocab"]:
+        raise ConfigError(f"teacher cache {root}: vocab.npy is not the subset its manifest names; rebuild it")
     return TeacherCache(root, manifest, arrays)
 
 
@@ -270,12 +313,15 @@ def open_for_training(
     seq_len: int,
     windows: np.ndarray,  # [num_windows, 2] the run's data.window_starts
     features: bool = False,
+    subset: torch.Tensor | None = None,  # [S] the run's draft vocabulary, or None: the full one
 ) -> TeacherCache:
-    """The cache a training run may use: same target, same token files in the same order, same seq-len."""
+    """The cache a training run may use: same target, same token files in the same order, same seq-len, same
+    draft vocabulary (or none on both sides)."""
     expect = {
         "target": {"spec": target_spec, "fingerprint": target_fingerprint(target_dir)},
         "data": data_fingerprint(data),
         "seq_len": seq_len,
         "features": features,
+        "draft_vocab": vocab_key(None if subset is None else subset.cpu()),
     }
     return open_cache(root, expect, windows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,12 +23,14 @@ from specdecode.train.build_cache import CacheConfig, build_cache
 from specdecode.train.distill import DistillConfig, distill
 from specdecode.train.draft_config import DraftOptions
 from specdecode.train.teacher_cache import open_cache
-from specdecode.train.topk import topk_of
+from specdecode.train.topk import teacher_topk, topk_of
 from tests.train.conftest import VOCAB, Interrupted, crash_after_checkpoint, write_npz
 
 SEQ_LEN, BATCH = 24, 4
 SMALL = dict(batch_size=BATCH, seq_len=SEQ_LEN, warmup=3, progress=False)
 ARRAYS = ("windows", "loss_offsets", "topk_logp", "topk_ids", "log_rest", "token_offsets", "features")
+SUBSET = 40  # --draft-vocab: the 40 most frequent of the tiny target's 96 tokens
+SUBSET_DRAFT = DraftOptions(num_layers=1, vocab_subset=SUBSET)
 
 
 def _cache(target, data, out, **kw):
@@ -49,6 +52,15 @@ def _step0_window(cache) -> int:
     return int(D.batch_windows(num_windows, BATCH, 0, seed=0)[0])
 
 
+def _tail_term(log_p: torch.Tensor, log_q: torch.Tensor, top) -> torch.Tensor:
+    """[] mean of p_rest * KL(tail_p || tail_q): what the k + 1 buckets leave out (log_p, log_q [N, V])."""
+    tail = torch.ones_like(log_p, dtype=torch.bool).scatter(1, top.ids, False)  # [N, V]
+    lp = log_p.masked_fill(~tail, -math.inf).log_softmax(-1)  # [N, V] the teacher's tail, renormalised
+    lq = log_q.masked_fill(~tail, -math.inf).log_softmax(-1)
+    tail_kl = torch.where(tail, lp.exp() * (lp - lq), torch.zeros_like(lp)).sum(-1)  # [N]
+    return (top.log_rest.exp() * tail_kl).mean()
+
+
 def test_topk_kl_is_full_kl_minus_the_tail_term():
     g = torch.Generator().manual_seed(0)
     log_p = (3 * torch.randn(6, 40, generator=g)).log_softmax(-1)  # [N, V]
@@ -59,13 +71,29 @@ def test_topk_kl_is_full_kl_minus_the_tail_term():
     top = topk_of(log_p, 8)
     p_rest = top.log_rest.exp()  # [N]
     assert torch.allclose(p_rest, 1 - top.log_p.exp().sum(-1), atol=1e-6)  # the exact mass outside the top-k
-    tail = torch.ones_like(log_p, dtype=torch.bool).scatter(1, top.ids, False)  # [N, V]
-    lp = log_p.masked_fill(~tail, -math.inf).log_softmax(-1)  # [N, V] the teacher's tail, renormalised
-    lq = log_q.masked_fill(~tail, -math.inf).log_softmax(-1)
-    tail_kl = torch.where(tail, lp.exp() * (lp - lq), torch.zeros_like(lp)).sum(-1)  # [N]
     # chain rule: full KL = KL over the k + 1 buckets + p_rest * KL(tail_p || tail_q)
-    assert torch.allclose(top.kl(log_q) + (p_rest * tail_kl).mean(), full, atol=1e-5)
+    assert torch.allclose(top.kl(log_q) + _tail_term(log_p, log_q, top), full, atol=1e-5)
     assert full - top.kl(log_q) > 1e-3  # control: the dropped tail term is not negligible here
+
+
+def test_subset_topk_kl_is_the_subset_kl_minus_the_tail_term():
+    """With a draft vocabulary the buckets partition the subset: the same chain rule holds against distill_loss's
+    KL to the teacher renormalised over the subset, so the rest bucket must hold the subset's mass past the top-k."""
+    g = torch.Generator().manual_seed(1)
+    logits = 3 * torch.randn(6, 40, generator=g)  # [N, V] the teacher
+    subset = torch.randperm(40, generator=g)[:15].sort().values  # [S]
+    log_q = (3 * torch.randn(6, 15, generator=g)).log_softmax(-1)  # [N, S] the student over the subset
+    log_p = logits[:, subset].log_softmax(-1)  # [N, S] the teacher as distill_loss sees it
+    subset_kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+    assert torch.allclose(teacher_topk(logits, 15, subset).kl(log_q), subset_kl, atol=1e-6)  # k = S: exact
+
+    top = teacher_topk(logits, 5, subset)
+    assert top.vocab_size == 15 and torch.equal(top.argmax(), logits.argmax(-1))  # argmax over the whole vocab
+    assert torch.allclose(top.log_rest.exp(), 1 - top.log_p.exp().sum(-1), atol=1e-6)  # the subset's rest
+    assert torch.allclose(top.kl(log_q) + _tail_term(log_p, log_q, top), subset_kl, atol=1e-5)
+    # negative control: the same identity without the rest bucket misses by far more than its tolerance
+    dropped = replace(top, log_rest=torch.full_like(top.log_rest, -math.inf))
+    assert (dropped.kl(log_q) + _tail_term(log_p, log_q, top) - subset_kl).abs() > 1e-2
 
 
 def test_draft_from_full_cache_equals_on_the_fly(tiny_target, train_npz, tmp_path):
@@ -97,6 +125,120 @@ def test_draft_from_top_k_cache_is_close(tiny_target, train_npz, tmp_path):
     cached = np.array(_train(tiny_target, [train_npz], tmp_path / "c", steps=6, teacher_cache=str(cache)).losses)
     gap = fly - cached
     assert np.all(gap > -1e-4) and np.all(gap < 2e-3), gap  # -1e-4: fp16 storage of the log-probs
+
+
+def _other_subset(subset: torch.Tensor) -> torch.Tensor:
+    """[S] as many other token ids: the tokens outside `subset`, smallest first."""
+    outside = torch.ones(VOCAB, dtype=torch.bool, device=subset.device)
+    outside[subset] = False
+    return outside.nonzero().flatten()[: len(subset)]
+
+
+# Faults a draft-vocabulary cache could be built with, injected into the build's teacher_topk(logits, k, subset).
+SUBSET_FAULTS = {
+    # the pass scores another subset than the one the manifest names
+    "other subset": lambda logits, k, subset: teacher_topk(logits, k, _other_subset(subset)),
+    # the subset's rows of the full-vocabulary log-probs: the mass outside the subset is not renormalised away
+    "not renormalised": lambda logits, k, subset: replace(
+        topk_of(logits.log_softmax(-1)[:, subset], k), top_token=logits.argmax(-1)
+    ),
+    # the mass inside the subset but outside the top-k is dropped (the rest bucket empty)
+    "rest dropped": lambda logits, k, subset: replace(
+        teacher_topk(logits, k, subset), log_rest=torch.full((len(logits),), -math.inf)
+    ),
+}
+
+
+def _subset_runs(tiny_target, train_npz, tmp_path, monkeypatch, fault: str | None, **cache_kw) -> tuple:
+    """(on the fly, from a --draft-vocab cache built with `fault`) losses and accuracies of the same draft."""
+    if fault is not None:
+        monkeypatch.setattr(B, "teacher_topk", SUBSET_FAULTS[fault])
+    cache = _cache(tiny_target, [train_npz], tmp_path / "cache", draft_vocab=SUBSET, **cache_kw)
+    monkeypatch.undo()
+    run = dict(steps=6, ce_weight=0.5, draft=SUBSET_DRAFT)
+    fly = _train(tiny_target, [train_npz], tmp_path / "fly", **run)
+    cached = _train(tiny_target, [train_npz], tmp_path / "cached", teacher_cache=str(cache), **run)
+    np.testing.assert_array_equal(np.load(cache / "vocab.npy"), np.load(cached.out / "vocab.npy"))  # one subset
+    return fly, cached
+
+
+@pytest.mark.parametrize("fault", [None, "other subset", "not renormalised"])
+def test_draft_vocab_from_subset_cache_equals_on_the_fly(fault, tiny_target, train_npz, tmp_path, monkeypatch):
+    """k >= S: the cache holds the target renormalised over the draft vocabulary, the distribution distill_loss
+    trains on the fly, so the losses (KL plus hard-label CE inside the subset) and accuracies (against the
+    target's argmax over the whole vocabulary) agree up to float rounding. Each fault misses by > 100x atol."""
+    fly, cached = _subset_runs(tiny_target, train_npz, tmp_path, monkeypatch, fault, top_k=128)
+    assert cached.manifest["draft_vocab"] == SUBSET
+    gap = np.abs(np.array(cached.losses) - np.array(fly.losses)).max()
+    if fault is None:
+        assert json.loads((tmp_path / "cache" / "manifest.json").read_text())["top_k"] == SUBSET  # clamped to S
+        np.testing.assert_allclose(cached.losses, fly.losses, atol=1e-5, rtol=0)
+        assert cached.accuracies == fly.accuracies
+    else:
+        assert gap > 1e-3, gap
+
+
+@pytest.mark.parametrize("fault", [None, "rest dropped"])
+def test_draft_vocab_from_top_k_subset_cache_is_close(fault, tiny_target, train_npz, tmp_path, monkeypatch):
+    """k = 8 of S = 40: as for the full vocabulary, the cached loss leaves out p_rest * KL(tail_p || tail_q) >= 0,
+    the rest bucket now being the subset's mass outside the top-k: the cached loss is never above the on-the-fly
+    one (up to fp16 storage), and here within 3e-2 below it (the term is ~0.02 with only 8 of 40 kept). Without
+    the rest bucket the cached loss is above the on-the-fly one at every step, by > 100x the fp16 tolerance."""
+    fly, cached = _subset_runs(tiny_target, train_npz, tmp_path, monkeypatch, fault, top_k=8, dtype="float16")
+    gap = np.array(fly.losses) - np.array(cached.losses)
+    if fault is None:
+        assert np.all(gap > -1e-4) and np.all(gap < 3e-2), gap  # -1e-4: fp16 storage of the log-probs
+    else:
+        assert np.all(gap < -1e-2), gap
+
+
+def test_cache_for_another_draft_vocab_is_refused(tiny_target, train_npz, tmp_path, capsys):
+    full = _cache(tiny_target, [train_npz], tmp_path / "full", top_k=8)
+    subset = _cache(tiny_target, [train_npz], tmp_path / "subset", top_k=8, draft_vocab=SUBSET)
+    digest = r"\(subset [0-9a-f]{16}\)"
+    cases = [
+        (full, dict(draft=SUBSET_DRAFT), f"full vocabulary, not for --draft-vocab {SUBSET} {digest}"),
+        (subset, dict(draft=DraftOptions(vocab_subset=48)), f"{SUBSET} {digest}, not for --draft-vocab 48 {digest}"),
+        (subset, {}, f"built for --draft-vocab {SUBSET} {digest}, not for the full vocabulary"),
+        (subset, dict(head="eagle"), f"built for --draft-vocab {SUBSET} {digest}, not for the full vocabulary"),
+    ]
+    for cache, kw, message in cases:
+        with pytest.raises(ConfigError, match=message) as e:
+            _train(tiny_target, [train_npz], tmp_path / "out", steps=1, teacher_cache=str(cache), **kw)
+        assert "\n" not in str(e.value) and "build one with `specdecode distill cache`" in str(e.value)
+    with pytest.raises(ConfigError, match=f"--draft-vocab {SUBSET} {digest}, not for --draft-vocab 48"):
+        _cache(tiny_target, [train_npz], subset, top_k=8, draft_vocab=48, resume=True)
+    assert not (tmp_path / "out").exists()
+
+    vocab = np.lib.format.open_memmap(subset / "vocab.npy", mode="r+")  # the subset file replaced after the build
+    vocab[:] = _other_subset(torch.from_numpy(np.array(vocab))).numpy()
+    vocab.flush()
+    del vocab
+    with pytest.raises(ConfigError, match="vocab.npy is not the subset its manifest names"):
+        _train(tiny_target, [train_npz], tmp_path / "out", teacher_cache=str(subset), draft=SUBSET_DRAFT)
+
+    argv = ["distill", "--target", str(tiny_target), "--data", str(train_npz), "--seq-len", str(SEQ_LEN)]
+    argv += ["--out", str(tmp_path / "out"), "--draft-vocab", "8", "--teacher-cache", str(full), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not for --draft-vocab 8" in err and "Traceback" not in err, err
+
+
+def test_format_1_cache_still_trains_the_full_vocabulary(tiny_target, train_npz, tmp_path):
+    """Caches from before draft vocabularies (format 1, no draft_vocab) read as full-vocabulary ones."""
+    cache = _cache(tiny_target, [train_npz], tmp_path / "cache", top_k=8)
+    now = _train(tiny_target, [train_npz], tmp_path / "now", steps=2, teacher_cache=str(cache)).losses
+    manifest = json.loads((cache / "manifest.json").read_text())
+    del manifest["draft_vocab"]
+    (cache / "manifest.json").write_text(json.dumps({**manifest, "format": 1}))
+    old = _train(tiny_target, [train_npz], tmp_path / "old", steps=2, teacher_cache=str(cache)).losses
+    assert old == now
+    with pytest.raises(ConfigError, match=f"full vocabulary, not for --draft-vocab {SUBSET}"):
+        _train(tiny_target, [train_npz], tmp_path / "x", teacher_cache=str(cache), draft=SUBSET_DRAFT)
+    manifest["format"] = 2  # a format 2 manifest must say which vocabulary it holds
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="malformed.*missing draft_vocab"):
+        _train(tiny_target, [train_npz], tmp_path / "x", teacher_cache=str(cache))
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa", "mtp"])
@@ -174,8 +316,6 @@ def test_cache_for_other_target_data_or_settings_is_refused(tiny_target, tiny_dr
         _train(tiny_target, [train_npz], tmp_path / "out", steps=1, seq_len=16, teacher_cache=str(cache))
     with pytest.raises(ConfigError, match="no target features"):
         _train(tiny_target, [train_npz], tmp_path / "out", head="eagle", steps=1, teacher_cache=str(cache))
-    with pytest.raises(ConfigError, match="--draft-vocab cannot"):
-        _train(tiny_target, [train_npz], tmp_path / "out", teacher_cache=str(cache), draft=DraftOptions(vocab_subset=8))
     assert not (tmp_path / "out").exists()
 
 
@@ -252,9 +392,11 @@ def test_cli_cache_then_distill(tiny_target, train_npz, eval_npz, tmp_path, caps
 def test_bench_writes_json(tiny_target, train_npz, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--target", str(tiny_target), "--data", str(train_npz), "--samples", "10", "--seq-len", str(SEQ_LEN)]
+    argv += ["--init-from-target", "--freeze-embeddings", "--draft-vocab", str(SUBSET)]  # the shipped draft's flags
     assert bench.main([*argv, "--steps", "2", "--warmup", "1", "--layers", "1", "--output", str(out)]) == 0
     result = json.loads(out.read_text())
     for mode in ("build", "on_the_fly", "from_cache"):
         assert result[mode]["tokens_per_s"] > 0 and result[mode]["tokens"] > 0, mode
     assert result["on_the_fly"]["tokens"] == result["from_cache"]["tokens"]  # the same batches, both ways
+    assert result["settings"]["draft_vocab"] == SUBSET and result["settings"]["freeze_embeddings"]
     assert "train from cache" in capsys.readouterr().out
