@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PIP := .venv/bin/pip
 STAMP := .venv/.installed
 
-.PHONY: setup demo test lint bench clean property-long soak
+.PHONY: setup demo test lint bench clean property-long soak peers
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv .venv
@@ -31,6 +31,12 @@ property-long: $(STAMP)
 
 soak: $(STAMP)
 	SPECDECODE_SOAK=long $(PY) -m pytest -q -s tests/server/test_soak.py
+
+# llama.cpp as a Spec-Bench peer (`specdecode bench specbench --llama-cpp`): llama-cpp-python is an sdist, so
+# this compiles llama.cpp for this CPU (GGML_NATIVE: -march=native; the multimodal library is not needed), which
+# takes minutes. Not part of setup or test.
+peers: $(STAMP)
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" $(PIP) install --no-binary llama-cpp-python -e ".[peers]"
 
 lint: $(STAMP)
 	$(PY) -m ruff check specdecode tests

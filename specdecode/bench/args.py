@@ -132,6 +132,12 @@ def add_specbench_args(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument("--json", action="store_true", help="write results JSON (and a Markdown table)")
     g.add_argument(
+        "--llama-cpp",
+        action="store_true",
+        help="add llama.cpp arms on the target's GGUF (plain, and prompt lookup at each n-gram arm's K); "
+        "needs the peers extra (make peers)",
+    )
+    g.add_argument(
         "--eager-baseline",
         action="store_true",
         help="add an arm of our K = 0 with --enforce-eager (the step before compilation), timed in the same run",

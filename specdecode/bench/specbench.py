@@ -137,8 +137,10 @@ def run_arms(arms: list[Arm], texts: list[tuple[str, str]], max_tokens: int, war
 
 
 def build_arms(a: argparse.Namespace) -> list[Arm]:
+    from specdecode.bench import llama_cpp_peer
     from specdecode.llm_args import llm_from_args
 
+    peer_gguf = llama_cpp_peer.require(a.target) if a.llama_cpp else None  # before any model loads
     # Batch 1 needs one cache slot, so the bench takes the model's whole context: long RAG prompts fit.
     batch1 = dict(max_num_seqs=1, max_model_len=a.max_model_len or 8192)
     base = llm_from_args(a, method="none", **batch1)
@@ -155,8 +157,11 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
     elif a.method != "none":
         llm = llm_from_args(a, **batch1)
         arms.append(EngineArm(f"ours {arm_label(llm.spec)}", llm))
+    ours = [arm.llm for arm in arms[1:] if arm.llm.spec.method != "none"]
     if a.peers:
-        arms += hf_arms(a, base, [arm.llm for arm in arms[1:] if arm.llm.spec.method != "none"])
+        arms += hf_arms(a, base, ours)
+    if peer_gguf is not None:
+        arms += llama_cpp_peer.llama_cpp_arms(a, peer_gguf, base, ours)
     return arms
 
 
@@ -212,8 +217,8 @@ def _unique(arms: list[Arm]) -> list[Arm]:
     return [a for a in arms if not (a.name in seen or seen.add(a.name))]
 
 
-def render(results: dict[str, ArmResult], console: Console) -> str:
-    """Print one table per arm and return the same as Markdown."""
+def render(results: dict[str, ArmResult], console: Console, notes: dict[str, str] | None = None) -> str:
+    """Print one table per arm and return the same as Markdown; `notes` (arm name -> line) become footnotes."""
     base = results["ours K=0"].table()
     md = []
     for name, res in results.items():
@@ -236,8 +241,16 @@ def render(results: dict[str, ArmResult], console: Console) -> str:
             table.add_row(*cells)
             md.append("| " + " | ".join(cells) + " |")
         console.print(table)
+        if notes and name in notes:
+            console.print(f"{name}: {notes[name]}", style="dim", markup=False)
+            md += ["", f"_{name}: {notes[name]}_"]
         md.append("")
     return "\n".join(md)
+
+
+def arm_notes(arms: list[Arm]) -> dict[str, str]:
+    """Arm name -> what its figures are not (e.g. llama.cpp's quantized arithmetic), for arms that say."""
+    return {arm.name: arm.note for arm in arms if getattr(arm, "note", None)}
 
 
 def machine() -> str:
@@ -272,7 +285,8 @@ def run_from_args(a: argparse.Namespace) -> None:
     ]
     results = run_arms(arms, texts, a.max_tokens, a.warmup)
     console = Console(file=sys.stdout)
-    md = render(results, console)
+    notes = arm_notes(arms)
+    md = render(results, console, notes)
     costs = step_costs(arms)
     tables = {name: r.table() for name, r in results.items()}
     md += "\n" + render_tradeoff(tables, costs, console)
@@ -284,6 +298,7 @@ def run_from_args(a: argparse.Namespace) -> None:
             "num_prompts": len(prompts),
             "max_tokens": a.max_tokens,
             "arms": tables,
+            "arm_notes": notes,
             "step_costs": costs,
             "samples": {
                 name: {c: [asdict(s) for s in ss] for c, ss in r.samples.items()} for name, r in results.items()
