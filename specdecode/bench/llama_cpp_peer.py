@@ -150,6 +150,8 @@ def llama_cpp_arms(a: argparse.Namespace, gguf_path: Path, base, ours: list) -> 
     arms: list[Arm] = [LlamaCppArm("llama.cpp", llama_cpp.Llama(**settings), base.encode, eos, note)]
     for k in lookup_ks(ours):
         lookup = CountingLookup(LlamaPromptLookupDecoding(num_pred_tokens=k))
-        llama = llama_cpp.Llama(**settings, draft_model=lookup)
+        # logits_all by hand: llama-cpp-python 0.3.36 turns it on for a drafter but sizes its logits buffer by the
+        # argument, so prompts past n_batch (512) tokens would overflow it
+        llama = llama_cpp.Llama(**settings, draft_model=lookup, logits_all=True)
         arms.append(LlamaCppArm(f"llama.cpp lookup K={k}", llama, base.encode, eos, note, lookup))
     return arms

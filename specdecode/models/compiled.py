@@ -93,9 +93,12 @@ def compile_step(
 
 def _packaged_step(model: LlamaModel, progress: bool) -> StepFunctions:
     """The step from AOTInductor packages, checked by one forward on a scratch cache."""
-    desc = "compiling the target step (first run only: saved for later runs; --enforce-eager skips it)"
-    with tqdm(total=1, desc=desc, disable=not progress) as bar:
-        body, head = load_or_compile(model, on_compile=bar.refresh)
+
+    def compiling() -> None:
+        bar.set_description("compiling the target step (first run on this machine; --enforce-eager skips it)")
+
+    with tqdm(total=1, desc="loading the compiled target step", disable=not progress) as bar:
+        body, head = load_or_compile(model, on_compile=compiling)
         bar.update()
     step = StepFunctions(body=body, head=head, compiled=True)
     _scratch_forward(model, step)
