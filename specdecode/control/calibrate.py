@@ -65,8 +65,9 @@ def load_profile(model: LlamaModel) -> CostModel:
     return load_or_default(profile_path(model), model_fingerprint(model))
 
 
-# The probe at load when no profile was saved: 12 timings, a few seconds for a 135M model on two cores.
-PROBE = {"batch_sizes": (1, 4), "token_counts": (1, 3, 9), "context_lengths": (64, 512), "repeats": 2}
+# The probe at load when no profile was saved: 16 timings, a few seconds for a 135M model on two cores. Token
+# counts on both sides of the first knee (cost.KNEES), so the fit sees where the step stops being flat.
+PROBE = {"batch_sizes": (1, 4), "token_counts": (1, 3, 5, 9), "context_lengths": (64, 512), "repeats": 2}
 
 
 def profile_or_probe(model: LlamaModel) -> CostModel:

@@ -2,12 +2,16 @@
 
 The verify forward is padded, so the target scores N = B * (K + 1) tokens whatever each row's own K is:
 
-    t_verify = a + b * B + c * N + d * N * C / 1000     (fixed launch/overhead, per row, per token, attention)
+    t_verify = a + b * B + c * N + sum_k h_k * max(0, N - n_k) + d * N * C / 1000
     t_draft  = e * K + f * B * K                         (per drafted position: ~0 for n-gram lookup)
 
-Coefficients are fitted by non-negative least squares (a negative per-token cost would reward padding). An
-online multiplicative correction (EWMA of measured / predicted verify time) heals a profile measured on a
-busier or quieter machine, and the draft coefficients are learned online from measured propose times.
+a is the fixed launch/overhead, b per row, c per token while the weights' reading dominates, h_k the extra per
+token past each knee n_k in KNEES (a weight-streaming GEMM is flat for a few rows, then turns compute-bound:
+on the 2-core CPU measured here 1, 2 and 3 tokens cost 21-23 ms and each token past ~4 adds ~4 ms, a bend no
+straight line fits), d the attention. Coefficients are fitted by non-negative least squares (a negative
+per-token cost would reward padding; non-negative hinges also keep the curve convex). An online multiplicative
+correction (EWMA of measured / predicted verify time) heals a profile measured on a busier or quieter machine,
+and the draft coefficients are learned online from measured propose times.
 A profile is JSON: coefficients plus the fingerprint (model, device, dtype, torch) it was measured for.
 """
 
@@ -22,9 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-PROFILE_VERSION = 1
-VERIFY_TERMS = ("intercept", "per_seq", "per_token", "per_token_kctx")
+PROFILE_VERSION = 2  # 2: the hinge terms
+KNEES = (4, 16, 64)  # tokens per forward past which a hinge term adds its own per-token cost
+VERIFY_TERMS = ("intercept", "per_seq", "per_token", *(f"per_token_past_{n}" for n in KNEES), "per_token_kctx")
 DRAFT_TERMS = ("per_position", "per_row_position")
+MIN_SAMPLES = 4
 
 
 class ProfileError(ValueError):
@@ -32,8 +38,9 @@ class ProfileError(ValueError):
 
 
 def verify_features(num_seqs: float, num_tokens: float, context: float) -> np.ndarray:
-    """[4] the regressors of t_verify (see the module docstring)."""
-    return np.array([1.0, num_seqs, num_tokens, num_tokens * context / 1000.0])
+    """[len(VERIFY_TERMS)] the regressors of t_verify (see the module docstring)."""
+    hinges = [max(0.0, num_tokens - n) for n in KNEES]
+    return np.array([1.0, num_seqs, num_tokens, *hinges, num_tokens * context / 1000.0])
 
 
 def draft_features(num_seqs: float, k: float) -> np.ndarray:
@@ -45,7 +52,7 @@ def nnls_gram(gram: np.ndarray, xty: np.ndarray) -> np.ndarray:
     """min ||x w - y|| subject to w >= 0, given gram = x^T x [F, F] and xty = x^T y [F] -> w [F].
 
     The optimum is the unconstrained optimum on its own active set, so the best feasible solution over every
-    subset of columns is exact; for the 2-4 features used here that is at most 15 tiny solves, and no scipy.
+    subset of columns is exact; for the 2-7 features used here that is at most 127 tiny solves, and no scipy.
     """
     num_features = len(xty)
     best, best_obj = np.zeros(num_features), 0.0  # objective ||xw - y||^2 - ||y||^2 is 0 at w = 0
@@ -69,7 +76,7 @@ def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 @dataclass
 class CostModel:
-    verify_coef: np.ndarray  # [4] seconds per VERIFY_TERMS
+    verify_coef: np.ndarray  # [len(VERIFY_TERMS)] seconds per VERIFY_TERMS
     draft_coef: np.ndarray = field(default_factory=lambda: np.zeros(2))  # [2] seconds per DRAFT_TERMS
     fingerprint: dict = field(default_factory=dict)  # what the profile was measured on; {} = a prior
     correction_alpha: float = 0.1  # EWMA weight of one measured step in the correction
@@ -80,11 +87,16 @@ class CostModel:
 
     # ---- fitting and prediction -----------------------------------------------------------------------
     @classmethod
+    def linear(cls, intercept: float, per_seq: float, per_token: float, per_token_kctx: float) -> CostModel:
+        """A model without bends: every token costs the same (a hand-written prior or a test's ground truth)."""
+        return cls(np.array([intercept, per_seq, per_token, *[0.0] * len(KNEES), per_token_kctx]))
+
+    @classmethod
     def fit(cls, samples: list[tuple[float, float, float, float]], fingerprint: dict | None = None) -> CostModel:
         """Fit t_verify from (num_seqs B, padded tokens N, mean context C, seconds) samples."""
-        if len(samples) < len(VERIFY_TERMS):
-            raise ValueError(f"need at least {len(VERIFY_TERMS)} samples to fit the cost model, got {len(samples)}")
-        x = np.stack([verify_features(b, n, c) for b, n, c, _ in samples])  # [num_samples, 4]
+        if len(samples) < MIN_SAMPLES:  # fewer than terms is fine: NNLS then takes the smallest coefficients
+            raise ValueError(f"need at least {MIN_SAMPLES} samples to fit the cost model, got {len(samples)}")
+        x = np.stack([verify_features(b, n, c) for b, n, c, _ in samples])  # [num_samples, len(VERIFY_TERMS)]
         y = np.array([t for *_, t in samples])  # [num_samples]
         # Relative error matters (a 1 ms miss on a 20 ms step is as bad as 5 ms on 100 ms): weight rows by 1/t.
         w = 1.0 / np.maximum(y, 1e-9)
@@ -154,12 +166,12 @@ class CostModel:
 
 
 def default_cost_model() -> CostModel:
-    """An uncalibrated prior for a ~135M model on a few CPU cores.
-
-    At batch 1 a 1-token step costs ~24 ms and a 9-token step ~43 ms: ~2.4 ms per token on top of ~21.6 ms
-    fixed (of which 1.5 ms grows with each row). Attention over 1000 cached tokens adds ~0.3 ms per token.
-    """
-    return CostModel(np.array([20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3]))
+    """An uncalibrated prior for a ~135M model's compiled step on a few CPU cores (results/cost.md): ~21 ms for
+    1-3 tokens at batch 1, then ~3.9 ms per token past 4 (9 tokens ~42 ms, 17 ~74 ms). Attention over 1000
+    cached tokens adds ~0.3 ms per token. The engine replaces it by a probe at load (control/calibrate.py)."""
+    coef = dict.fromkeys(VERIFY_TERMS, 0.0)
+    coef.update(intercept=19.5e-3, per_seq=1.5e-3, per_token=0.3e-3, per_token_past_4=3.6e-3, per_token_kctx=0.3e-3)
+    return CostModel(np.array([coef[t] for t in VERIFY_TERMS]))
 
 
 def load_or_default(path: str | Path, expect: dict | None = None) -> CostModel:

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from specdecode.control import cost as cost_module
 from specdecode.control.cost import (
     CostModel,
     ProfileError,
@@ -16,7 +17,9 @@ from specdecode.control.cost import (
     verify_features,
 )
 
-TRUE = np.array([15e-3, 2e-3, 1.5e-3, 0.4e-3])  # seconds: fixed, per row, per token, per token per 1k context
+# seconds: fixed, per row, per token, per token past each knee (4, 16, 64), per token per 1k context: flat for a
+# few tokens, then compute-bound, as the compiled CPU step is
+TRUE = np.array([15e-3, 2e-3, 0.3e-3, 3e-3, 1e-3, 0.0, 0.4e-3])
 GRID = [(b, t, c) for b in (1, 2, 4, 8) for t in (1, 3, 6, 9) for c in (64, 512, 1500)]
 FP = {"model_type": "llama", "num_params": 123, "device": "cpu", "dtype": "float32", "torch": "x"}
 
@@ -38,6 +41,26 @@ def test_fit_recovers_synthetic_step_time():
     fitted = CostModel.fit(synthetic_samples(noise=0.02))
     assert max_relative_error(fitted) < 0.05
     assert max_relative_error(default_cost_model()) > 0.05  # negative control: a different model is caught
+
+
+def test_the_bend_is_priced_where_a_straight_line_would_miss_it(monkeypatch):
+    """A step flat for a few tokens and steep after: the fit prices short verifies (what speculation at small
+    batch is made of) to within 5%. Negative control: the same fit without the hinge terms, the straight line
+    the model used to be, overprices them by far."""
+    fitted = CostModel.fit(synthetic_samples(noise=0.02))
+    short = [(1, t, 256) for t in (1, 2, 3, 4)]  # batch 1, 1-4 tokens
+
+    def worst(model: CostModel) -> float:
+        return max(
+            abs(model.predict(b, t - 1, c) / float(verify_features(b, b * t, c) @ TRUE) - 1) for b, t, c in short
+        )
+
+    assert worst(fitted) < 0.05
+    samples = synthetic_samples(noise=0.02)  # the truth, computed with the hinges
+    with monkeypatch.context() as m:
+        m.setattr(cost_module, "KNEES", ())  # the fault: verify_features without its hinge terms
+        line = CostModel.fit(samples)
+    assert worst(CostModel.linear(*line.verify_coef)) > 0.15
 
 
 def test_nnls_never_goes_negative():
@@ -102,13 +125,16 @@ def test_mismatched_profile_warns_and_falls_back(tmp_path):
 
 
 def test_negative_coefficients_are_rejected(tmp_path):
-    path = CostModel(np.array([1.0, 0.0, -1.0, 0.0])).save(tmp_path / "p.json")
+    path = CostModel.linear(1.0, 0.0, -1.0, 0.0).save(tmp_path / "p.json")
     with pytest.raises(ProfileError, match="non-negative"):
         CostModel.load(path)
 
 
 def test_missing_profile_is_silently_the_prior(tmp_path, recwarn):
+    """The prior follows the compiled step's batch-1 curve at context 256 (results/cost.md: 21.3, 22.8 and 43.5
+    ms at 1, 3 and 9 tokens)."""
     model = load_or_default(tmp_path / "absent.json", FP)
-    assert model.predict(1, 0, 0) == pytest.approx(24e-3, rel=0.05)
-    assert model.predict(1, 8, 0) == pytest.approx(43e-3, rel=0.05)
+    assert model.predict(1, 0, 256) == pytest.approx(21.3e-3, rel=0.05)
+    assert model.predict(1, 2, 256) == pytest.approx(22.8e-3, rel=0.05)
+    assert model.predict(1, 8, 256) == pytest.approx(43.5e-3, rel=0.05)
     assert not recwarn.list

@@ -11,12 +11,18 @@ import pytest
 
 from specdecode.config import SamplingParams
 from specdecode.control.base import StepStats
-from specdecode.control.cost import CostModel, default_cost_model
+from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController, expected_tokens
 from specdecode.engine.sequence import Sequence
 
 K_MAX = 8
-COMPUTE_BOUND = CostModel(np.array([1e-3, 0.0, 10e-3, 0.0]))  # a token costs 10x the step's fixed part
+COMPUTE_BOUND = CostModel.linear(1e-3, 0.0, 10e-3, 0.0)  # a token costs 10x the step's fixed part
+
+
+def step_cost() -> CostModel:
+    """The traces' step, a fresh model each time (controllers update theirs): every token adds 2.4 ms to ~22
+    ms. Fixed here rather than the prior, so the traces do not move when the prior does."""
+    return CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3)
 
 
 def make_seqs(n: int) -> list[Sequence]:
@@ -34,7 +40,7 @@ def run(
         ks = ctrl.choose(seqs, K_MAX)
         accepted = [int(np.argmin(np.append(rng.random(k) < p, False))) for k, p in zip(ks, accept_p, strict=True)]
         width = max(ks)
-        seconds = default_cost_model().predict(len(seqs), width, 3)
+        seconds = step_cost().predict(len(seqs), width, 3)
         ctrl.observe(StepStats(seqs, ks, accepted, seconds, len(seqs) * (width + 1), 3.0, 0.0, seconds))
         history.append(ks)
     return history
@@ -47,7 +53,7 @@ def test_expected_tokens_table():
 
 
 def test_k_falls_when_acceptance_drops():
-    ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0)
+    ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
     seqs = make_seqs(1)
     good = run(ctrl, seqs, [0.95], 60)
     assert good[-1][0] >= 5
@@ -58,7 +64,7 @@ def test_k_falls_when_acceptance_drops():
 def test_compute_bound_target_turns_speculation_off():
     seqs = make_seqs(4)
     bound = run(GoodputController(cost=COMPUTE_BOUND, cheap_draft=0.0), seqs, [0.9] * 4, 200)
-    cheap = run(GoodputController(cost=default_cost_model(), cheap_draft=0.0), make_seqs(4), [0.9] * 4, 200)
+    cheap = run(GoodputController(cost=step_cost(), cheap_draft=0.0), make_seqs(4), [0.9] * 4, 200)
     assert max(max(ks) for ks in cheap[-50:]) >= 4  # control: the same acceptance with cheap tokens speculates
     steps_speculating = sum(max(ks) > 0 for ks in bound[50:])
     assert steps_speculating <= 150 / 16 + 1  # only bounded probes remain
@@ -66,7 +72,7 @@ def test_compute_bound_target_turns_speculation_off():
 
 
 def test_recovers_within_bounded_steps():
-    ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0, probe_every=16)
+    ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0, probe_every=16)
     seqs = make_seqs(1)
     dead = run(ctrl, seqs, [0.0], 100)
     assert dead[-1] == [0]
@@ -83,14 +89,14 @@ def count_switches(history: list[list[int]]) -> int:
 def test_hysteresis_keeps_k_steady_on_a_noisy_stationary_trace():
     switches = {}
     for margin in (0.03, 0.0):
-        ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0, margin=margin)
+        ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0, margin=margin)
         switches[margin] = count_switches(run(ctrl, make_seqs(1), [0.7], 400, seed=3)[50:])
     assert switches[0.03] <= 20  # a few in 350 steps
     assert switches[0.0] > switches[0.03]  # control: without the margin the same trace does oscillate
 
 
 def test_hopeless_row_is_trimmed_while_the_batch_speculates():
-    ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0)
+    ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
     history = run(ctrl, make_seqs(2), [0.95, 0.0], 100)
     good, hopeless = zip(*history[-32:], strict=True)
     assert min(good) >= 4
@@ -98,7 +104,7 @@ def test_hopeless_row_is_trimmed_while_the_batch_speculates():
 
 
 def test_forget_drops_the_request():
-    ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0)
+    ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
     seqs = make_seqs(1)
     run(ctrl, seqs, [0.0], 50)
     ctrl.forget(seqs[0])
@@ -108,7 +114,7 @@ def test_forget_drops_the_request():
 
 @pytest.mark.parametrize("k_max", [0, 1])
 def test_respects_k_max(k_max):
-    ctrl = GoodputController(cost=default_cost_model(), cheap_draft=0.0)
+    ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
     assert all(k <= k_max for ks in run_k(ctrl, k_max) for k in ks)
 
 
@@ -135,7 +141,7 @@ def sparse_proposal(num_seqs: int, drafts_in_row0: int):
 @pytest.mark.parametrize("num_seqs", [1, 16])
 def test_truncate_cuts_drafts_that_do_not_pay_for_the_batch(num_seqs):
     """One row with 4 good drafts: worth a wider verify at batch 1, not when 15 other rows pay for it."""
-    ctrl = GoodputController(cost=default_cost_model())
+    ctrl = GoodputController(cost=step_cost())
     seqs = make_seqs(num_seqs)
     for step in range(20):  # row 0 accepts all 4 drafts or only 2, alternately
         ctrl.observe(StepStats(seqs[:1], [4], [4 if step % 2 else 2], 0.03, 5, 3.0, 0.0, 0.03))
@@ -149,8 +155,8 @@ def test_truncate_cuts_drafts_that_do_not_pay_for_the_batch(num_seqs):
 def test_cheap_drafts_are_all_requested_and_truncate_decides():
     """With (near) free drafting, as n-gram, choose asks every row for K_max; a costly drafter is capped."""
     seqs = make_seqs(4)
-    free = GoodputController(cost=default_cost_model())
+    free = GoodputController(cost=step_cost())
     assert free.choose(seqs, K_MAX) == [K_MAX] * 4
-    costly = default_cost_model()
+    costly = step_cost()
     costly.draft_coef = np.array([5e-3, 1e-3])  # 5 ms per drafted position: a draft model
     assert max(GoodputController(cost=costly).choose(seqs, K_MAX)) < K_MAX

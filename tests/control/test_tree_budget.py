@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdecode.control.cost import default_cost_model
+from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
@@ -14,7 +14,7 @@ from tests.control.test_goodput import make_seqs
 
 
 def test_width_follows_confidence():
-    cost = default_cost_model()
+    cost = CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3)  # every token adds 2.4 ms: nothing is free
     sure = np.array([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]])
     depth = np.arange(1, 9)[None]  # a chain
     unsure = np.full((1, 8), 0.01)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
 
@@ -155,7 +154,7 @@ def test_first_two_tokens_follow_target(models, path, faulty, monkeypatch):
 def goodput_varying_k() -> GoodputController:
     # A row costs as much as three verified tokens: at the prior acceptance one or two drafts pay, no more, so
     # the verified width moves with the acceptance estimates (it would stay at K_max with cheap tokens).
-    return GoodputController(cost=CostModel(np.array([0.0, 3.0, 1.0, 0.0])))
+    return GoodputController(cost=CostModel.linear(0.0, 3.0, 1.0, 0.0))
 
 
 CONTROLLERS = {
