@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdecode.hardware import cpu_model
 from specdecode.train.build_cache import CacheConfig, build_cache
 from specdecode.train.distill import DistillConfig, distill
 from specdecode.train.draft_config import DraftOptions
@@ -95,10 +96,7 @@ def train_rate(a: argparse.Namespace, data: Path, cache: Path | None, work: Path
 
 
 def machine() -> str:
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.is_file() else []
-    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
-    cpu = names[0] if names else "unknown CPU"
+    cpu = cpu_model()
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return (
         f"{platform.machine()} {os.cpu_count()}-core {cpu}{gpu}, torch {torch.__version__}, "

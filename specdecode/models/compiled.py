@@ -31,7 +31,7 @@ import torch._inductor.config
 import torch.fx.experimental._config
 from tqdm import tqdm
 
-from specdecode.models.aot_package import Body, Head, load_or_compile
+from specdecode.models.aot_package import INDUCTOR_SETTINGS, Body, Head, load_or_compile
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama
 from specdecode.models.loader import cache_root
 
@@ -55,11 +55,9 @@ def _configure_inductor(device: torch.device) -> None:
     # be compiled again, a minute and a half apiece on two cores).
     torch.fx.experimental._config.use_duck_shape = False
     torch.fx.experimental._config.backed_size_oblivious = True
-    if device.type == "cpu":
-        inductor = torch._inductor.config
-        inductor.freezing = True
-        inductor.max_autotune = True
-        inductor.max_autotune_gemm_backends = "CPP"
+    if device.type == "cpu":  # the settings AOTInductor packages are compiled with, and keyed on
+        for name, value in INDUCTOR_SETTINGS.items():
+            setattr(torch._inductor.config, name, value)
 
 
 def compile_step(

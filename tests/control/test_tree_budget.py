@@ -6,15 +6,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
-from tests.control.test_goodput import make_seqs
+from tests.control.test_goodput import make_seqs, step_cost
 
 
 def test_width_follows_confidence():
-    cost = CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3)  # every token adds 2.4 ms: nothing is free
+    cost = step_cost()  # every token adds 2.4 ms: nothing is free
     sure = np.array([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]])
     depth = np.arange(1, 9)[None]  # a chain
     unsure = np.full((1, 8), 0.01)
