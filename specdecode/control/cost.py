@@ -3,7 +3,7 @@
 The verify forward is padded, so the target scores N = B * (K + 1) tokens whatever each row's own K is:
 
     t_verify = a + b * B + c * N + sum_k h_k * max(0, N - n_k) + d * N * C / 1000
-    t_draft  = e * K + f * B * K                         (per drafted position: ~0 for n-gram lookup)
+    t_draft  = e * K + f * B * K + g * B * [K > 0]      (g: a lookup per row whatever K, as n-gram's)
 
 a is the fixed launch/overhead, b per row, c per token while the weights' reading dominates, h_k the extra per
 token past each knee n_k in KNEES (a weight-streaming GEMM is flat for a few rows, then turns compute-bound:
@@ -11,7 +11,9 @@ on the 2-core CPU measured here 1, 2 and 3 tokens cost 21-23 ms and each token p
 straight line fits), d the attention. Coefficients are fitted by non-negative least squares (a negative
 per-token cost would reward padding; non-negative hinges also keep the curve convex). An online multiplicative
 correction (EWMA of measured / predicted verify time) heals a profile measured on a busier or quieter machine,
-and the draft coefficients are learned online from measured propose times.
+and the draft coefficients are learned online from measured propose times. The per-row term matters: an n-gram
+lookup costs the same for K = 1 and K = 8, and without g a fit through K = 1-3 steps charges it per position
+and calls K = 8 expensive.
 A profile is JSON: coefficients plus the fingerprint (model, device, dtype, torch) it was measured for.
 """
 
@@ -29,7 +31,7 @@ import numpy as np
 PROFILE_VERSION = 2  # 2: the hinge terms
 KNEES = (4, 16, 64)  # tokens per forward past which a hinge term adds its own per-token cost
 VERIFY_TERMS = ("intercept", "per_seq", "per_token", *(f"per_token_past_{n}" for n in KNEES), "per_token_kctx")
-DRAFT_TERMS = ("per_position", "per_row_position")
+DRAFT_TERMS = ("per_position", "per_row_position", "per_row")
 MIN_SAMPLES = 4
 
 
@@ -44,8 +46,8 @@ def verify_features(num_seqs: float, num_tokens: float, context: float) -> np.nd
 
 
 def draft_features(num_seqs: float, k: float) -> np.ndarray:
-    """[2] the regressors of t_draft."""
-    return np.array([k, num_seqs * k])
+    """[len(DRAFT_TERMS)] the regressors of t_draft (nothing is drafted, nor paid for, at K = 0)."""
+    return np.array([k, num_seqs * k, num_seqs * float(k > 0)])
 
 
 def nnls_gram(gram: np.ndarray, xty: np.ndarray) -> np.ndarray:
@@ -77,13 +79,13 @@ def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 @dataclass
 class CostModel:
     verify_coef: np.ndarray  # [len(VERIFY_TERMS)] seconds per VERIFY_TERMS
-    draft_coef: np.ndarray = field(default_factory=lambda: np.zeros(2))  # [2] seconds per DRAFT_TERMS
+    draft_coef: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # seconds per DRAFT_TERMS
     fingerprint: dict = field(default_factory=dict)  # what the profile was measured on; {} = a prior
     correction_alpha: float = 0.1  # EWMA weight of one measured step in the correction
     draft_decay: float = 0.95  # forgetting factor of the online draft-cost regression
     correction: float = 1.0  # measured / predicted verify time, smoothed
-    _draft_xtx: np.ndarray = field(default_factory=lambda: np.zeros((2, 2)))  # [2, 2] decayed X^T X
-    _draft_xty: np.ndarray = field(default_factory=lambda: np.zeros(2))  # [2] decayed X^T y
+    _draft_xtx: np.ndarray = field(default_factory=lambda: np.zeros((len(DRAFT_TERMS),) * 2))  # [D, D] X^T X
+    _draft_xty: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # [D] decayed X^T y
 
     # ---- fitting and prediction -----------------------------------------------------------------------
     @classmethod
@@ -120,7 +122,7 @@ class CostModel:
             ratio = float(np.clip(verify_s / predicted, 0.1, 10.0))  # one stalled step can't wreck the model
             self.correction += self.correction_alpha * (ratio - self.correction)
         if k > 0 and propose_s >= 0:
-            x = draft_features(num_seqs, k)  # [2]
+            x = draft_features(num_seqs, k)  # [D]
             self._draft_xtx = self.draft_decay * self._draft_xtx + np.outer(x, x)
             self._draft_xty = self.draft_decay * self._draft_xty + x * propose_s
             self.draft_coef = nnls_gram(self._draft_xtx, self._draft_xty)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from specdecode.config import SamplingParams
+from specdecode.control import cost as cost_module
 from specdecode.control.base import StepStats
 from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController, expected_tokens
@@ -158,5 +159,22 @@ def test_cheap_drafts_are_all_requested_and_truncate_decides():
     free = GoodputController(cost=step_cost())
     assert free.choose(seqs, K_MAX) == [K_MAX] * 4
     costly = step_cost()
-    costly.draft_coef = np.array([5e-3, 1e-3])  # 5 ms per drafted position: a draft model
+    costly.draft_coef = np.array([5e-3, 1e-3, 0.0])  # 5 ms per drafted position: a draft model
     assert max(GoodputController(cost=costly).choose(seqs, K_MAX)) < K_MAX
+
+
+def lookup_cost_is_cheap_after_short_steps() -> bool:
+    """An n-gram lookup costs 0.5 ms per row whatever K; the controller has only seen steps of K = 1-3 (a
+    short chain found): does it still call K_max drafts cheap at batch 1?"""
+    ctrl = GoodputController(cost=step_cost())
+    for k in [1, 2, 3] * 10:
+        ctrl.cost.observe(1, k, 256, ctrl.cost.predict_verify(1, k, 256), 0.5e-3)
+    return ctrl.choose(make_seqs(1), K_MAX) == [K_MAX]
+
+
+def test_a_lookup_cost_per_row_is_not_charged_per_position(monkeypatch):
+    """Charged per position instead (the fit without the per-row term), 0.5 ms at K = 2 is 2 ms at K = 8, ~10%
+    of a step: the controller then capped n-gram drafts before the lookup and lost the long accepted runs."""
+    assert lookup_cost_is_cheap_after_short_steps()
+    monkeypatch.setattr(cost_module, "draft_features", lambda b, k: np.array([k, b * k, 0.0]))
+    assert not lookup_cost_is_cheap_after_short_steps()
