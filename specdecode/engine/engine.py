@@ -18,7 +18,7 @@ from specdecode.control.base import Controller, StepStats
 from specdecode.detokenize import IncrementalDetokenizer
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.engine.logprobs import emitted_logprobs
-from specdecode.engine.runner import forward_ragged
+from specdecode.engine.runner import forward_ragged, pad_groups
 from specdecode.engine.sequence import Sequence, Status, TokenLogprob
 from specdecode.logits_adjust import LogitAdjuster, chain_paths, tree_paths
 from specdecode.models.llama import AttentionMetadata, LlamaModel
@@ -225,12 +225,15 @@ class Engine:
             seqs.append((seq, len(chunk)))
         if chunks:
             self.num_prefill_tokens += sum(len(c) for c in chunks)
-            out = forward_ragged(self.target, self.cache, slots, chunks, True, return_hidden=self._needs_features)
-            if self._needs_features:
-                hidden = out[1]  # [num_chunks, longest chunk, hidden]
-                chunked = [(seq, n) for seq, n in seqs if n]
-                for b, (seq, n) in enumerate(chunked):
-                    self.drafter.observe_features(seq, seq.num_prefilled, hidden[b, :n])
+            chunked = [seq for seq, n in seqs if n]  # the owner of each chunk
+            for group in pad_groups([len(c) for c in chunks]):  # chunks of unlike lengths: separate forwards
+                g_slots, g_chunks = [slots[i] for i in group], [chunks[i] for i in group]
+                out = forward_ragged(self.target, self.cache, g_slots, g_chunks, True, self._needs_features)
+                if self._needs_features:
+                    hidden = out[1]  # [len(group), longest chunk of the group, hidden]
+                    for b, i in enumerate(group):
+                        seq = chunked[i]
+                        self.drafter.observe_features(seq, seq.num_prefilled, hidden[b, : len(chunks[i])])
         for seq, n in seqs:
             seq.num_prefilled += n
             self.cache.set_length(seq.slot, seq.num_prefilled)
