@@ -7,7 +7,6 @@ import torch
 from specdecode.kv import KVCache
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 
-
 PAD_SLACK = 16  # tokens of padding a prefill row may carry before it gets a forward of its own
 
 
