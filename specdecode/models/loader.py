@@ -42,6 +42,8 @@ __all__ = [
 
 # Part of the cache key: bump it when the converted output changes, so stale directories are not reused.
 CONVERTER_VERSION = 1
+KEY_CHARS = 12  # hex digits of a cached conversion's key
+MAX_VERSIONS = 2  # conversions kept per model (the one in use and the last before it)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
@@ -144,14 +146,14 @@ def _check_model_type(config_path: Path) -> None:
 def _converted(gguf_path: Path, name: str, root: Path, progress: bool) -> Path:
     """The cached conversion of `gguf_path`, made now if absent."""
     final = root / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{_file_key(gguf_path)}"
-    return build_once(final, lambda tmp: gguf_to_hf_dir(gguf_path, tmp, progress=progress))
+    return prune_versions(build_once(final, lambda tmp: gguf_to_hf_dir(gguf_path, tmp, progress=progress)))
 
 
 def _shipped_draft(name: str, root: Path, progress: bool) -> Path:
     """The full directory of a built-in draft, rebuilt from its packed weights and its target on first use."""
     target_dir = resolve_model_dir(BUILTIN_DRAFTS[name], cache_dir=root, progress=progress)
     final = root / f"{name}-{_file_key(packed_weights(name), extra=target_dir.name)}"
-    return build_once(final, lambda tmp: rebuild_draft(name, tmp, target_dir))
+    return prune_versions(build_once(final, lambda tmp: rebuild_draft(name, tmp, target_dir)))
 
 
 def build_once(final: Path, build: Callable[[Path], object]) -> Path:
@@ -161,6 +163,7 @@ def build_once(final: Path, build: Callable[[Path], object]) -> Path:
     interrupted build never leaves a directory under the final name.
     """
     if final.is_dir():
+        os.utime(final)  # most recently used: what `prune_versions` keeps
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
@@ -173,12 +176,24 @@ def build_once(final: Path, build: Callable[[Path], object]) -> Path:
     return final
 
 
+def prune_versions(current: Path, keep: int = MAX_VERSIONS) -> Path:
+    """Delete all but the `keep` most recently used versions of `current`'s conversion (`current` always
+    stays) and return `current`. A version is keyed by its source file's size and mtime, so every reinstall of
+    the package that holds a GGUF made another ~0.5 GB copy, and nothing deleted the old ones."""
+    stem = current.name[: -(KEY_CHARS + 1)]
+    pattern = re.compile(re.escape(stem) + rf"-[0-9a-f]{{{KEY_CHARS}}}")
+    others = [p for p in current.parent.iterdir() if p != current and p.is_dir() and pattern.fullmatch(p.name)]
+    for old in sorted(others, key=lambda p: p.stat().st_mtime)[: max(0, len(others) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)  # a process still reading one keeps its open files
+    return current
+
+
 def _file_key(path: Path, extra: str = "") -> str:
     """Short key for one version of a file (and `extra`, what else the output depends on); hashing size and
     mtime is instant, unlike hashing the content."""
     st = path.stat()
     text = f"{CONVERTER_VERSION}:{st.st_size}:{st.st_mtime_ns}" + (f":{extra}" if extra else "")
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_CHARS]
 
 
 def _publish(tmp: Path, final: Path) -> None:

