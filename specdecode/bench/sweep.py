@@ -29,6 +29,7 @@ from specdecode.control import CONTROLLERS, Controller, StepStats, make_controll
 from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.engine.engine import Engine
 from specdecode.engine.sequence import Sequence
+from specdecode.prompts import Prompt
 
 WARMUP_TOKENS = 8
 
@@ -112,6 +113,7 @@ class LevelRun:
     trees: bool = False  # drafted tokens are tree nodes: the acceptance is per node
     steady_tokens: int = 0  # tokens emitted by steps that began with all C requests in flight
     steady_seconds: float = 0.0  # wall time of those steps
+    prompt_tokens: int = 0  # prompt tokens of the requests run (levels differ in prompts: see interleave)
 
     def summary(self) -> dict[str, float]:
         tpot = np.array(self.tpot_s) if self.tpot_s else np.array([float("nan")])
@@ -137,6 +139,7 @@ class LevelRun:
             "max_k": max(self.k_max, default=0),
             "mean_k_chosen": float(np.mean(self.k_chosen)) if self.k_chosen else 0.0,
             "mean_rows": float(np.mean(self.rows)) if self.rows else 0.0,
+            "mean_prompt_tokens": self.prompt_tokens / self.requests if self.requests else 0.0,
         }
 
 
@@ -191,7 +194,9 @@ def closed_loop(
     run = LevelRun(0.0, 0, num_requests, [], [])
 
     def submit() -> None:
-        seqs.append(engine.add_request(f"sweep-{len(seqs)}", next(prompts), params))
+        prompt = next(prompts)
+        run.prompt_tokens += len(prompt)
+        seqs.append(engine.add_request(f"sweep-{len(seqs)}", prompt, params))
 
     t0 = time.perf_counter()
     for _ in range(min(concurrency, num_requests)):
@@ -266,11 +271,29 @@ class _NullBar:
         pass
 
 
+def interleave(prompts: list[Prompt]) -> list[Prompt]:
+    """Round robin over categories (each in file order), so that every level's first requests mix them alike.
+
+    Spec-Bench lists its prompts by category, and a level runs the first max(4, 2C) of them: in file order the
+    small levels saw only short writing prompts and C = 32 the first long extraction ones, so levels differed
+    in their prompts more than in their load.
+    """
+    by_category: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        by_category.setdefault(p.category, []).append(p)
+    columns = [iter(ps) for ps in by_category.values()]
+    out: list[Prompt] = []
+    while len(out) < len(prompts):
+        out += [p for p in (next(c, None) for c in columns) if p is not None]
+    return out
+
+
 def encode_prompts(llm, a: argparse.Namespace) -> tuple[list[list[int]], list[str]]:
-    """Spec-Bench prompts through the chat template (as specbench does): token ids and texts (for peers)."""
+    """Spec-Bench prompts through the chat template (as specbench does), categories interleaved: token ids and
+    texts (for peers)."""
     from specdecode.prompts import load_jsonl
 
-    texts = [p.text for p in load_jsonl(a.prompts)]
+    texts = [p.text for p in interleave(load_jsonl(a.prompts))]
     if a.chat:
         texts = [llm.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
     return [llm.encode(t) for t in texts], texts

@@ -84,6 +84,7 @@ def render(arms: list[ArmSpec], figs: Figures, peers: Figures, levels: list[int]
         level_table("mean K chosen per step", "mean_k_chosen", ".2f", figs, {}, levels, total=False),
         level_table("mean K proposed per step", "mean_k", ".2f", figs, {}, levels, total=False),
         level_table("tau (tokens per target forward)", "mean_accepted_tokens", ".2f", figs, {}, levels, total=False),
+        level_table("mean prompt tokens per request", "mean_prompt_tokens", ".0f", figs, {}, levels, total=False),
     ]
     rat = ratios(arms, figs, levels)
     if rat:

@@ -128,3 +128,16 @@ def test_draft_peers_include_dynamic_assisted(tiny_target, tiny_draft):
     runs = run_peers(a, base, [text, text], SweepConfig([1], max_tokens=4, warmup=0))
     assert list(runs) == ["HF generate", f"HF assisted [{tiny_draft.name}] K=2", "HF assisted dynamic"]
     assert all(r.tokens > 0 and r.summary()["tokens_per_s"] > 0 for r in runs.values())
+
+
+def test_levels_draw_prompts_from_every_category_alike():
+    """Spec-Bench lists prompts by category; a level runs the first max(4, 2C) of them."""
+    from specdecode.bench.sweep import interleave
+    from specdecode.prompts import Prompt
+
+    prompts = [Prompt(f"{c}{i}", c) for c, n in (("writing", 5), ("rag", 2), ("math", 3)) for i in range(n)]
+    out = interleave(prompts)
+    assert sorted(p.text for p in out) == sorted(p.text for p in prompts)
+    assert [p.category for p in out[:3]] == ["writing", "rag", "math"]
+    assert [p.text for p in out if p.category == "writing"] == [f"writing{i}" for i in range(5)]  # file order kept
+    assert [p.category for p in out[6:]] == ["writing", "math", "writing", "writing"]
