@@ -18,10 +18,11 @@ from specdecode.control.base import Controller, StepStats
 from specdecode.detokenize import IncrementalDetokenizer
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.engine.logprobs import emitted_logprobs
-from specdecode.engine.runner import forward_ragged, pad_groups
+from specdecode.engine.runner import PAD_SLACK, forward_ragged
 from specdecode.engine.sequence import Sequence, Status, TokenLogprob
 from specdecode.logits_adjust import LogitAdjuster, chain_paths, tree_paths
 from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.models.ragged import pad_groups
 from specdecode.sampling import SamplingTensors, processed_logprobs
 from specdecode.tree import tree_layout
 from specdecode.verify import VerifyResult, verify
@@ -226,7 +227,7 @@ class Engine:
         if chunks:
             self.num_prefill_tokens += sum(len(c) for c in chunks)
             chunked = [seq for seq, n in seqs if n]  # the owner of each chunk
-            for group in pad_groups([len(c) for c in chunks]):  # chunks of unlike lengths: separate forwards
+            for group in pad_groups([len(c) for c in chunks], PAD_SLACK):  # chunks of unlike lengths: separate forwards
                 g_slots, g_chunks = [slots[i] for i in group], [chunks[i] for i in group]
                 out = forward_ragged(self.target, self.cache, g_slots, g_chunks, True, self._needs_features)
                 if self._needs_features:

@@ -36,23 +36,6 @@ def forward_ragged(
     return model(padded, meta, cache, index, return_hidden=return_hidden)
 
 
-def pad_groups(lengths: list[int], slack: int = PAD_SLACK) -> list[list[int]]:
-    """Indices of ragged rows, grouped so that no row of a group is padded by more than `slack` tokens.
-
-    A forward pads every row to its longest, and padded prefill tokens cost what real ones cost: a 480-token
-    prompt chunk beside a 32-token one ran 448 tokens of padding. Another forward costs about one weight read
-    (~15 tokens' worth of compute at prefill widths on a small CPU model), so splitting pays past that.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and lengths[groups[-1][0]] - lengths[i] <= slack:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
 def prefill(model: LlamaModel, cache: KVCache, slot: int, tokens: list[int], chunk: int) -> torch.Tensor:
     """Cache `tokens` for one slot in chunks of at most `chunk`; logits of the last token [1, 1, vocab]."""
     logits = None

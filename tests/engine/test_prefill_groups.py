@@ -12,7 +12,8 @@ import pytest
 
 import specdecode.engine.engine as engine_module
 from specdecode import LLM
-from specdecode.engine.runner import PAD_SLACK, pad_groups
+from specdecode.engine.runner import PAD_SLACK
+from specdecode.models.ragged import pad_groups
 from tests.engine.test_context_edges import greedy, plain_outputs, ramp
 
 PROMPTS = [ramp(120, 7), ramp(9, 5), ramp(110, 11), ramp(3, 13)]
@@ -20,7 +21,7 @@ PROMPTS = [ramp(120, 7), ramp(9, 5), ramp(110, 11), ramp(3, 13)]
 
 @pytest.mark.parametrize("lengths", [[120, 9, 110, 3], [5, 5, 5], [1], [40, 30, 20, 10, 0]])
 def test_groups_cover_every_row_once_within_the_slack(lengths):
-    groups = pad_groups(lengths)
+    groups = pad_groups(lengths, PAD_SLACK)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     for g in groups:
         assert max(lengths[i] for i in g) - min(lengths[i] for i in g) <= PAD_SLACK
@@ -51,7 +52,7 @@ def test_unlike_chunks_are_not_padded_to_the_longest(tiny_target, monkeypatch):
 
 def test_the_padding_count_sees_one_padded_forward(tiny_target, monkeypatch):
     """Negative control: the same count with every chunk in one forward (the old prefill) shows the waste."""
-    monkeypatch.setattr(engine_module, "pad_groups", lambda lengths: [list(range(len(lengths)))])
+    monkeypatch.setattr(engine_module, "pad_groups", lambda lengths, slack: [list(range(len(lengths)))])
     llm = LLM(target=str(tiny_target), method="none", max_num_seqs=4, prefill_chunk=512)
     real, padded = prefill_rows(llm, monkeypatch)
     assert padded > 1.8 * real

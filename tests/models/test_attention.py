@@ -57,17 +57,64 @@ CASES = {
 }
 
 
+# (KEY_SLACK, CALL_KEYS): the defaults (every case is one group), rows split by attended length into views over
+# slot ranges (with idle slots where a group's slots are not one block), and those groups row by row.
+GROUPINGS = {"one_group": None, "grouped_views": (3, 10_000), "grouped_rows": (3, 0)}
+
+
+def grouping(name: str):
+    slack, call = GROUPINGS[name] or (attention.KEY_SLACK, attention.CALL_KEYS)
+    return mock.patch.multiple(attention, KEY_SLACK=slack, CALL_KEYS=call)
+
+
+@pytest.mark.parametrize("group", GROUPINGS)
 @pytest.mark.parametrize("case", CASES)
-def test_op_equals_attention_written_out(case):
-    out, ref, caches, ref_caches, real = run_case(*CASES[case])
+def test_op_equals_attention_written_out(case, group):
+    with grouping(group):
+        out, ref, caches, ref_caches, real = run_case(*CASES[case])
     assert (out - ref)[real].abs().max() < 1e-5
     for cache, ref_cache in zip(caches, ref_caches, strict=True):
         assert torch.equal(cache[:, :, :, :MAX_LEN], ref_cache[:, :, :, :MAX_LEN])  # the scratch column aside
 
 
-def test_control_block_out_of_order_without_reordering_is_caught():
-    """Negative control: the block path attending each query row to the wrong row's keys."""
-    unordered = lambda q, keys, values, mask, order: attention._sdpa(q, keys, values, mask)  # noqa: E731
-    with mock.patch.object(attention, "_in_slot_order", unordered):
+@pytest.mark.parametrize("group", ["grouped_views", "one_group"])
+def test_control_queries_attending_another_slots_keys_are_caught(group):
+    """Negative control: every multi-row call attending each query row to another row's keys."""
+    real_sdpa = attention._sdpa
+    misplaced = lambda q, keys, values, mask: real_sdpa(q.flip(0), keys, values, mask.flip(0)).flip(0).roll(1, 0)  # noqa: E731
+    with grouping(group), mock.patch.object(attention, "_sdpa", misplaced):
         out, ref, _, _, real = run_case(*CASES["block_out_of_order"])
     assert (out - ref)[real].abs().max() > 0.1
+
+
+def keys_read(starts: list[int]) -> int:
+    """Cached key positions the op reads for one decode token per row (rows in slots 0..n-1): the sum over its
+    attention calls of rows x attended length."""
+    n, longest = len(starts), max(starts) + 1
+    cache_k = torch.zeros(1, n, KV_HEADS, longest + 1, DIM)
+    cache_v = torch.zeros_like(cache_k)
+    meta = AttentionMetadata.build(list(range(n)), starts, 1, "cpu", max_len=longest)
+    read = []
+    real_sdpa = attention._sdpa
+
+    def counting(q, keys, values, mask):
+        read.append(keys.shape[0] * keys.shape[2])
+        return real_sdpa(q, keys, values, mask)
+
+    q, kv = torch.randn(n, 1, HEADS, DIM), torch.randn(n, 1, KV_HEADS, DIM)
+    with mock.patch.object(attention, "_sdpa", counting):
+        attention.attend(
+            q, kv, kv, cache_k, cache_v, 0, meta.slots, meta.write_pos, meta.additive_mask(1, torch.float32)
+        )
+    return sum(read)
+
+
+def test_one_long_row_does_not_make_every_row_read_its_length():
+    starts = [3000] + [100] * 31  # a long prompt beside short ones (Spec-Bench RAG beside chat)
+    assert keys_read(starts) <= sum(s + 1 for s in starts) + attention.KEY_SLACK * len(starts)
+
+
+def test_the_key_count_sees_one_padded_call():
+    """Negative control: the same count with every row in one group (the op before grouping) is ~12x."""
+    with mock.patch.object(attention, "KEY_SLACK", 1 << 30):
+        assert keys_read([3000] + [100] * 31) > 8 * sum(s + 1 for s in [3000] + [100] * 31) / 2
