@@ -35,7 +35,7 @@ from torch.export import Dim
 from specdecode.hardware import cpu_model
 from specdecode.models import attention, llama
 from specdecode.models.llama import AttentionMetadata, LlamaModel
-from specdecode.models.loader import build_once, cache_root
+from specdecode.models.loader import build_once, cache_root, remove_least_recent
 
 FORMAT = 1  # bump when what a package holds, or how it is called, changes
 BODY, HEAD = "body.pt2", "head.pt2"
@@ -93,9 +93,7 @@ def load_or_compile(model: LlamaModel, on_compile: Callable[[], None] | None = N
 def prune(root: Path, keep: Path, max_packages: int = MAX_PACKAGES) -> None:
     """Delete all but the `max_packages` most recently used packages under `root` (`keep` always stays): each
     is a copy of a model's weights, and every change to the model's source gives a new key."""
-    packages = sorted((p for p in root.iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime)
-    for old in packages[: max(0, len(packages) - (max_packages - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
+    remove_least_recent([p for p in root.iterdir() if p.is_dir() and p != keep], max_packages - 1)
 
 
 def compile_packages(model: LlamaModel, out: Path) -> None:

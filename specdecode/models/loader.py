@@ -183,9 +183,15 @@ def prune_versions(current: Path, keep: int = MAX_VERSIONS) -> Path:
     stem = current.name[: -(KEY_CHARS + 1)]
     pattern = re.compile(re.escape(stem) + rf"-[0-9a-f]{{{KEY_CHARS}}}")
     others = [p for p in current.parent.iterdir() if p != current and p.is_dir() and pattern.fullmatch(p.name)]
-    for old in sorted(others, key=lambda p: p.stat().st_mtime)[: max(0, len(others) - (keep - 1))]:
-        shutil.rmtree(old, ignore_errors=True)  # a process still reading one keeps its open files
+    remove_least_recent(others, keep - 1)
     return current
+
+
+def remove_least_recent(dirs: list[Path], room: int) -> None:
+    """Delete all but the `room` most recently used of `dirs` (their mtime: users touch what they load). A
+    process still reading a deleted one keeps its open files."""
+    for old in sorted(dirs, key=lambda p: p.stat().st_mtime)[: max(0, len(dirs) - room)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _file_key(path: Path, extra: str = "") -> str:
