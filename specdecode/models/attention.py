@@ -6,11 +6,11 @@ steady decoding never recompiles as the contexts grow. The eager model calls the
 
 The additive mask (built once per forward, not per layer) covers the longest row; on the CPU the rows are
 grouped by their own attended length first, since attention reads every key up to the mask's length for every
-row: one long prompt in a batch of 32 short ones made the layer 12x slower. Each group reads one view of the
-cache, over the slots from its lowest to its highest (rows by slot; a finished request's slot goes to the next
-one, so a batch's slots are usually one block in some order), or row by row when its slots are scattered, so
-the caches are never gathered into a copy. On an accelerator the rows are gathered instead: reading the slots
-on the host would be a sync per layer.
+row: one long prompt among 31 short ones made the layer read 16x the keys it needed. Each group reads one view
+of the cache, over the slots from its lowest to its highest (rows by slot; a finished request's slot goes to
+the next one, so a batch's slots are usually one block in some order), or row by row when its slots are
+scattered, so the caches are never gathered into a copy. On an accelerator the rows are gathered instead:
+reading the slots on the host would be a sync per layer.
 """
 
 from __future__ import annotations
@@ -54,16 +54,16 @@ def attend_eager(
     if q.device.type != "cpu":  # an accelerator: gather the rows' caches rather than read slots on the host
         out = _sdpa(queries, k_cache[slots, :, :kv_len], v_cache[slots, :, :kv_len], mask)
     else:
-        rows = slots.tolist()
+        row_slots = slots.tolist()
         ends = (write_pos.amax(1) + 1).tolist()  # each row's attended length: its last real write + 1
         groups = pad_groups(ends, KEY_SLACK)
-        if len(groups) == 1 and rows == list(range(rows[0], rows[0] + b)):  # the common case: one view, as is
-            first, end = rows[0], rows[0] + b
-            out = _sdpa(queries, k_cache[first:end, :, :kv_len], v_cache[first:end, :, :kv_len], mask)
+        first = row_slots[0]
+        if len(groups) == 1 and row_slots == list(range(first, first + b)):  # the common case: one view, as is
+            out = _sdpa(queries, k_cache[first : first + b, :, :kv_len], v_cache[first : first + b, :, :kv_len], mask)
         else:
             out = torch.empty_like(queries)
             for group in groups:
-                _attend_group(out, queries, k_cache, v_cache, mask, [rows[i] for i in group], group, ends)
+                _attend_group(out, queries, k_cache, v_cache, mask, [row_slots[i] for i in group], group, ends)
     return out.transpose(1, 2).reshape(b, t, -1)
 
 
