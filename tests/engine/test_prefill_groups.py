@@ -1,9 +1,9 @@
 """Prompt chunks of unlike lengths are prefilled in separate forwards, not padded to the longest.
 
 A forward pads each row to its longest; when a long prompt and the tail of another shared the step's chunk
-budget, the short one ran as many padded tokens as the long one had real ones (under load, ~60-80% of the
-prefill forwards' tokens were padding). Greedy outputs must not change; a feature drafter (EAGLE) must still
-see each prompt's features at the right positions.
+budget, the short one ran as many padded tokens as the long one had real ones (in a probe under load, ~40%
+of the prefill forwards' tokens were padding). Greedy outputs must not change; a feature drafter (EAGLE) must
+still see each prompt's features at the right positions.
 """
 
 from __future__ import annotations
