@@ -196,6 +196,12 @@ def add_cost_args(g: argparse._ArgumentGroup) -> None:
         help="cost: timed forwards per cell (median); startup: runs on a warm package cache",
     )
     g.add_argument("--baseline", default=None, help="another checkout (e.g. a worktree of the previous commit)")
+    g.add_argument(
+        "--baseline-step",
+        choices=("eager", "compiled"),
+        default="eager",
+        help="which step of the --baseline checkout to time (compiled: its AOTInductor packages)",
+    )
     g.add_argument("--jit", action="store_true", help="add the compiled step under torch.compile as an arm")
 
 

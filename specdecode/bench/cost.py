@@ -2,7 +2,8 @@
 
 Each arm is a worker process holding one model: this checkout's compiled step (AOTInductor packages), with
 `--jit` the same step under torch.compile in the process, its eager step (`--enforce-eager`), and with
-`--baseline DIR` another commit's checkout (e.g. a git worktree of the previous commit), eager. Cells are
+`--baseline DIR` another commit's checkout (e.g. a git worktree of the previous commit), eager or with
+`--baseline-step compiled` its compiled step. Cells are
 interleaved across the arms, so the noise of this machine hits them alike. The worker uses only the model API
 every version has (load_llama, new_cache, AttentionMetadata.build(slots, starts, T, device), forward), plus
 models.compiled in the compiled arms.
@@ -159,7 +160,8 @@ def run_from_args(a: argparse.Namespace) -> None:
         arms.append(Worker.start("torch.compile", here, a.target, slots, max_len, "jit"))
     arms.append(Worker.start("eager", here, a.target, slots, max_len, "eager"))
     if a.baseline:
-        arms.append(Worker.start("baseline", Path(a.baseline).resolve(), a.target, slots, max_len, "eager"))
+        name = f"baseline {a.baseline_step}"
+        arms.append(Worker.start(name, Path(a.baseline).resolve(), a.target, slots, max_len, a.baseline_step))
     try:
         ms = measure(a, arms)
     finally:
