@@ -142,8 +142,12 @@ class GoodputController:
         self.tree_mode |= proposal.parents is not None
         if widest == 0:
             return proposal
-        if proposal.parents is not None and proposal.confidence is not None:
-            return self._truncate_tree(seqs, proposal, np.array(counts))
+        # Trees by their confidences, and chains whose drafter says its confidences can set the width. Only
+        # deterministic ones (q one-hot): a sampled chain's width would depend on the drafts drawn, and a draft
+        # kept for what was drawn after it is no longer a sample of q, which rejection sampling needs.
+        by_confidence = proposal.parents is not None or (proposal.confidence_sets_width and proposal.probs is None)
+        if proposal.confidence is not None and by_confidence:
+            return self._truncate_by_confidence(seqs, proposal, np.array(counts))
         p = np.stack([self.acceptance.estimate(s.request_id, widest) for s in seqs])  # [B, widest]
         tokens = expected_tokens(np.cumprod(p, axis=1), np.array(counts)).sum(0)  # [widest + 1]
         context = float(np.mean([s.num_cached for s in seqs]))
@@ -155,11 +159,19 @@ class GoodputController:
         num = proposal.num_tokens
         return proposal.truncated(torch.tensor(keep, dtype=num.dtype, device=num.device))
 
-    def _truncate_tree(self, seqs: list[Sequence], proposal: Proposal, counts: np.ndarray) -> Proposal:
+    def _truncate_by_confidence(self, seqs: list[Sequence], proposal: Proposal, counts: np.ndarray) -> Proposal:
+        """The width from the drafter's own confidences, calibrated per depth (control/tree_budget.py).
+
+        A chain is the tree whose node j hangs under node j - 1: its path probabilities are the running products
+        of its per-draft confidences. They know what the per-request acceptance history cannot: a suffix or
+        n-gram continuation seen 40 times in 40 is worth verifying deep, one seen once in three is not."""
         context = float(np.mean([s.num_cached for s in seqs]))
-        depth, _ = tree_layout(proposal.parents, proposal.num_tokens)
-        depth = depth[:, 1:].cpu().numpy()  # [B, n] depth of each node
         conf = proposal.confidence.float().cpu().numpy()  # [B, n]
+        if proposal.parents is None:
+            conf = np.cumprod(conf, axis=1)  # [B, n] P(drafts 1..j all right), by the drafter's account
+            depth = np.broadcast_to(np.arange(1, conf.shape[1] + 1), conf.shape)  # [B, n]
+        else:
+            depth = tree_layout(proposal.parents, proposal.num_tokens)[0][:, 1:].cpu().numpy()  # [B, n]
         width = tree_width(conf, depth, counts, self.tree_calibration, self.cost, context)
         self.tree_idle = 0 if width else self.tree_idle + 1
         if width == 0 and self.tree_idle >= self.probe_every:  # keep the calibration honest: verify one node

@@ -24,6 +24,11 @@ class Proposal:
     # [num_seqs, k] int64 tree position of each draft's parent (0 = the pending token; see specdecode/tree.py).
     # None = a chain. Tree drafts may share a depth; truncated() keeps a topological prefix, still a tree.
     parents: torch.Tensor | None = None
+    # A chain's confidences are frequencies over enough evidence to set its verify width (suffix: continuation
+    # counts in a large corpus). Otherwise a chain's width follows the row's acceptance history: n-gram's
+    # confidences come from a handful of occurrences in the request and set it worse (Spec-Bench, ngram goodput:
+    # tau 1.31 by confidences against 1.36 by history). Trees always go by their confidences.
+    confidence_sets_width: bool = False
 
     def __post_init__(self) -> None:
         # The drafter boundary: a malformed tree is refused here, before the controller or the verifier reads it.
@@ -39,6 +44,7 @@ class Proposal:
         k: int,
         device: torch.device | str,
         confidence: list[list[float]] | None = None,
+        confidence_sets_width: bool = False,
     ) -> Proposal:
         """A deterministic proposal (q one-hot) from per-row token lists (and per-draft confidences)."""
         width = max(k, 1)
@@ -50,7 +56,7 @@ class Proposal:
                 conf[row, : len(d)] = torch.tensor(confidence[row], dtype=torch.float32)
         num = torch.tensor([len(d) for d in drafts], dtype=torch.long)
         conf_k = None if confidence is None else conf[:, :k].to(device)
-        return cls(ids[:, :k].to(device), num.to(device), None, conf_k)
+        return cls(ids[:, :k].to(device), num.to(device), None, conf_k, None, confidence_sets_width)
 
     def truncated(self, num_tokens: torch.Tensor) -> Proposal:
         """Each row cut to its first min(num_tokens, current) drafts; the padded width shrinks to the longest row.
@@ -66,7 +72,7 @@ class Proposal:
         probs = None if self.probs is None else self.probs[:, :width]  # [num_seqs, width, vocab]
         conf = None if self.confidence is None else self.confidence[:, :width]  # [num_seqs, width]
         parents = None if self.parents is None else self.parents[:, :width]  # [num_seqs, width]
-        return Proposal(ids, num, probs, conf, parents)
+        return Proposal(ids, num, probs, conf, parents, self.confidence_sets_width)
 
 
 class Drafter(Protocol):

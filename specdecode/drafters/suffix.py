@@ -175,7 +175,7 @@ class SuffixDrafter:
         width = max((len(d.tokens) for d in drafts), default=0)  # pad only to the largest draft found
         if not self.tree:
             conditional = [[p / q for p, q in zip(d.probs, [1.0, *d.probs][:-1], strict=True)] for d in drafts]
-            return Proposal.from_lists([d.tokens for d in drafts], width, self.device, conditional)
+            return Proposal.from_lists([d.tokens for d in drafts], width, self.device, conditional, True)
         ids = torch.full((len(seqs), width), PAD_TOKEN_ID, dtype=torch.long)  # [num_seqs, width]
         parents = torch.zeros((len(seqs), width), dtype=torch.long)  # [num_seqs, width]
         conf = torch.zeros((len(seqs), width), dtype=torch.float32)  # [num_seqs, width]

@@ -178,3 +178,40 @@ def test_a_lookup_cost_per_row_is_not_charged_per_position(monkeypatch):
     assert lookup_cost_is_cheap_after_short_steps()
     monkeypatch.setattr(cost_module, "draft_features", lambda b, k: np.array([k, b * k, 0.0]))
     assert not lookup_cost_is_cheap_after_short_steps()
+
+
+def chain(conditional: list[float], sets_width: bool = True, sampled: bool = False):
+    """A one-row chain of len(conditional) drafts with those per-draft confidences; sampled: q attached."""
+    import torch
+
+    from specdecode.drafters.base import Proposal
+
+    n = len(conditional)
+    proposal = Proposal.from_lists([[5] * n], n, torch.device("cpu"), [conditional], sets_width)
+    if sampled:
+        proposal.probs = torch.full((1, n, 8), 1 / 8)  # [1, n, vocab] a drafter's q
+    return proposal
+
+
+def chain_width(conditional: list[float], sets_width: bool = True, sampled: bool = False) -> int:
+    """The width kept for one chain at batch 1, after a history in which the row accepted 1 draft of 4."""
+    ctrl = GoodputController(cost=step_cost())
+    seqs = make_seqs(1)
+    for _ in range(20):
+        ctrl.observe(StepStats(seqs, [4], [1], 0.03, 5, 3.0, 0.0, 0.03))
+    return int(ctrl.truncate(seqs, chain(conditional, sets_width, sampled)).num_tokens[0])
+
+
+def test_a_chain_whose_confidences_are_frequencies_is_cut_by_them():
+    """A suffix continuation seen 40 times in 40 is worth 6 drafts even for a row that lately accepted 1 of 4;
+    one whose drafts each held in a third of the occurrences is not. A chain whose drafter does not vouch for
+    its confidences (n-gram) goes by the row's history: both the same width."""
+    assert chain_width([1.0] * 6) == 6
+    assert chain_width([0.3] * 6) <= 2
+    assert chain_width([1.0] * 6, sets_width=False) == chain_width([0.3] * 6, sets_width=False) < 6
+
+
+def test_a_sampled_chain_is_not_cut_by_what_was_drawn():
+    """With q attached (a draft model under sampling) the width may not depend on the drafts' confidences:
+    keeping draft j for the confidence of draft j + 1, drawn after it, would bias draft j away from q."""
+    assert chain_width([1.0] * 6, sampled=True) == chain_width([0.3] * 6, sampled=True) < 6

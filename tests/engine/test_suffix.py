@@ -94,6 +94,23 @@ def test_finished_requests_feed_later_ones(tiny_target):
     assert not second[0] > 2.0  # 1.04
 
 
+@pytest.mark.parametrize("method", ["suffix", "suffix_tree"])
+def test_proposals_carry_their_continuation_frequencies(tiny_target, reference, corpus, method):
+    """Goodput sets a suffix chain's verify width from its confidences (control/goodput.py), so the chain must
+    say they are frequencies; a response the corpus holds twice, identical up to its middle, is drafted with
+    confidence 1 there."""
+    from specdecode.engine.sequence import Sequence
+
+    drafter = suffix_llm(tiny_target, method, 1, (corpus,)).engine.drafter
+    seq = Sequence("r", PROMPTS[0] + reference[0][:4], GREEDY, max_len=256)
+    drafter.add_sequence(seq)
+    proposal = drafter.propose([seq], [4], None)
+    assert proposal.confidence_sets_width == (method == "suffix")
+    assert proposal.num_tokens.tolist() == [4]
+    assert proposal.token_ids[0].tolist() == reference[0][4:8]
+    assert proposal.confidence[0].tolist() == [1.0] * 4
+
+
 def run_many(llm: LLM, num: int) -> list[int]:
     """Cache sizes (tokens) after each finished request, over `num` requests of 8 tokens."""
     drafter = llm.engine.drafter
