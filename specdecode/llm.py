@@ -109,11 +109,16 @@ class LLM:
         suffix_min_prob: float = 0.1,
         enforce_eager: bool | None = None,
         tensor_parallel_size: int = 1,
+        share_target: LLM | None = None,
     ) -> None:
         """enforce_eager: skip the compiled step (models/compiled.py); None reads $SPECDECODE_ENFORCE_EAGER.
 
         tensor_parallel_size: shard the target over this many processes (specdecode/engine/launch.py); call
         `close()` (or use the LLM as a context manager) to stop them before exit.
+
+        share_target: another LLM whose loaded target this one uses (same model, device, dtype and step), with
+        its own engine and cache: a benchmark's arms then hold the weights once. Only one of them may run at
+        a time.
         """
         if method == "draft" and draft is None:  # the draft shipped for a built-in target, if there is one
             draft = DEFAULT_DRAFTS.get(target)
@@ -141,7 +146,10 @@ class LLM:
             torch.set_num_threads(os.cpu_count() or 1)
         target_dir = resolve_model_dir(target)
         self._tp: TensorParallelRuntime | None = None
-        if tensor_parallel_size > 1:  # under torchrun, ranks > 0 serve in here and exit
+        self.target_name = target
+        if share_target is not None:
+            self.target = self._shared_target(share_target)
+        elif tensor_parallel_size > 1:  # under torchrun, ranks > 0 serve in here and exit
             self._tp = TensorParallelRuntime.start(target_dir, device, DTYPES[dtype], tensor_parallel_size)
             self._close_tp = weakref.finalize(self, self._tp.close)  # also when collected, and at exit
             self.target = self._tp.target
@@ -153,6 +161,18 @@ class LLM:
             self.close()  # a constructor that fails leaves no workers behind
             raise
         self._ids = count()
+
+    def _shared_target(self, other: LLM) -> LlamaModel:
+        mine, theirs = self.engine_config, other.engine_config
+        fields = ("device", "dtype", "enforce_eager", "tensor_parallel_size")
+        differ = [f for f in fields if getattr(mine, f) != getattr(theirs, f)]
+        if self.target_name != other.target_name:
+            differ.insert(0, "target")
+        if differ:
+            raise ConfigError(f"cannot share the target of an LLM whose {', '.join(differ)} differs")
+        if mine.tensor_parallel_size > 1:
+            raise ConfigError("cannot share a tensor-parallel target")
+        return other.target
 
     def _build_engine(self, target: str, target_dir: Path) -> None:
         """Everything around the loaded target: tokenizer, draft model, drafter, controller, engine."""

@@ -147,15 +147,21 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
     arms: list[Arm] = [EngineArm("ours K=0", base)]
     if a.eager_baseline:
         arms.append(EngineArm("ours K=0 eager", llm_from_args(a, method="none", enforce_eager=True, **batch1)))
-    if a.methods:  # one arm per method, each on its own engine, all in this run
+    if a.methods:  # one arm per method, each on its own engine over the one loaded target, all in this run
         for m in a.methods:
             draft = {"draft": m.draft} if m.draft else {}
             llm = llm_from_args(
-                a, method=m.method, num_speculative_tokens=m.k, controller=m.controller, **draft, **batch1
+                a,
+                method=m.method,
+                num_speculative_tokens=m.k,
+                controller=m.controller,
+                share_target=base,
+                **draft,
+                **batch1,
             )
             arms.append(EngineArm(f"ours {arm_label(llm.spec)}", llm))
     elif a.method != "none":
-        llm = llm_from_args(a, **batch1)
+        llm = llm_from_args(a, share_target=base, **batch1)
         arms.append(EngineArm(f"ours {arm_label(llm.spec)}", llm))
     ours = [arm.llm for arm in arms[1:] if arm.llm.spec.method != "none"]
     if a.peers:
