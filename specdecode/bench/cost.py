@@ -3,10 +3,9 @@
 Each arm is a worker process holding one model: this checkout's compiled step (AOTInductor packages), with
 `--jit` the same step under torch.compile in the process, its eager step (`--enforce-eager`), and with
 `--baseline DIR` another commit's checkout (e.g. a git worktree of the previous commit), eager or with
-`--baseline-step compiled` its compiled step. Cells are
-interleaved across the arms, so the noise of this machine hits them alike. The worker uses only the model API
-every version has (load_llama, new_cache, AttentionMetadata.build(slots, starts, T, device), forward), plus
-models.compiled in the compiled arms.
+`--baseline-step compiled` its compiled step. The arms take turns forward by forward, so the noise of this
+machine hits them alike. The worker uses only the model API every version has (load_llama, new_cache,
+AttentionMetadata.build(slots, starts, T, device), forward), plus models.compiled in the compiled arms.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -40,17 +40,14 @@ else:
 cache = model.new_cache(int(sys.argv[2]), int(sys.argv[3]))
 print("ready", flush=True)
 for line in sys.stdin:
-    b, t, ctx, reps = json.loads(line)
-    times = []
+    b, t, ctx, warm = json.loads(line)
     with torch.inference_mode():
-        for i in range(reps + 1):  # the first call warms up
+        for i in range(2 if warm else 1):  # a new shape's first call warms up, untimed
             tokens = torch.randint(0, model.cfg.vocab_size, (b, t))
             meta = AttentionMetadata.build(list(range(b)), [ctx] * b, t, "cpu")
             t0 = time.perf_counter()
             model(tokens, meta, cache)
-            times.append(time.perf_counter() - t0)
-    times = sorted(times[1:])
-    print(json.dumps(1e3 * times[len(times) // 2]), flush=True)
+    print(json.dumps(1e3 * (time.perf_counter() - t0)), flush=True)
 """
 
 
@@ -74,8 +71,9 @@ class Worker:
             raise RuntimeError(f"cost worker for {name} ({checkout}) failed to start")
         return cls(name, proc)
 
-    def time_ms(self, batch: int, tokens: int, context: int, reps: int) -> float:
-        self.proc.stdin.write(json.dumps([batch, tokens, context, reps]) + "\n")
+    def time_ms(self, batch: int, tokens: int, context: int, warm: bool) -> float:
+        """One forward's ms (after an untimed one if warm)."""
+        self.proc.stdin.write(json.dumps([batch, tokens, context, warm]) + "\n")
         self.proc.stdin.flush()
         return float(self.proc.stdout.readline())
 
@@ -85,12 +83,17 @@ class Worker:
 
 
 def measure(a: argparse.Namespace, arms: list[Worker]) -> dict[str, dict[str, float]]:
-    """{arm: {"batch x tokens @ context": ms}} with the arms interleaved cell by cell."""
+    """{arm: {"batch x tokens @ context": median ms}} with the arms interleaved forward by forward: this
+    machine's load drifts within seconds, and arms timed a cell apart measured the drift, not the step."""
     cells = [(c, b, t) for c in a.contexts for b in a.batches for t in a.new_tokens]
     out: dict[str, dict[str, float]] = {w.name: {} for w in arms}
     for c, b, t in tqdm(cells, desc="step-cost cells"):
-        for w in arms:
-            out[w.name][f"{b}x{t}@{c}"] = w.time_ms(b, t, c, a.repeats)
+        times: dict[str, list[float]] = {w.name: [] for w in arms}
+        for rep in range(a.repeats):
+            for w in arms:
+                times[w.name].append(w.time_ms(b, t, c, warm=rep == 0))
+        for name, ms in times.items():
+            out[name][f"{b}x{t}@{c}"] = statistics.median(ms)
     return out
 
 
