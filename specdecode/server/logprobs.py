@@ -2,11 +2,22 @@
 
 A token is shown as its own decoded text (vLLM does the same), with its UTF-8 bytes in the chat shape: a token
 that holds part of a multi-byte character decodes to U+FFFD, and its bytes are what a client can join.
+
+A token that top-k or top-p filtered out has log-probability -inf, which JSON cannot carry (the response
+failed with a 500 when a request asked for more alternatives than the filter kept): it is sent as
+LOGPROB_FLOOR, vLLM's and OpenAI's -9999.0.
 """
 
 from __future__ import annotations
 
 from specdecode.engine.sequence import TokenLogprob
+
+LOGPROB_FLOOR = -9999.0
+
+
+def finite(logprob: float) -> float:
+    """The log-probability as JSON can carry it: -inf (and NaN, which never should reach here) as the floor."""
+    return logprob if logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
 class LogprobFormats:
@@ -22,7 +33,7 @@ class LogprobFormats:
 
     def _entry(self, token_id: int, logprob: float) -> dict:
         text = self.token(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode("utf-8"))}
 
     def chat_logprobs(self, logprobs: list[TokenLogprob]) -> dict:
         content = [
@@ -39,7 +50,7 @@ class LogprobFormats:
             at += len(t)
         return {
             "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{self.token(t): v for t, v in lp.top} for lp in logprobs],
+            "token_logprobs": [finite(lp.logprob) for lp in logprobs],
+            "top_logprobs": [{self.token(t): finite(v) for t, v in lp.top} for lp in logprobs],
             "text_offset": offsets,
         }

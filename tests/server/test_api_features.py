@@ -9,6 +9,9 @@ import openai
 import pytest
 
 from specdecode.config import SamplingParams, StructuredOutputs
+from specdecode.engine.sequence import TokenLogprob
+from specdecode.server import logprobs as logprobs_module
+from specdecode.server.logprobs import LOGPROB_FLOOR, LogprobFormats
 from tests.server.conftest import MODEL
 
 PROMPT = "The three primary colors are"
@@ -102,3 +105,32 @@ def test_json_object_mode(client):
         assert isinstance(json.loads(r.choices[0].message.content), dict)
     else:  # a run-on object hit max_tokens: still a prefix of one
         assert r.choices[0].message.content.lstrip().startswith("{")
+
+
+def test_filtered_alternatives_come_back_as_the_floor(client):
+    """top_p keeps one token, the request asks for 5 alternatives: the other 4 have log-probability -inf, which
+    JSON cannot carry (this was a 500, found by the fuzz test). They come back as -9999.0, as from vLLM."""
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=1.0, top_p=1e-6, logprobs=5)
+    for top in r.choices[0].logprobs.top_logprobs:
+        assert sorted(top.values())[:-1] == [LOGPROB_FLOOR] * (len(top) - 1)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=4, temperature=1.0, top_p=1e-6, logprobs=True, top_logprobs=5
+    )
+    for entry in chat.choices[0].logprobs.content:
+        assert [t.logprob for t in entry.top_logprobs][1:] == [LOGPROB_FLOOR] * 4
+
+
+def test_filtered_alternatives_would_not_serialise(smollm2_tokenizer, monkeypatch):
+    """The formats' output goes through JSON as the server sends it (no NaN or infinity allowed). Negative
+    control: the same entries without the floor do not serialise."""
+    entries = [TokenLogprob(5, -0.5, [(5, -0.5), (6, float("-inf"))])]
+    formats = LogprobFormats(smollm2_tokenizer)
+
+    def serialise() -> None:
+        for shape in (formats.chat_logprobs(entries), formats.completion_logprobs(entries)):
+            json.dumps(shape, allow_nan=False)
+
+    serialise()
+    monkeypatch.setattr(logprobs_module, "finite", lambda v: v)
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        serialise()
