@@ -15,7 +15,8 @@ two runs, --warmup steps and --warmup + --steps steps, each timed over its steps
 train_seconds: no loading, no checkpoints), so the first steps' one-off costs cancel; tokens/s counts the input
 tokens of the timed steps, as `distill` does. The cache is built with this process's settings (--dtype, --top-k):
 it is the rate of what a user would run, not of the exact top-k = vocab case. With --draft-vocab N the cache is
-built for that draft vocabulary (`distill cache --draft-vocab N`), as training it requires.
+built for that draft vocabulary (`distill cache --draft-vocab N`), as training it requires. With --bf16 the
+cached run is repeated under bf16 autocast (`distill --bf16`): mixed precision's speedup, apart from the cache's.
 """
 
 from __future__ import annotations
@@ -59,14 +60,14 @@ def first_samples(paths: list[str], num: int, out: Path) -> Path:
     return out
 
 
-def train_rate(a: argparse.Namespace, data: Path, cache: Path | None, work: Path) -> dict:
+def train_rate(a: argparse.Namespace, data: Path, cache: Path | None, work: Path, bf16: bool = False) -> dict:
     """Tokens/s of a.steps training steps (the difference of two runs; see the module docstring)."""
     runs = []
     for steps in (a.warmup, a.warmup + a.steps):
         cfg = DistillConfig(
             target=a.target,
             data=[str(data)],
-            out=str(work / f"student-{'cache' if cache else 'fly'}-{steps}"),
+            out=str(work / f"student-{'cache' if cache else 'fly'}-{'bf16-' if bf16 else ''}{steps}"),
             draft=DraftOptions(
                 num_layers=a.layers,
                 init_from_target=a.init_from_target,
@@ -81,6 +82,7 @@ def train_rate(a: argparse.Namespace, data: Path, cache: Path | None, work: Path
             progress=False,
             head=a.head,
             teacher_cache=str(cache) if cache else None,
+            bf16=bf16,
         )
         m = distill(cfg).manifest
         runs.append((m["train_seconds"], m["tokens_seen"], m["final_loss"]))
@@ -109,8 +111,13 @@ def print_table(result: dict) -> None:
     rows = [
         ("train on the fly", fly["tokens_per_s"], fly["seconds"], 1.0),
         ("train from cache", cached["tokens_per_s"], cached["seconds"], cached["tokens_per_s"] / fly["tokens_per_s"]),
-        ("build cache (once)", build["tokens_per_s"], build["seconds"], None),
     ]
+    if "from_cache_bf16" in result:
+        bf16 = result["from_cache_bf16"]
+        rows.append(
+            ("  ... with --bf16", bf16["tokens_per_s"], bf16["seconds"], bf16["tokens_per_s"] / fly["tokens_per_s"])
+        )
+    rows.append(("build cache (once)", build["tokens_per_s"], build["seconds"], None))
     print(f"{'':<20} {'tok/s':>10} {'seconds':>9} {'speedup':>8}")
     for name, rate, seconds, speedup in rows:
         print(f"{name:<20} {rate:>10.0f} {seconds:>9.2f} {'' if speedup is None else f'{speedup:.2f}x':>8}")
@@ -135,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float16", choices=["float16", "float32"])
     p.add_argument("--cache-batch-size", type=int, default=8, help="windows per target forward while caching")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--bf16", action="store_true", help="also train from the cache under bf16 autocast (distill --bf16)")
     p.add_argument("--output", default="results/distill_cache.json")
     a = p.parse_args(argv)
     if a.head is not None and a.draft_vocab is not None:
@@ -165,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         fly = train_rate(a, data, None, work)
         cached = train_rate(a, data, built.out, work)
+        cached_bf16 = train_rate(a, data, built.out, work, bf16=True) if a.bf16 else None
     result = {
         "command": "python -m specdecode.bench.distill_cache " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": machine(),
@@ -174,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         "on_the_fly": fly,
         "from_cache": cached,
     }
+    if cached_bf16 is not None:
+        result["from_cache_bf16"] = cached_bf16
     print_table(result)
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
     Path(a.output).write_text(json.dumps(result, indent=2) + "\n")

@@ -34,7 +34,7 @@ from specdecode.train.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from specdecode.train.draft_config import DraftOptions, build_draft_config, freeze_embeddings, init_from_target, summary
 from specdecode.train.export import write_draft_dir
 from specdecode.train.heads import train_heads
-from specdecode.train.loop import run_steps
+from specdecode.train.loop import run_steps, teacher_precision
 from specdecode.train.objective import StepStats, distill_loss, lr_factor, topk_distill_loss
 from specdecode.train.teacher_cache import TeacherCache, open_for_training
 
@@ -67,6 +67,7 @@ class DistillConfig:
     head: str | None = None  # train draft heads of this kind (eagle, medusa, mtp) instead of a draft model
     num_head_tokens: int = 4  # Medusa heads / MTP depths
     teacher_cache: str | None = None  # read the teacher's outputs from this `distill cache` directory
+    bf16: bool = False  # the student's forward under bf16 autocast (train/loop.py); the teacher stays fp32
 
     def __post_init__(self) -> None:
         positive = ("steps", "batch_size", "save_every", "eval_max_windows")
@@ -156,7 +157,7 @@ def student_logits(
 
 def _forward(student, teacher, batch: D.Batch, device, ce_weight: float, subset: torch.Tensor | None) -> StepStats:
     input_ids, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
-    with torch.no_grad():
+    with torch.no_grad(), teacher_precision(device):
         teacher_logits = teacher(input_ids).logits  # [batch, seq_len, vocab]
     logits = student_logits(student, input_ids, mask, subset)  # [num_masked, S]
     return distill_loss(logits, teacher_logits, mask, labels, ce_weight, subset)
@@ -215,6 +216,7 @@ def _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_st
         "init_from_target": cfg.draft.init_from_target,
         "freeze_embeddings": cfg.draft.freeze_embeddings,
         "draft_vocab": cfg.draft.vocab_subset,
+        "bf16": cfg.bf16,
         "draft_config": summary(draft_cfg),
     }
 

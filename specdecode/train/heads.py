@@ -25,7 +25,7 @@ from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
 from specdecode.train.checkpoint import load_checkpoint
 from specdecode.train.head_objective import HeadStats, Teacher, head_loss
-from specdecode.train.loop import run_steps
+from specdecode.train.loop import run_steps, teacher_precision
 from specdecode.train.objective import lr_factor
 from specdecode.train.teacher_cache import open_for_training
 
@@ -35,7 +35,8 @@ def teacher_batch(target: LlamaModel, batch: D.Batch, device: torch.device) -> T
     ids = torch.from_numpy(batch.input_ids).to(device)  # [B, T]
     b, t = ids.shape
     meta = AttentionMetadata.build(list(range(b)), [0] * b, t, device)
-    logits, hidden = target(ids, meta, target.new_cache(b, t), return_hidden=True)  # [B, T, V], [B, T, H]
+    with teacher_precision(device):
+        logits, hidden = target(ids, meta, target.new_cache(b, t), return_hidden=True)  # [B, T, V], [B, T, H]
     mask = torch.from_numpy(batch.loss_mask).to(device)
     return Teacher(hidden, logits.log_softmax(-1), ids, mask)
 
@@ -102,6 +103,7 @@ def train_heads(cfg, out: Path, device: torch.device):
         "seq_len": cfg.seq_len,
         "lr": cfg.lr,
         "seed": cfg.seed,
+        "bf16": cfg.bf16,
         "tokens_seen": int(totals["tokens"]),
         "train_seconds": round(totals.get("seconds", 0.0), 3),
         "final_loss": float(np.mean(losses[tail])) if losses else None,

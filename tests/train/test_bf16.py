@@ -1,0 +1,107 @@
+"""`distill --bf16`: the student trains under bf16 autocast, the teacher it learns from stays fp32, and the
+losses follow the fp32 run's to bf16's precision (drafts and heads, on the fly and from a teacher cache)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specdecode.cli import main
+from specdecode.train import distill as distill_module
+from specdecode.train import heads as heads_module
+from specdecode.train.build_cache import CacheConfig, build_cache
+from specdecode.train.distill import DistillConfig, distill
+from specdecode.train.draft_config import DraftOptions
+
+SMALL = dict(batch_size=4, seq_len=24, warmup=3, progress=False, draft=DraftOptions(num_layers=1))
+LOSS_RTOL = 0.05  # bf16 keeps 8 bits of mantissa: the tiny models' losses (~3-4) move by ~1% over a few steps
+
+
+def _train(target, data, out, **kw):
+    return distill(DistillConfig(target=str(target), data=[str(data)], out=str(out), **{**SMALL, **kw}))
+
+
+def _record_draft_dtypes(monkeypatch) -> dict[str, set[torch.dtype]]:
+    """The dtypes of the student's logits and of the teacher's, as each draft step hands them to its loss."""
+    seen: dict[str, set[torch.dtype]] = {"student": set(), "teacher": set()}
+    real = distill_module.distill_loss
+
+    def spy(student_logits, teacher_logits, *args, **kw):
+        seen["student"].add(student_logits.dtype)
+        seen["teacher"].add(teacher_logits.dtype)
+        return real(student_logits, teacher_logits, *args, **kw)
+
+    monkeypatch.setattr(distill_module, "distill_loss", spy)
+    return seen
+
+
+def _fault_teacher_precision(monkeypatch, module) -> None:
+    """The fault the tests must catch: the teacher runs under the student's autocast."""
+    monkeypatch.setattr(module, "teacher_precision", lambda device: contextlib.nullcontext())
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_draft_bf16_student_learns_from_an_fp32_teacher(fault, tiny_target, train_npz, tmp_path, monkeypatch):
+    fp32 = _train(tiny_target, train_npz, tmp_path / "fp32", steps=5)
+    if fault:
+        _fault_teacher_precision(monkeypatch, distill_module)
+    seen = _record_draft_dtypes(monkeypatch)
+    mixed = _train(tiny_target, train_npz, tmp_path / "bf16", steps=5, bf16=True)
+    assert seen["student"] == {torch.bfloat16}  # the flag reached the student's matmuls
+    np.testing.assert_allclose(mixed.losses, fp32.losses, rtol=LOSS_RTOL)
+    assert mixed.manifest["bf16"] and not fp32.manifest["bf16"]
+    if fault:  # negative control: a teacher under autocast hands the loss bf16 logits
+        assert seen["teacher"] == {torch.bfloat16}
+    else:
+        assert seen["teacher"] == {torch.float32}
+        assert mixed.losses != fp32.losses  # bf16 did change the arithmetic
+
+
+def _record_head_teachers(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each head step's teacher features and log-probs, as handed to the loss."""
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    real = heads_module.head_loss
+
+    def spy(kind, heads, teacher, *args):
+        seen.append((teacher.features.detach().clone(), teacher.log_p.detach().clone()))
+        return real(kind, heads, teacher, *args)
+
+    monkeypatch.setattr(heads_module, "head_loss", spy)
+    return seen
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_head_bf16_learns_from_fp32_features(fault, tiny_target, train_npz, tmp_path, monkeypatch):
+    """The target's outputs come back fp32 either way (its final norm and log_softmax upcast), so the check is on
+    their values: the same batch gives the same teacher, bit for bit, with and without --bf16."""
+    seen = _record_head_teachers(monkeypatch)
+    fp32 = _train(tiny_target, train_npz, tmp_path / "fp32", head="eagle", steps=4)
+    fp32_teachers, seen[:] = list(seen), []
+    if fault:
+        _fault_teacher_precision(monkeypatch, heads_module)
+    mixed = _train(tiny_target, train_npz, tmp_path / "bf16", head="eagle", steps=4, bf16=True)
+    np.testing.assert_allclose(mixed.losses, fp32.losses, rtol=LOSS_RTOL)
+    same = [
+        torch.equal(a, b)
+        for (fa, la), (fb, lb) in zip(fp32_teachers, seen, strict=True)
+        for a, b in ((fa, fb), (la, lb))
+    ]
+    assert not any(same) if fault else all(same)  # fault: the negative control, a teacher computed in bf16
+
+
+def test_bf16_from_teacher_cache_and_cli(tiny_target, train_npz, tmp_path):
+    cfg = CacheConfig(str(tiny_target), [str(train_npz)], str(tmp_path / "cache"), top_k=8, seq_len=24, progress=False)
+    cache = build_cache(cfg).out
+    fp32 = _train(tiny_target, train_npz, tmp_path / "fp32", steps=5, teacher_cache=str(cache))
+    mixed = _train(tiny_target, train_npz, tmp_path / "bf16", steps=5, teacher_cache=str(cache), bf16=True)
+    np.testing.assert_allclose(mixed.losses, fp32.losses, rtol=LOSS_RTOL)
+    assert mixed.losses != fp32.losses
+
+    common = ["--target", str(tiny_target), "--data", str(train_npz), "--seq-len", "24", "--no-progress"]
+    argv = ["distill", *common, "--steps", "2", "--batch-size", "4", "--layers", "1", "--teacher-cache", str(cache)]
+    assert main([*argv, "--out", str(tmp_path / "cli"), "--bf16"]) == 0
+    assert json.loads((tmp_path / "cli" / "manifest.json").read_text())["bf16"] is True
