@@ -33,7 +33,7 @@ from torch import nn
 from torch.export import Dim
 
 from specdecode.hardware import cpu_model
-from specdecode.models import attention, llama
+from specdecode.models import attention, few_rows, llama
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 from specdecode.models.loader import build_once, cache_root, remove_least_recent
 
@@ -58,7 +58,8 @@ def package_key(model: LlamaModel) -> str:
         "shapes": [torch.fx.experimental._config.use_duck_shape, torch.fx.experimental._config.backed_size_oblivious],
         "cpu": (platform.machine(), cpu_model(), torch.backends.cpu.get_cpu_capability()),
         "threads": torch.get_num_threads(),
-        "source": [inspect.getsource(m) for m in (llama, attention, sys.modules[__name__])],
+        "source": [inspect.getsource(m) for m in (llama, attention, few_rows, sys.modules[__name__])],
+        "kernels": few_rows.SOURCE.read_text(),
     }
     h.update(json.dumps(described, sort_keys=True).encode())
     seen: set[int] = set()

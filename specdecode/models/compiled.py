@@ -5,13 +5,14 @@ dimensions. Attention is one opaque custom op (models/attention.py), so nothing 
 the contexts are and steady decoding never recompiles: one body graph and one head graph serve every batch
 size and token count.
 
-On CPU the weights are frozen into the graphs and the linears go through inductor's C++ GEMM template
-(`max_autotune` with the CPP backend): it packs each weight once and, at the 1-17 rows of a decode or verify
-step, streams it far faster than MKL's or oneDNN's GEMM did on the 2-core hosts measured here. The graphs are
-exported and compiled ahead of time into AOTInductor packages on disk (models/aot_package.py): the first
-process on a machine compiles them (~75 s for SmolLM2-135M on two cores, behind a progress bar), later ones
-load them in seconds. torch.compile's own graph cache could not do this: it refuses graphs holding packed
-constants, so every process compiled again.
+On CPU the weights are frozen into the graphs. On an AVX-512 CPU the linears are the few-rows GEMM
+(models/few_rows.py: each weight panel read once whatever the rows, so a verify of up to ~9 tokens costs
+little more than one); elsewhere they go through inductor's C++ GEMM template (`max_autotune` with the CPP
+backend), which packs each weight once and at the 1-17 rows of a step streams it faster than MKL's or oneDNN's
+GEMM did on the 2-core hosts measured here. The graphs are exported and compiled ahead of time into
+AOTInductor packages on disk (models/aot_package.py): the first process on a machine compiles them (~50-75 s
+for SmolLM2-135M on two cores, behind a progress bar), later ones load them in seconds. torch.compile's own
+graph cache could not do this: it refuses graphs holding packed constants, so every process compiled again.
 
 On CUDA, and on CPU if packaging fails, the step goes under torch.compile in the process (with duck sizing off
 and size-1 dimensions left unspecialised, so one graph still serves every shape); `warm_up` compiles it at
@@ -31,6 +32,7 @@ import torch._inductor.config
 import torch.fx.experimental._config
 from tqdm import tqdm
 
+from specdecode.models import few_rows
 from specdecode.models.aot_package import INDUCTOR_SETTINGS, Body, Head, load_or_compile
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama
 from specdecode.models.loader import cache_root
@@ -146,6 +148,8 @@ def load_target(
     if enforce_eager:
         return load_llama(model_dir, device, dtype)
     model = load_llama(model_dir, device, dtype, inference=False)  # inductor packs the weights itself
+    if few_rows.available(torch.device(device), dtype):  # or the few-rows kernel its own (models/few_rows.py)
+        few_rows.install(model)
     compile_step(model, progress=progress, ahead_of_time=ahead_of_time)
     if torch.device(device).type == "cpu":
         twin = load_llama(model_dir, device, dtype)

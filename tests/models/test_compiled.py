@@ -1,6 +1,7 @@
 """The compiled step (models/compiled.py) computes what the eager step computes, writes the same cache, serves
 every shape from one compiled artifact, and keeps greedy speculative decoding equal to plain decoding. Both
-compilers are covered: AOTInductor packages (the CPU default) and torch.compile (CUDA, and the fallback)."""
+compilers are covered: AOTInductor packages (the CPU default) and torch.compile (CUDA, and the fallback), and
+the packages with the few-rows GEMM in their linears (models/few_rows.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch._dynamo.utils import counters
 
 from specdecode import LLM, SamplingParams
 from specdecode.models import compiled as compiled_module
+from specdecode.models import few_rows
 from specdecode.models.compiled import COMPILED_MAX_ROWS, compile_step, load_target
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.tree import tree_layout
@@ -44,6 +46,18 @@ def jit_models(tiny_target):
     return eager, compiled
 
 
+@pytest.fixture(scope="module")
+def kernel_models(tiny_target):
+    """The AOT step with the few-rows GEMM in its linears, as load_target builds it on an AVX-512 CPU."""
+    if not few_rows.available(torch.device("cpu"), torch.float32):
+        pytest.skip("no AVX-512 or no C++ compiler here: the few-rows GEMM is not installed")
+    eager = load_llama(tiny_target, inference=False)
+    compiled = load_llama(tiny_target, inference=False)
+    assert few_rows.install(compiled) == 4 * compiled.cfg.num_layers + 1  # wqkv, wo, w13, w2 a layer; the LM head
+    compile_step(compiled, progress=False)
+    return eager, compiled
+
+
 def _refuse(*args, **kwargs):
     raise RuntimeError("AOT compile refused (injected)")
 
@@ -67,7 +81,7 @@ def run_both(models, slots, starts, t, num_new, write_shift=0):
 
 
 @pytest.mark.parametrize(("slots", "starts", "t", "num_new"), CASES)
-@pytest.mark.parametrize("compiler", ["models", "jit_models"])
+@pytest.mark.parametrize("compiler", ["models", "jit_models", "kernel_models"])
 def test_compiled_equals_eager(compiler, slots, starts, t, num_new, request):
     logits_diff, cache_diff = run_both(request.getfixturevalue(compiler), slots, starts, t, num_new)
     assert logits_diff < 1e-4 and cache_diff < 1e-5
