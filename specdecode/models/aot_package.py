@@ -59,7 +59,7 @@ def package_key(model: LlamaModel) -> str:
         "cpu": (platform.machine(), cpu_model(), torch.backends.cpu.get_cpu_capability()),
         "threads": torch.get_num_threads(),
         "source": [inspect.getsource(m) for m in (llama, attention, few_rows, sys.modules[__name__])],
-        "kernels": few_rows.SOURCE.read_text(),
+        "kernels": [p.read_text() for p in few_rows.SOURCES],
     }
     h.update(json.dumps(described, sort_keys=True).encode())
     seen: set[int] = set()

@@ -8,16 +8,16 @@ accumulators for up to 12 rows x 2-3 panels in registers and reads each weight p
 to ~9 rows cost about what one does; each output is the same k-ordered chain of FMAs for any row count (a
 row's logits do not depend on the rows beside it).
 
-It is a torch op (`specdecode::few_rows_linear`) that the compiled step (models/compiled.py) calls like the
-attention op, with the packed weight as the graph's constant. The kernel is compiled from source on first use
-with the system's C++ compiler (the one torch.compile needs anyway) into the cache directory, and loaded with
-ctypes; it runs on torch's own OpenMP threads. Without AVX-512, a compiler, or with
-$SPECDECODE_FEW_ROWS_GEMM=0, nothing is installed and the step is what it was.
+It is a C++ torch op (`specdecode::few_rows_linear`, kernels/few_rows_op.cpp) that the compiled step
+(models/compiled.py) calls like the attention op, with the packed weight as the graph's constant, and without
+Python in between (a Python implementation cost ~5% of a one-token step in call overhead, 121 calls a step).
+It is compiled from source on first use (~10 s) with the system's C++ compiler (the one torch.compile needs
+anyway) against this torch into the cache directory, and runs on torch's own OpenMP threads. Without AVX-512,
+a compiler, or with $SPECDECODE_FEW_ROWS_GEMM=0, nothing is installed and the step is what it was.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import os
@@ -28,13 +28,15 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils import cpp_extension
 
 from specdecode.models.loader import build_once, cache_root
 
 ENV = "SPECDECODE_FEW_ROWS_GEMM"  # "0": never install the kernel
-SOURCE = Path(__file__).parent / "kernels" / "few_rows_gemm.cpp"
+KERNELS = Path(__file__).parent / "kernels"
+SOURCES = (KERNELS / "few_rows_gemm.cpp", KERNELS / "few_rows_op.cpp")  # the GEMM, and its torch op
 PANEL = 16  # output columns per packed panel (one AVX-512 register of fp32)
-FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
 
 
 class KernelBuildError(RuntimeError):
@@ -45,25 +47,48 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
+def _command(compiler: str, out: Path) -> list[str]:
+    """Compile and link the op against this torch (its headers, ABI and libraries)."""
+    lib = Path(torch.__file__).parent / "lib"
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    links = [f"-L{lib}", f"-Wl,-rpath,{lib}", "-ltorch_cpu", "-lc10"]
+    return [compiler, *FLAGS, abi, *includes, *map(str, SOURCES), *links, "-o", str(out)]
+
+
 def _build(out: Path, compiler: str) -> None:
-    cmd = [compiler, *FLAGS, str(SOURCE), "-o", str(out / "few_rows_gemm.so")]
+    cmd = _command(compiler, out / "few_rows.so")
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise KernelBuildError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+        raise KernelBuildError(f"{compiler} failed to build the few-rows GEMM: {done.stderr.strip()[-500:]}")
 
 
 @functools.cache
-def library() -> ctypes.CDLL:
-    """The compiled kernel, built into the cache directory the first time (keyed by source, flags, compiler)."""
+def library() -> Path:
+    """Build the op into the cache directory the first time (keyed by sources, flags, compiler and torch) and
+    load it into this process; returns the library's path."""
     compiler = _compiler()
     if compiler is None:
         raise KernelBuildError("no C++ compiler (g++ or $CXX) to build the few-rows GEMM")
-    key = hashlib.blake2b(SOURCE.read_bytes() + " ".join([compiler, *FLAGS]).encode(), digest_size=8).hexdigest()
-    final = build_once(cache_root() / "kernels" / f"few_rows_gemm-{key}", lambda tmp: _build(tmp, compiler))
-    lib = ctypes.CDLL(str(final / "few_rows_gemm.so"))
-    lib.few_rows_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
-    lib.few_rows_gemm.restype = None
-    return lib
+    h = hashlib.blake2b(digest_size=8)
+    for part in (*(p.read_bytes() for p in SOURCES), " ".join([compiler, *FLAGS, torch.__version__]).encode()):
+        h.update(part)
+    final = build_once(cache_root() / "kernels" / f"few_rows-{h.hexdigest()}", lambda tmp: _build(tmp, compiler))
+    _load(final / "few_rows.so")
+    return final / "few_rows.so"
+
+
+@functools.cache
+def _load(path: Path) -> None:
+    """Load the op and register its fake (for export and compile): once per library per process."""
+    torch.ops.load_library(str(path))
+    if not hasattr(torch.ops.specdecode, "few_rows_linear"):
+        raise KernelBuildError(f"{path} does not define specdecode::few_rows_linear")
+    torch.library.register_fake("specdecode::few_rows_linear", _fake_few_rows_linear)
+
+
+def _fake_few_rows_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], packed.shape[0] * PANEL)
 
 
 @functools.cache
@@ -72,7 +97,7 @@ def _usable() -> bool:
         return False
     try:
         library()
-    except (KernelBuildError, OSError) as e:
+    except (KernelBuildError, OSError, RuntimeError) as e:  # RuntimeError: torch refused to load it
         warnings.warn(f"few-rows GEMM unavailable, keeping the compiled step's own GEMM: {e}", stacklevel=3)
         return False
     return True
@@ -89,26 +114,11 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
 
 
-def few_rows_linear_eager(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+def few_rows_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ W^T -> [..., N] with W packed by `pack`, any number of rows (past ~24 the weights are
     re-read from L2 per 12-row block and the GEMM turns compute-bound: the compiled step sends only a few)."""
-    k, n = packed.shape[1], packed.shape[0] * PANEL
-    rows = x.reshape(-1, k).contiguous()  # [M, K]
-    out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)  # [M, N]
-    if rows.shape[0]:
-        library().few_rows_gemm(rows.data_ptr(), packed.data_ptr(), out.data_ptr(), rows.shape[0], k, n)
-    return out.view(*x.shape[:-1], n)
-
-
-_LIB = torch.library.Library("specdecode", "FRAGMENT")  # held for the process, like models/attention.py's
-_LIB.define("few_rows_linear(Tensor x, Tensor packed) -> Tensor")
-_LIB.impl("few_rows_linear", few_rows_linear_eager, "CompositeExplicitAutograd")
-few_rows_linear = torch.ops.specdecode.few_rows_linear.default
-
-
-@torch.library.register_fake("specdecode::few_rows_linear", lib=_LIB)
-def _(x, packed):
-    return x.new_empty(*x.shape[:-1], packed.shape[0] * PANEL)
+    library()
+    return torch.ops.specdecode.few_rows_linear.default(x, packed)
 
 
 class FewRowsLinear(nn.Module):
@@ -122,7 +132,7 @@ class FewRowsLinear(nn.Module):
         self.register_buffer("packed", pack(linear.weight))  # [out / 16, in, 16]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = few_rows_linear(x, self.packed)  # [..., out]
+        out = torch.ops.specdecode.few_rows_linear.default(x, self.packed)  # [..., out] (library() loaded it)
         return out if self.bias is None else out + self.bias
 
 

@@ -154,6 +154,8 @@ def test_compiled_engine_greedy_equals_eager_plain(method, tiny_target, tiny_dra
         enforce_eager=False,
     )
     assert llm.target.step.compiled
+    kernel = few_rows.available(torch.device("cpu"), torch.float32)  # then load_target installed it
+    assert isinstance(llm.target.lm_head, few_rows.FewRowsLinear) is kernel
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_tokens
 
 
