@@ -42,7 +42,7 @@ ENFORCE_EAGER_ENV = "SPECDECODE_ENFORCE_EAGER"  # "1": LLM and the commands defa
 # and one to _Head.forward's (a test session or a multi-arm bench holds dozens of models); one model itself
 # needs exactly one of each.
 RECOMPILE_LIMIT = 256
-COMPILED_MAX_ROWS = 24  # tokens per forward up to which the compiled step beats the eager one (load_target)
+COMPILED_MAX_ROWS = 24  # without the few-rows GEMM: tokens per forward up to which compiled beats eager
 
 
 def _configure_inductor(device: torch.device) -> None:
@@ -140,18 +140,21 @@ def load_target(
     """The model as the engine runs it: compiled and warmed, or eager with packed linears (enforce_eager).
     ahead_of_time: see compile_step.
 
-    On CPU, forwards over more than COMPILED_MAX_ROWS tokens run on an eager twin with packed linears (a second
-    copy of the weights, sharing the cache it is handed): the compiled GEMM streams weights best at the few
-    rows of a decode or verify step, but past ~24 rows it is compute-bound and slower than oneDNN's
-    (results/cost.md, 2-core AMD EPYC, 2026-11-24: 4 x 9 tokens 152 ms compiled, 130 ms eager).
+    On a CPU without the few-rows GEMM, forwards over more than COMPILED_MAX_ROWS tokens run on an eager twin
+    with packed linears (a second copy of the weights, sharing the cache it is handed): inductor's GEMM streams
+    weights best at the few rows of a decode or verify step, but past ~24 rows it is compute-bound and slower
+    than oneDNN's (2-core AMD EPYC, 2026-11-24: 4 x 9 tokens 152 ms compiled, 130 ms eager). The few-rows GEMM
+    was faster than oneDNN at every row count measured on that machine (results/cost.md), so with it the
+    compiled step serves every forward and no twin is loaded.
     """
     if enforce_eager:
         return load_llama(model_dir, device, dtype)
     model = load_llama(model_dir, device, dtype, inference=False)  # inductor packs the weights itself
-    if few_rows.available(torch.device(device), dtype):  # or the few-rows kernel its own (models/few_rows.py)
+    kernel = few_rows.available(torch.device(device), dtype)  # or the few-rows GEMM its own (models/few_rows.py)
+    if kernel:
         few_rows.install(model)
     compile_step(model, progress=progress, ahead_of_time=ahead_of_time)
-    if torch.device(device).type == "cpu":
+    if torch.device(device).type == "cpu" and not kernel:
         twin = load_llama(model_dir, device, dtype)
         large = StepFunctions(twin.body, twin.head)
         model.step = dataclasses.replace(model.step, max_rows=COMPILED_MAX_ROWS, large=large)

@@ -159,8 +159,10 @@ def test_compiled_engine_greedy_equals_eager_plain(method, tiny_target, tiny_dra
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_tokens
 
 
-def test_large_forwards_run_on_the_eager_twin(tiny_target):
-    """load_target sends forwards over COMPILED_MAX_ROWS tokens to the packed eager twin, with the same result."""
+def test_large_forwards_run_on_the_eager_twin(tiny_target, monkeypatch):
+    """Without the few-rows GEMM, load_target sends forwards over COMPILED_MAX_ROWS tokens to the packed eager
+    twin, with the same result."""
+    monkeypatch.setattr(compiled_module.few_rows, "available", lambda device, dtype: False)
     model = load_target(tiny_target, "cpu", torch.float32, enforce_eager=False, progress=False)
     eager = load_llama(tiny_target)
     rows = COMPILED_MAX_ROWS + 1
@@ -170,3 +172,18 @@ def test_large_forwards_run_on_the_eager_twin(tiny_target):
     with torch.inference_mode():
         got, want = model(tokens, meta, model.new_cache(1, 64)), eager(tokens, meta, eager.new_cache(1, 64))
     assert (got - want).abs().max().item() < 1e-4
+
+
+def test_with_the_few_rows_gemm_every_forward_is_compiled(tiny_target):
+    if not few_rows.available(torch.device("cpu"), torch.float32):
+        pytest.skip("no AVX-512 or no C++ compiler here: the few-rows GEMM is not installed")
+    model = load_target(tiny_target, "cpu", torch.float32, enforce_eager=False, progress=False)
+    eager = load_llama(tiny_target)
+    assert model.step.large is None and isinstance(model.lm_head, few_rows.FewRowsLinear)
+    for rows in (COMPILED_MAX_ROWS + 1, 60):  # a prefill chunk's worth of rows through the compiled step
+        assert model.step.for_rows(rows) is model.step
+        tokens = torch.randint(0, eager.cfg.vocab_size, (1, rows))
+        meta = AttentionMetadata.build([0], [0], rows, "cpu")
+        with torch.inference_mode():
+            got, want = model(tokens, meta, model.new_cache(1, 64)), eager(tokens, meta, eager.new_cache(1, 64))
+        assert (got - want).abs().max().item() < 1e-4
