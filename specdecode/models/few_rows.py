@@ -93,7 +93,7 @@ def _fake_few_rows_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor
 
 @functools.cache
 def _usable() -> bool:
-    if os.environ.get(ENV) == "0" or torch.backends.cpu.get_cpu_capability() != "AVX512":
+    if os.environ.get(ENV) == "0" or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return False
     try:
         library()
