@@ -210,15 +210,30 @@ def app_args(target: Path) -> tuple[dict, ServerConfig]:
     return llm_kwargs, ServerConfig(MODEL, max_waiting=QUEUE, request_timeout_s=TIMEOUT_S)
 
 
+def _port_outside_ray_and_ephemeral_ranges() -> int:
+    """A free port for Serve's proxy that none of the processes Ray starts meanwhile can take first: an
+    OS-assigned one (bind to port 0) lies in the ephemeral range, where Ray's own processes get theirs, and
+    one CI run lost it that way ("Failed to bind"). Ray's workers use 10002-19999; the ephemeral range starts
+    at 32768."""
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-31999")
+
+
 @pytest.fixture(scope="module")
 def cluster(tiny_full_vocab) -> Iterator[tuple[str, Reference]]:
     """The application on a fresh local Ray cluster (its URL), and the reference outputs, computed meanwhile.
 
     Ray is shut down afterwards: that stops Serve and every replica with it.
     """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _port_outside_ray_and_ephemeral_ranges()
     llm_kwargs, config = app_args(tiny_full_vocab)
     threads, environ = torch.get_num_threads(), os.environ.copy()  # connect() exports the replicas' settings
     os.environ.update(FAST_AUTOSCALER_ENV)  # the local cluster's processes inherit it
