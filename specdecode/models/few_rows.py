@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils import cpp_extension
 
 from specdecode.models.loader import build_once, cache_root
+from specdecode.models.packed_linear import replace_linears
 
 ENV = "SPECDECODE_FEW_ROWS_GEMM"  # "0": never install the kernel
 KERNELS = Path(__file__).parent / "kernels"
@@ -138,11 +139,4 @@ class FewRowsLinear(nn.Module):
 
 def install(model: nn.Module) -> int:
     """Replace every nn.Linear whose output width is a multiple of 16 by FewRowsLinear; returns how many."""
-    replaced = 0
-    for name, child in list(model.named_children()):
-        if isinstance(child, nn.Linear) and child.out_features % PANEL == 0:
-            setattr(model, name, FewRowsLinear(child.requires_grad_(False)))
-            replaced += 1
-        else:
-            replaced += install(child)
-    return replaced
+    return replace_linears(model, FewRowsLinear, accept=lambda lin: lin.out_features % PANEL == 0)

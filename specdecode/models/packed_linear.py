@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -112,13 +113,19 @@ def pack_linears(model: nn.Module, kind: str | None = None) -> int:
     Inference only: packed weights have no gradient.
     """
     kind = kind or choice()
-    if kind == "plain":
-        return 0
+    return 0 if kind == "plain" else replace_linears(model, _packer(kind))
+
+
+def replace_linears(
+    model: nn.Module, wrap: Callable[[nn.Linear], nn.Module], accept: Callable[[nn.Linear], bool] = lambda lin: True
+) -> int:
+    """Replace every nn.Linear under `model` that `accept` takes by `wrap(linear)`, its weight frozen first;
+    returns how many (models/few_rows.py installs its kernel the same way)."""
     replaced = 0
     for name, child in list(model.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(model, name, _packer(kind)(child.requires_grad_(False)))
+        if isinstance(child, nn.Linear) and accept(child):
+            setattr(model, name, wrap(child.requires_grad_(False)))
             replaced += 1
         else:
-            replaced += pack_linears(child, kind)
+            replaced += replace_linears(child, wrap, accept)
     return replaced
