@@ -126,9 +126,12 @@ def render(a: argparse.Namespace, ms: dict[str, dict[str, float]], console: Cons
 
 
 def ratios(a: argparse.Namespace, ms: dict[str, float]) -> dict[str, float]:
-    """The issue's targets, as ratios to the one-token batch-1 step at the first context."""
+    """The issue's targets, as ratios to the one-token batch-1 step at the first context; none without that cell
+    (a run over other batch sizes or token counts)."""
     c = a.contexts[0]
-    one = ms[f"1x1@{c}"]
+    one = ms.get(f"1x1@{c}")
+    if one is None:
+        return {}
     out = {"1x1_ms": one}
     for key in (f"1x9@{c}", f"1x17@{c}", f"8x9@{c}"):
         if key in ms:
