@@ -158,7 +158,15 @@ def add_sweep_args(g: argparse._ArgumentGroup) -> None:
         help="controller[:K] list; K defaults to --num-speculative-tokens, 'none' is K = 0 "
         f"(default {','.join(DEFAULT_ARMS)}, less controllers not registered)",
     )
-    g.add_argument("--requests-per-level", type=int, default=None, help="requests per level (default max(4, 2C))")
+    g.add_argument(
+        "--requests-per-level", type=int, default=None, help="requests per round of a level (default max(4, 2C))"
+    )
+    g.add_argument(
+        "--min-requests",
+        type=int,
+        default=16,
+        help="requests per arm and level at least: levels with fewer per round run more rounds, arms taking turns",
+    )
 
 
 def positive_float_list(text: str) -> list[float]:

@@ -5,10 +5,16 @@ Usage:
         --concurrency 1,2,4,8,16,32 --arms none,fixed:2,fixed:5,heuristic,goodput --output results/sweep.json
 
 At each concurrency C every arm keeps C requests in its engine: as soon as one finishes the next prompt joins
-(closed loop), until `--requests-per-level` requests are done. All arms share one loaded target (and draft);
-each gets its own engine (cache, drafter, controller), built for the level and freed after it, so memory holds
-one arm's cache at a time. Arms run back to back within a level, in an order rotated from level to level,
-so slow drift of a noisy machine does not always hit the same arm.
+(closed loop), until `--requests-per-level` requests are done: one round. A level runs as many rounds as
+it takes for every arm to finish `--min-requests` requests (the cheap low levels run several), the arms taking
+turns round by round, each round on the next prompts. All arms share one loaded target (and draft); each round
+gets its own engine (cache, drafter, controller), freed after it, so memory holds one arm's cache at a time.
+The arms' order rotates from round to round and level to level, so slow drift of a noisy machine does not
+always hit the same arm.
+
+Steady state, the figure the targets read, is the stretch of a round after its first request finished and
+before the loop stops replacing them (the drain): the start-up burst, every prompt of the level prefilled at
+once with no token out yet, is a transient that continuous traffic never shows, and it grows with C.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from itertools import cycle
+from itertools import cycle, islice
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +87,7 @@ class SweepConfig:
     max_tokens: int = 64
     requests_per_level: int | None = None  # None: max(4, 2C)
     warmup: int = 1
+    min_requests: int = 1  # per arm and level: rounds of requests_per_level until at least this many
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1:
@@ -89,9 +96,15 @@ class SweepConfig:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.requests_per_level is not None and self.requests_per_level < 1:
             raise ConfigError(f"requests_per_level must be >= 1, got {self.requests_per_level}")
+        if self.min_requests < 1:
+            raise ConfigError(f"min_requests must be >= 1, got {self.min_requests}")
 
     def num_requests(self, c: int) -> int:
+        """Requests per round at level c."""
         return self.requests_per_level or max(4, 2 * c)
+
+    def rounds(self, c: int) -> int:
+        return -(-self.min_requests // self.num_requests(c))
 
 
 @dataclass
@@ -111,9 +124,28 @@ class LevelRun:
     accepted: int = 0
     forwards: int = 0
     trees: bool = False  # drafted tokens are tree nodes: the acceptance is per node
-    steady_tokens: int = 0  # tokens emitted by steps that began with all C requests in flight
+    steady_tokens: int = 0  # tokens emitted by steady steps: after the first finish, with all C in flight
     steady_seconds: float = 0.0  # wall time of those steps
     prompt_tokens: int = 0  # prompt tokens of the requests run (levels differ in prompts: see interleave)
+
+    def merge(self, other: LevelRun) -> LevelRun:
+        """Two rounds of one arm at one level as one run: counts add, traces join."""
+        for name in (
+            "seconds",
+            "tokens",
+            "requests",
+            "drafted",
+            "accepted",
+            "forwards",
+            "steady_tokens",
+            "steady_seconds",
+            "prompt_tokens",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("tpot_s", "step_s", "k_max", "k_mean", "k_chosen", "rows"):
+            getattr(self, name).extend(getattr(other, name))
+        self.trees |= other.trees
+        return self
 
     def summary(self) -> dict[str, float]:
         tpot = np.array(self.tpot_s) if self.tpot_s else np.array([float("nan")])
@@ -122,9 +154,9 @@ class LevelRun:
             "requests": self.requests,
             "tokens": self.tokens,
             "seconds": self.seconds,
-            # Steady state: the load the level names. The drain at the end (fewer than C left) is excluded here;
-            # it is in tokens_per_s_all. Continuous traffic has no drain, and a drain favours plain decoding,
-            # whose requests all finish on the same step.
+            # Steady state: the load the level names. The start-up burst and the drain at the end (fewer than C
+            # left) are excluded here; the drain is in tokens_per_s_all. Continuous traffic has neither, and a
+            # drain favours plain decoding, whose requests all finish on the same step.
             "tokens_per_s": self.steady_tokens / self.steady_seconds if self.steady_seconds else all_tps,
             "tokens_per_s_all": all_tps,
             "tpot_p50_ms": float(np.percentile(tpot, 50)) * 1e3,
@@ -202,9 +234,10 @@ def closed_loop(
     for _ in range(min(concurrency, num_requests)):
         submit()
     full = min(concurrency, num_requests)
+    replacing = False  # a request has finished and been replaced: the start-up burst is over
     while engine.has_work():
         before = engine.last_step
-        steady = len(engine.running) + len(engine.waiting) == full
+        steady = replacing and len(engine.running) + len(engine.waiting) == full
         s0 = time.perf_counter()
         updates = engine.step()
         now = time.perf_counter()
@@ -227,6 +260,7 @@ def closed_loop(
                 bar.update(1)
                 if len(seqs) < num_requests:
                     submit()
+                    replacing = True
     run.seconds = time.perf_counter() - t0
     for s in seqs:
         run.tokens += s.metrics.num_generated
@@ -251,18 +285,24 @@ def run_sweep(base, arms: list[ArmSpec], prompts: list[list[int]], cfg: SweepCon
     params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens)
     warm = SamplingParams(temperature=0.0, max_tokens=min(cfg.max_tokens, WARMUP_TOKENS))
     runs: dict[str, dict[int, LevelRun]] = {a.name: {} for a in arms}
-    total = sum(cfg.num_requests(c) for c in cfg.concurrency) * len(arms)
+    total = sum(cfg.num_requests(c) * cfg.rounds(c) for c in cfg.concurrency) * len(arms)
+    turn = 0
     with tqdm(total=total, desc="sweep", unit="req") as bar:
-        for i, c in enumerate(cfg.concurrency):
-            order = arms[i % len(arms) :] + arms[: i % len(arms)]
-            for arm in order:
-                bar.set_postfix_str(f"C={c} {arm.name}")
-                engine = build_engine(base, arm, c, max_len)
-                if cfg.warmup:
-                    closed_loop(engine, cycle(prompts), c, cfg.warmup, warm, _NullBar())
-                # Every arm sees the same prompts in the same order at a level.
-                runs[arm.name][c] = closed_loop(engine, cycle(prompts), c, cfg.num_requests(c), params, bar)
-                del engine  # frees its cache before the next arm allocates one
+        for c in cfg.concurrency:
+            n = cfg.num_requests(c)
+            for r in range(cfg.rounds(c)):
+                order = arms[turn % len(arms) :] + arms[: turn % len(arms)]
+                turn += 1
+                for arm in order:
+                    bar.set_postfix_str(f"C={c} {arm.name} round {r + 1}/{cfg.rounds(c)}")
+                    engine = build_engine(base, arm, c, max_len)
+                    if cfg.warmup:
+                        closed_loop(engine, cycle(prompts), c, cfg.warmup, warm, _NullBar())
+                    # Every arm sees the same prompts in the same order in a round; each round the next ones.
+                    todo = islice(cycle(prompts), r * n, None)
+                    run = closed_loop(engine, todo, c, n, params, bar)
+                    runs[arm.name][c] = runs[arm.name][c].merge(run) if r else run
+                    del engine  # frees its cache before the next arm allocates one
     return runs
 
 
@@ -313,14 +353,14 @@ def run_from_args(a: argparse.Namespace) -> None:
     if a.method == "none":
         raise ConfigError("the sweep compares speculation lengths: give a drafter with --method (ngram, draft, self)")
     arms = parse_arms(a.arms, a.num_speculative_tokens, DEFAULT_ARMS)
-    cfg = SweepConfig(a.concurrency, a.max_tokens, a.requests_per_level, a.warmup)
+    cfg = SweepConfig(a.concurrency, a.max_tokens, a.requests_per_level, a.warmup, a.min_requests)
     # The base LLM holds the weights for every arm's engine; its own engine gets one slot as it is not timed.
     # Its context is the model's whole (as in specbench) so that long RAG prompts fit; caches are sized later.
     k_max = max(arm.k for arm in arms)
     base = llm_from_args(a, num_speculative_tokens=k_max, max_num_seqs=1, max_model_len=a.max_model_len or 8192)
     prompt_ids, texts = encode_prompts(base, a)
     runs = run_sweep(base, arms, prompt_ids, cfg)
-    peer_texts = [texts[i % len(texts)] for i in range(cfg.num_requests(1))]  # the prompts C = 1 saw
+    peer_texts = [texts[i % len(texts)] for i in range(cfg.num_requests(1) * cfg.rounds(1))]  # the prompts C = 1 saw
     peers = run_peers(a, base, peer_texts, cfg) if a.peers and 1 in cfg.concurrency else {}
     meta = {
         **provenance(),

@@ -141,3 +141,34 @@ def test_levels_draw_prompts_from_every_category_alike():
     assert [p.category for p in out[:3]] == ["writing", "rag", "math"]
     assert [p.text for p in out if p.category == "writing"] == [f"writing{i}" for i in range(5)]  # file order kept
     assert [p.category for p in out[6:]] == ["writing", "math", "writing", "writing"]
+
+
+def test_steady_state_starts_after_the_first_request_finishes(swept):
+    """The start-up burst (every prompt of the level prefilled, no token out yet) is not steady state: at C = 1
+    the whole first request is left out, though one request was in flight all along."""
+    runs, _, _ = swept
+    run = runs["none"][1]
+    assert run.steady_tokens <= run.tokens - 2  # the first request made 2 tokens or more (tpot is defined)
+    assert run.steady_seconds < run.seconds
+
+
+def test_levels_run_in_rounds_the_arms_taking_turns(tiny_target, monkeypatch):
+    import specdecode.bench.sweep as sweep
+
+    built = []
+    real = sweep.build_engine
+
+    def recording(base, arm, num_seqs, max_len):
+        built.append(arm.name)
+        return real(base, arm, num_seqs, max_len)
+
+    monkeypatch.setattr(sweep, "build_engine", recording)
+    base = LLM(str(tiny_target), method="ngram", num_speculative_tokens=2, max_num_seqs=1, max_model_len=64)
+    arms = parse_arms(["none", "fixed:2"], k_max=2, defaults=())
+    cfg = SweepConfig([1], max_tokens=2, warmup=0, min_requests=10)
+    runs = run_sweep(base, arms, PROMPTS, cfg)
+    assert cfg.rounds(1) == 3
+    assert built == ["none", "fixed:2", "fixed:2", "none", "none", "fixed:2"]
+    # Three rounds of four requests, each round on the next prompts of the cycle: twelve in all, each prompt 4x.
+    assert runs["none"][1].requests == runs["fixed:2"][1].requests == 12
+    assert runs["none"][1].prompt_tokens == 4 * sum(len(p) for p in PROMPTS)
