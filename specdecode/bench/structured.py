@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specdecode import LLM, SamplingParams
-from specdecode.bench.specbench import _cpu_model
+from specdecode.hardware import cpu_model
 from specdecode.config import StructuredOutputs
 from specdecode.grammar import GrammarMatcher
 
@@ -256,7 +256,7 @@ def report(totals: dict[str, dict], a: argparse.Namespace) -> None:
     Console().print(table)
     out = {
         "command": "python -m specdecode.bench.structured " + " ".join(sys.argv[1:]),
-        "machine": f"{_cpu_model()} ({os.cpu_count()} cores)",
+        "machine": f"{cpu_model()} ({os.cpu_count()} cores)",
         "date": date.today().isoformat(),
         "method": a.method,
         "k": a.k,

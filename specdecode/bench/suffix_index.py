@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdecode.bench.specbench import _cpu_model
+from specdecode.hardware import cpu_model
 from specdecode.config import MAX_SPECULATIVE_TOKENS, SamplingParams, SpeculativeConfig
 from specdecode.drafters.suffix import Draft, OutputCache, SuffixDrafter
 from specdecode.drafters.suffix_index import SuffixArray, join_documents, load_corpus
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     index = SuffixArray(join_documents(rest), depth)
     result = {
         "command": "python -m specdecode.bench.suffix_index " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": f"{_cpu_model()} ({os.cpu_count()} cores, shared), one Python thread",
+        "machine": f"{cpu_model()} ({os.cpu_count()} cores, shared), one Python thread",
         "date": date.today().isoformat(),
         "build": build,
         "lookup": measure_lookups(index, held, a.k, a.seed) | {"held_out_responses": len(held), "k": a.k},
