@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.table import Table
 
 from specdecode import LLM, SamplingParams
-from specdecode.hardware import cpu_model
 from specdecode.config import StructuredOutputs
 from specdecode.grammar import GrammarMatcher
+from specdecode.hardware import cpu_model
 
 SCHEMAS = {
     "person": {
