@@ -19,4 +19,4 @@ def test_bench_module_imports(name):
 
 
 def test_every_module_is_listed():
-    assert {"suffix_index", "structured", "sweep", "cost"} <= set(MODULES)
+    assert {"suffix_index", "structured", "suffix_replay", "sweep", "cost"} <= set(MODULES)
