@@ -132,6 +132,7 @@ class SpeculativeConfig:
     suffix_max_depth: int = 24  # longest suffix of the request matched
     suffix_spec_factor: float = 1.0  # draft budget per matched token (then capped by K)
     suffix_min_prob: float = 0.1  # drafts whose empirical path probability falls below this are not proposed
+    suffix_request_spec_factor: float = 4.0  # the same, for a match in the request's own prompt and output
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -154,8 +155,9 @@ class SpeculativeConfig:
             raise ConfigError(f"suffix_cache_max_tokens must be >= 0 (0 = off), got {self.suffix_cache_max_tokens}")
         if self.suffix_max_depth < 1:
             raise ConfigError(f"suffix_max_depth must be >= 1, got {self.suffix_max_depth}")
-        if not self.suffix_spec_factor > 0:
-            raise ConfigError(f"suffix_spec_factor must be > 0, got {self.suffix_spec_factor}")
+        for name in ("suffix_spec_factor", "suffix_request_spec_factor"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0.0 <= self.suffix_min_prob < 1.0:
             raise ConfigError(f"suffix_min_prob must be in [0, 1), got {self.suffix_min_prob}")
 

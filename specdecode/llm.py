@@ -107,6 +107,7 @@ class LLM:
         suffix_max_depth: int = 24,
         suffix_spec_factor: float = 1.0,
         suffix_min_prob: float = 0.1,
+        suffix_request_spec_factor: float = 4.0,
         enforce_eager: bool | None = None,
         tensor_parallel_size: int = 1,
         share_target: LLM | None = None,
@@ -134,6 +135,7 @@ class LLM:
             suffix_max_depth,
             suffix_spec_factor,
             suffix_min_prob,
+            suffix_request_spec_factor,
         )
         if tensor_parallel_size > 1:
             enforce_eager = check_tensor_parallel(device, enforce_eager)

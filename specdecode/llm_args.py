@@ -41,6 +41,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="draft budget per matched token (capped by K)",
     )
     p.add_argument(
+        "--suffix-request-spec-factor",
+        type=float,
+        default=suffix.suffix_request_spec_factor,
+        help="draft budget per token of a match in the request's own prompt and output (capped by K)",
+    )
+    p.add_argument(
         "--suffix-min-prob",
         type=float,
         default=suffix.suffix_min_prob,
@@ -91,6 +97,7 @@ def suffix_args(a: argparse.Namespace) -> dict:
         suffix_max_depth=a.suffix_max_depth,
         suffix_spec_factor=a.suffix_spec_factor,
         suffix_min_prob=a.suffix_min_prob,
+        suffix_request_spec_factor=a.suffix_request_spec_factor,
     )
 
 

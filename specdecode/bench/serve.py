@@ -156,6 +156,7 @@ def model_flags(a: argparse.Namespace) -> list[str]:
     flags += ["--suffix-cache-max-tokens", str(a.suffix_cache_max_tokens)]
     flags += ["--suffix-max-depth", str(a.suffix_max_depth)]
     flags += ["--suffix-spec-factor", str(a.suffix_spec_factor), "--suffix-min-prob", str(a.suffix_min_prob)]
+    flags += ["--suffix-request-spec-factor", str(a.suffix_request_spec_factor)]
     for path in a.suffix_corpus or ():
         flags += ["--suffix-corpus", path]
     if a.draft:
