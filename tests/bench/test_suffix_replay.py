@@ -7,22 +7,14 @@ import pytest
 
 from specdecode.bench import suffix_replay
 from specdecode.bench.suffix_replay import Request, load_requests, replay
+from tests.drafters.test_suffix_index import write_corpus
 from tests.engine.test_suffix import GREEDY, PROMPTS, suffix_llm
 
 
 def write_eval(path, records: list[tuple[list[int], list[int]]], sampled: list[int]) -> str:
     """A token file as `distill generate` writes it: prompts, responses, which were sampled, their prompt lines."""
-    seqs = [p + r for p, r in records]
-    np.savez(
-        path,
-        tokens=np.array([t for s in seqs for t in s], dtype=np.uint16),
-        offsets=np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64),
-        prompt_len=np.array([len(p) for p, _ in records]),
-        response_len=np.array([len(r) for _, r in records]),
-        sampled=np.array(sampled, dtype=np.uint8),
-        prompt_index=np.arange(len(records)),
-    )
-    return str(path)
+    extra = {"sampled": np.array(sampled, dtype=np.uint8), "prompt_index": np.arange(len(records))}
+    return str(write_corpus(path, records, **extra))
 
 
 @pytest.fixture(scope="module")

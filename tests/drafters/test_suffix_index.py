@@ -88,8 +88,8 @@ def test_drafts_grow_best_first_within_budget():
     assert chain.tokens[0] == tree.tokens[0]  # both start with the most frequent continuation
 
 
-def write_corpus(path, records: list[tuple[list[int], list[int]]]):
-    """A token file in the distillation format: each record is a prompt and its response."""
+def write_corpus(path, records: list[tuple[list[int], list[int]]], **extra: np.ndarray):
+    """A token file in the distillation format: each record is a prompt and its response; `extra` arrays too."""
     seqs = [p + r for p, r in records]
     np.savez(
         path,
@@ -97,6 +97,7 @@ def write_corpus(path, records: list[tuple[list[int], list[int]]]):
         offsets=np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64),
         prompt_len=np.array([len(p) for p, _ in records]),
         response_len=np.array([len(r) for _, r in records]),
+        **extra,
     )
     return path
 
