@@ -180,6 +180,23 @@ def test_a_lookup_cost_per_row_is_not_charged_per_position(monkeypatch):
     assert not lookup_cost_is_cheap_after_short_steps()
 
 
+def slow_lookup_asks_for_everything() -> bool:
+    """A lookup that costs 2 ms per row whatever K (~10% of a step, as suffix's three histories can): does
+    choose still ask for K_max, leaving the width to truncate?"""
+    ctrl = GoodputController(cost=step_cost())
+    for k in [1, 2, 3, 8] * 10:
+        ctrl.cost.observe(1, k, 256, ctrl.cost.predict_verify(1, k, 256), 2e-3)
+    return ctrl.choose(make_seqs(1), K_MAX) == [K_MAX]
+
+
+def test_a_costly_lookup_is_still_asked_for_every_draft(monkeypatch):
+    """Only the cost of the extra positions counts. Control: the same propose times charged per position (a
+    draft model's shape) make K_max 16 ms dearer than K = 1, and choose caps it."""
+    assert slow_lookup_asks_for_everything()
+    monkeypatch.setattr(cost_module, "draft_features", lambda b, k: np.array([k, b * k, 0.0]))
+    assert not slow_lookup_asks_for_everything()
+
+
 def chain(conditional: list[float], sets_width: bool = True, sampled: bool = False):
     """A one-row chain of len(conditional) drafts with those per-draft confidences; sampled: q attached."""
     import torch
