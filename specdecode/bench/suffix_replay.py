@@ -82,11 +82,9 @@ def walk(drafter: SuffixDrafter, req: Request, name: str, k_max: int, max_tokens
         draft = drafter.draft(seq, max(k, 0))
         w.seconds += time.perf_counter() - t0
         emitted = accepted(draft, req.response[i:]) + 1
-        w.steps, w.tokens, w.drafted = (
-            w.steps + 1,
-            w.tokens + min(emitted, len(req.response) - i),
-            w.drafted + len(draft.tokens),
-        )
+        w.steps += 1
+        w.tokens += min(emitted, len(req.response) - i)
+        w.drafted += len(draft.tokens)
         i += emitted
         seq.token_ids = req.prompt + req.response[:i]
     seq.token_ids = req.prompt + req.response

@@ -106,6 +106,10 @@ class SweepConfig:
     def rounds(self, c: int) -> int:
         return -(-self.min_requests // self.num_requests(c))
 
+    def total_requests(self, c: int) -> int:
+        """Requests per arm at level c, over all its rounds."""
+        return self.num_requests(c) * self.rounds(c)
+
 
 @dataclass
 class LevelRun:
@@ -285,7 +289,7 @@ def run_sweep(base, arms: list[ArmSpec], prompts: list[list[int]], cfg: SweepCon
     params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens)
     warm = SamplingParams(temperature=0.0, max_tokens=min(cfg.max_tokens, WARMUP_TOKENS))
     runs: dict[str, dict[int, LevelRun]] = {a.name: {} for a in arms}
-    total = sum(cfg.num_requests(c) * cfg.rounds(c) for c in cfg.concurrency) * len(arms)
+    total = sum(cfg.total_requests(c) for c in cfg.concurrency) * len(arms)
     turn = 0
     with tqdm(total=total, desc="sweep", unit="req") as bar:
         for c in cfg.concurrency:
@@ -360,7 +364,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     base = llm_from_args(a, num_speculative_tokens=k_max, max_num_seqs=1, max_model_len=a.max_model_len or 8192)
     prompt_ids, texts = encode_prompts(base, a)
     runs = run_sweep(base, arms, prompt_ids, cfg)
-    peer_texts = [texts[i % len(texts)] for i in range(cfg.num_requests(1) * cfg.rounds(1))]  # the prompts C = 1 saw
+    peer_texts = [texts[i % len(texts)] for i in range(cfg.total_requests(1))]  # the prompts C = 1 saw
     peers = run_peers(a, base, peer_texts, cfg) if a.peers and 1 in cfg.concurrency else {}
     meta = {
         **provenance(),

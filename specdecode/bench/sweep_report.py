@@ -180,7 +180,7 @@ def report(
         **meta,
         "concurrency": levels,
         "max_tokens": cfg.max_tokens,
-        "requests_per_level": {c: cfg.num_requests(c) * cfg.rounds(c) for c in levels},
+        "requests_per_level": {c: cfg.total_requests(c) for c in levels},
         "rounds": {c: cfg.rounds(c) for c in levels},
         "arms": {a.name: {"controller": a.controller, "k": a.k} for a in arms},
         "results": figs,

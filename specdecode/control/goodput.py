@@ -106,7 +106,7 @@ class GoodputController:
         `goodput` ask the suffix drafter for K from its rows' acceptance histories (~2 drafts) once its
         lookups of three histories crossed 5% of a step, and its chains lost a quarter of their accepted
         tokens (τ 1.81 fixed against 1.68)."""
-        extra = self.cost.predict_draft(num_seqs, k_max) - self.cost.predict_draft(num_seqs, min(1, k_max))
+        extra = self.cost.predict_draft(num_seqs, k_max) - self.cost.predict_draft(num_seqs, 1)
         return extra < self.cheap_draft * self.cost.predict_verify(num_seqs, 0, context)
 
     def _with_hysteresis(self, gain: np.ndarray, k_max: int) -> int:

@@ -185,8 +185,16 @@ class SuffixDrafter:
         depth = spec.suffix_max_depth + MAX_SPECULATIVE_TOKENS  # a match, then the deepest draft below it
         corpus = corpus_index(spec.suffix_corpus, vocab_size, depth) if spec.suffix_corpus else None
         cache = OutputCache(spec.suffix_cache_max_tokens)
-        factors = (spec.suffix_spec_factor, spec.suffix_min_prob, device, spec.suffix_request_spec_factor)
-        return cls(corpus, cache, tree, spec.suffix_max_depth, *factors)
+        return cls(
+            corpus,
+            cache,
+            tree,
+            spec.suffix_max_depth,
+            spec.suffix_spec_factor,
+            spec.suffix_min_prob,
+            device,
+            request_spec_factor=spec.suffix_request_spec_factor,
+        )
 
     def add_sequence(self, seq: Sequence) -> None:
         self.requests[seq.request_id] = RequestHistory(seq.max_len)
@@ -198,8 +206,11 @@ class SuffixDrafter:
             return Draft()
         pattern = history[-self.max_depth :]
         own = TokenScan(history, len(history) - 1)  # an occurrence needs a continuation: not the suffix itself
-        sources = [(own, self.request_spec_factor), (self.cache.index(), self.spec_factor)]
-        sources.append((self.corpus, self.spec_factor))
+        sources = [
+            (own, self.request_spec_factor),
+            (self.cache.index(), self.spec_factor),
+            (self.corpus, self.spec_factor),
+        ]
         grown = []
         for ix, factor in sources:
             length, node = ix.match(pattern) if ix is not None else (0, None)
