@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from specdecode.control.cost import CostModel, load_or_default
+from specdecode.models.disk_cache import cache_root
 from specdecode.models.llama import AttentionMetadata, LlamaModel
-from specdecode.models.loader import cache_root
 
 # ~40 grid points x (1 warm-up + 3 timed) forwards: roughly 20-40 s for the 135M model on a few CPU cores.
 BATCH_SIZES = (1, 2, 4, 8)

@@ -34,8 +34,8 @@ from torch.export import Dim
 
 from specdecode.hardware import cpu_model
 from specdecode.models import attention, few_rows, llama
+from specdecode.models.disk_cache import build_once, cache_root, remove_least_recent
 from specdecode.models.llama import AttentionMetadata, LlamaModel
-from specdecode.models.loader import build_once, cache_root, remove_least_recent
 
 FORMAT = 1  # bump when what a package holds, or how it is called, changes
 BODY, HEAD = "body.pt2", "head.pt2"

@@ -20,12 +20,15 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from specdecode.models import few_rows
 from specdecode.models.ragged import pad_groups
 
 # In cached key positions read (one SDPA call's fixed cost is ~40 us on a small CPU, a position of a 3-head
 # 64-dim layer ~80 ns): a call of its own pays once its rows would read this many padded keys.
 CALL_KEYS = 512
 KEY_SLACK = CALL_KEYS  # rows whose attended lengths differ by more go to separate calls
+KERNEL_MAX_QUERIES = 32  # new tokens per row the few-queries kernel takes (a prefill chunk goes to SDPA)
+KERNEL_HEAD_DIMS = (16, 32, 64, 128)
 
 
 def attend_eager(
@@ -119,8 +122,28 @@ def _attend_group(
 
 
 def _sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q [n, heads, T, d], keys/values [n, kv_heads, L, d], mask [n, 1, T, L] -> [n, heads, T, d]."""
+    """q [n, heads, T, d], keys/values [n, kv_heads, L, d], mask [n, 1, T, L] -> [n, heads, T, d].
+
+    A decode or verify step on the CPU goes to the few-queries kernel (kernels/few_queries_attention.cpp: the
+    query heads that share a key head read each key once, and a query's result does not depend on T or the
+    rows beside it); anything else (prefill chunks, gradients, autocast, bf16, accelerators) to SDPA."""
+    if _kernel_serves(q, keys, values, mask):
+        return torch.ops.specdecode.few_queries_attention.default(q, keys, values, mask)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+
+def _kernel_serves(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> bool:
+    return (
+        q.device.type == "cpu"
+        and q.dtype == keys.dtype == mask.dtype == torch.float32
+        and q.shape[2] <= KERNEL_MAX_QUERIES
+        and q.shape[3] in KERNEL_HEAD_DIMS
+        and not (q.requires_grad or keys.requires_grad)
+        and not torch.is_autocast_enabled("cpu")  # under autocast SDPA runs in bf16, and so should attention
+        and q.stride(3) == keys.stride(3) == mask.stride(3) == 1
+        and keys.stride(2) == values.stride(2) == q.shape[3]
+        and few_rows.attention_usable()
+    )
 
 
 @torch.library.register_fake("specdecode::attend", lib=_LIB)

@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from specdecode.models import few_rows
 from specdecode.models.aot_package import INDUCTOR_SETTINGS, Body, Head, load_or_compile
+from specdecode.models.disk_cache import cache_root
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama
-from specdecode.models.loader import cache_root
 
 ENFORCE_EAGER_ENV = "SPECDECODE_ENFORCE_EAGER"  # "1": LLM and the commands default to the eager step
 # Dynamo's cache is per code object, so every compiled model in a process adds one entry to _Body.forward's

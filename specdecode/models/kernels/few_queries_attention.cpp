@@ -1,0 +1,206 @@
+// Attention of a few new queries per row over a row's cached keys, fp32, AVX-512: the decode and verify case.
+//
+// q [n, H, T, D], keys and values [n, G, L, D] (H = G * group), additive mask [n, 1, T, L]; any strides except
+// that a head's D values are contiguous and so are a key's. ATen's flash kernel on the CPU treats every query
+// head alone and multiplies [T, D] by [D, block] with a library GEMM; for T of 1-17 that is mostly overhead, and
+// each key is read once per query head. Here the group * T query rows that share a key head are one block:
+//
+// 1. The keys are cut into chunks of kChunk from key 0, the same cut whatever T, n or the thread count. A
+//    (row, key head, chunk) is one work item: its keys are transposed into [D, kChunk] on the stack, then every
+//    query row's kChunk scores are 4 registers of FMAs over d (a query value broadcast per FMA), plus the mask.
+// 2. Per query row: the chunk's max m, p = exp(s - m) (a polynomial; masked keys give exactly 0), l = sum p and
+//    acc[D] = sum_j p_j v_j (each value row read once for all the query rows).
+// 3. The chunks of a query row are merged in order: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
+//
+// A query row's result depends only on its own query, mask row and keys: not on T, on the other rows or on the
+// threads (the same summation order in all cases), so a verify's logits equal a one-token step's bit for bit.
+// A row that may attend to no key gets zeros.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+namespace {
+
+constexpr int kChunk = 64;      // keys per work item: 4 AVX-512 registers of scores per query row
+constexpr int kScoreRows = 6;   // query rows per score block: 6 x 4 accumulators
+constexpr float kFloor = -200.f;  // exp's input is clamped here: 2^-288 rounds to exactly 0
+
+// e^x for 16 lanes: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2; a degree-6 polynomial (~1 ulp); -inf gives 0.
+inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(kFloor));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), 0);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+struct Shape {
+    int64_t n, H, G, T, L, D;
+    int64_t qs[3];  // q strides: row, head, token (d contiguous)
+    int64_t ks[3];  // keys: row, head, key (d contiguous)
+    int64_t vs[3];  // values
+    int64_t ms[2];  // mask: row, token (key contiguous)
+    float scale;
+};
+
+// One (row b, key head g, chunk c) item: scores, exponentials and the partial sums of its R = group * T query
+// rows, written to part[R][D + 2] as (acc[D], m, l).
+template <int DV>  // D / 16
+void chunk(const Shape& s, const float* q, const float* k, const float* v, const float* mask, int64_t b, int64_t g,
+           int64_t c, float* part) {
+    constexpr int D = DV * 16;
+    const int64_t group = s.H / s.G, R = group * s.T, first = c * kChunk;
+    const int width = static_cast<int>(std::min<int64_t>(kChunk, s.L - first));
+    alignas(64) float kt[D][kChunk];  // the chunk's keys, transposed
+    const float* kb = k + b * s.ks[0] + g * s.ks[1] + first * s.ks[2];
+    for (int j = 0; j < kChunk; ++j)
+        for (int d = 0; d < D; ++d) kt[d][j] = j < width ? kb[j * s.ks[2] + d] : 0.f;
+    thread_local std::vector<float> scores;  // [R, kChunk]
+    if (scores.size() < static_cast<size_t>(R * kChunk)) scores.resize(R * kChunk);
+    auto qrow = [&](int64_t r) { return q + b * s.qs[0] + (g * group + r / s.T) * s.qs[1] + (r % s.T) * s.qs[2]; };
+    for (int64_t r0 = 0; r0 < R; r0 += kScoreRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kScoreRows, R - r0));
+        __m512 acc[kScoreRows][4];
+        const float* qr[kScoreRows];
+        for (int i = 0; i < rows; ++i) {
+            qr[i] = qrow(r0 + i);
+            for (int w = 0; w < 4; ++w) acc[i][w] = _mm512_setzero_ps();
+        }
+        for (int d = 0; d < D; ++d) {
+            __m512 kd[4];
+            for (int w = 0; w < 4; ++w) kd[w] = _mm512_load_ps(&kt[d][w * 16]);
+            for (int i = 0; i < rows; ++i) {
+                const __m512 x = _mm512_set1_ps(qr[i][d]);
+                for (int w = 0; w < 4; ++w) acc[i][w] = _mm512_fmadd_ps(x, kd[w], acc[i][w]);
+            }
+        }
+        for (int i = 0; i < rows; ++i) {
+            const int64_t r = r0 + i;
+            const float* mr = mask + b * s.ms[0] + (r % s.T) * s.ms[1] + first;
+            for (int w = 0; w < 4; ++w) {
+                const __mmask16 live = static_cast<__mmask16>(width - w * 16 >= 16 ? 0xFFFF : width - w * 16 <= 0 ? 0 : (1u << (width - w * 16)) - 1);
+                const __m512 m = _mm512_maskz_loadu_ps(live, mr + w * 16);
+                const __m512 sc = _mm512_fmadd_ps(acc[i][w], _mm512_set1_ps(s.scale), m);
+                _mm512_storeu_ps(&scores[r * kChunk + w * 16], _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sc));
+            }
+        }
+    }
+    // Per query row: max, exponentials in place, their sum.
+    for (int64_t r = 0; r < R; ++r) {
+        float* sr = &scores[r * kChunk];
+        __m512 mx = _mm512_loadu_ps(sr);
+        for (int w = 1; w < 4; ++w) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + w * 16));
+        const float m = _mm512_reduce_max_ps(mx);
+        float* pr = part + r * (D + 2);
+        pr[D] = m;
+        if (m == -INFINITY) {  // no key of this chunk is visible to the row
+            for (int w = 0; w < 4; ++w) _mm512_storeu_ps(sr + w * 16, _mm512_setzero_ps());
+            pr[D + 1] = 0.f;
+            continue;
+        }
+        __m512 sum = _mm512_setzero_ps();
+        for (int w = 0; w < 4; ++w) {
+            const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + w * 16), _mm512_set1_ps(m)));
+            _mm512_storeu_ps(sr + w * 16, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        pr[D + 1] = _mm512_reduce_add_ps(sum);
+    }
+    // acc[r] = sum_j p[r, j] v[j]: each value row loaded once per block of query rows.
+    constexpr int kValueRows = 24 / DV;
+    const float* vb = v + b * s.vs[0] + g * s.vs[1] + first * s.vs[2];
+    for (int64_t r0 = 0; r0 < R; r0 += kValueRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kValueRows, R - r0));
+        __m512 acc[kValueRows][DV];
+        for (int i = 0; i < rows; ++i)
+            for (int w = 0; w < DV; ++w) acc[i][w] = _mm512_setzero_ps();
+        for (int j = 0; j < width; ++j) {
+            __m512 vj[DV];
+            for (int w = 0; w < DV; ++w) vj[w] = _mm512_loadu_ps(vb + j * s.vs[2] + w * 16);
+            for (int i = 0; i < rows; ++i) {
+                const __m512 p = _mm512_set1_ps(scores[(r0 + i) * kChunk + j]);
+                for (int w = 0; w < DV; ++w) acc[i][w] = _mm512_fmadd_ps(p, vj[w], acc[i][w]);
+            }
+        }
+        for (int i = 0; i < rows; ++i)
+            for (int w = 0; w < DV; ++w) _mm512_storeu_ps(part + (r0 + i) * (D + 2) + w * 16, acc[i][w]);
+    }
+}
+
+// Merge a query row's chunks in order into out (D values).
+void merge(const float* parts, int64_t chunks, int64_t stride, int64_t D, float* out) {
+    float top = -INFINITY;
+    for (int64_t c = 0; c < chunks; ++c) top = std::max(top, parts[c * stride + D]);
+    std::fill(out, out + D, 0.f);
+    if (top == -INFINITY) return;
+    float total = 0.f;
+    for (int64_t c = 0; c < chunks; ++c) {
+        const float* pc = parts + c * stride;
+        if (pc[D] == -INFINITY) continue;
+        const float w = std::exp(pc[D] - top);
+        total += w * pc[D + 1];
+        for (int64_t d = 0; d < D; ++d) out[d] += w * pc[d];
+    }
+    const float inv = 1.f / total;
+    for (int64_t d = 0; d < D; ++d) out[d] *= inv;
+}
+
+template <int DV>
+void run(const Shape& s, const float* q, const float* k, const float* v, const float* mask, float* out) {
+    constexpr int D = DV * 16;
+    const int64_t group = s.H / s.G, R = group * s.T, chunks = (s.L + kChunk - 1) / kChunk;
+    const int64_t stride = D + 2, items = s.n * s.G * chunks;
+    const std::unique_ptr<float[]> parts(new float[items * R * stride]);  // [n, G, chunks, R, D + 2]
+#pragma omp parallel for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+        const int64_t b = it / (s.G * chunks), g = (it / chunks) % s.G, c = it % chunks;
+        chunk<DV>(s, q, k, v, mask, b, g, c, &parts[it * R * stride]);
+    }
+    // out [n, T, H, D] contiguous; parts of (b, g) hold R rows per chunk.
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < s.n * s.G * R; ++row) {
+        const int64_t b = row / (s.G * R), g = (row / R) % s.G, r = row % R;
+        const int64_t h = g * group + r / s.T, t = r % s.T;
+        const float* first = &parts[((b * s.G + g) * chunks) * R * stride + r * stride];
+        merge(first, chunks, R * stride, D, out + ((b * s.T + t) * s.H + h) * D);
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Returns false (and writes nothing) for a head size it has no kernel for (D of 16, 32, 64 or 128 only).
+bool few_queries_attention(const float* q, const float* k, const float* v, const float* mask, float* out,
+                           const int64_t* sizes,    // n, H, G, T, L, D
+                           const int64_t* strides,  // q (3), keys (3), values (3), mask (2)
+                           float scale) {
+    Shape s{sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], {}, {}, {}, {}, scale};
+    std::copy(strides, strides + 3, s.qs);
+    std::copy(strides + 3, strides + 6, s.ks);
+    std::copy(strides + 6, strides + 9, s.vs);
+    std::copy(strides + 9, strides + 11, s.ms);
+    switch (s.D) {
+        case 16: run<1>(s, q, k, v, mask, out); break;
+        case 32: run<2>(s, q, k, v, mask, out); break;
+        case 64: run<4>(s, q, k, v, mask, out); break;
+        case 128: run<8>(s, q, k, v, mask, out); break;
+        default: return false;
+    }
+    return true;
+}
+
+}
