@@ -11,6 +11,13 @@ of the cache, over the slots from its lowest to its highest (rows by slot; a fin
 the next one, so a batch's slots are usually one block in some order), or row by row when its slots are
 scattered, so the caches are never gathered into a copy. On an accelerator the rows are gathered instead:
 reading the slots on the host would be a sync per layer.
+
+A decode or verify step on an AVX-512 CPU (fp32, up to KERNEL_MAX_QUERIES new tokens a row, outside autograd
+and autocast) skips all of that: one C++ op (kernels/attention_op.cpp) writes the new K/V and attends each row
+over its own slot up to its own last token with the few-queries kernel (kernels/few_queries_attention.cpp:
+the query heads that share a key head read each key once, and a query's result does not depend on T or on
+the rows beside it). Python's share of a layer was ~100 us of ~135 (cache writes by advanced indexing, the
+rows' lengths read to the host, grouping) at one token.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ def attend_eager(
     The op mutates the whole cache, a graph input, rather than a view of it: a compiled graph then writes in
     place (a mutated view of an input came back as a copy, and the writes were lost).
     """
+    if _kernel_serves(q, k, v, cache_k, mask):  # the cache write and attention in one C++ op
+        return torch.ops.specdecode.few_queries_attend.default(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask)
     b, t = q.shape[:2]
     k_cache, v_cache = cache_k[layer], cache_v[layer]  # [slots, kv_heads, len + 1, head_dim] each
     # Advanced indices split by a slice put [num_seqs, T] first: the target is [num_seqs, T, kv_heads, dim].
@@ -122,26 +131,20 @@ def _attend_group(
 
 
 def _sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q [n, heads, T, d], keys/values [n, kv_heads, L, d], mask [n, 1, T, L] -> [n, heads, T, d].
-
-    A decode or verify step on the CPU goes to the few-queries kernel (kernels/few_queries_attention.cpp: the
-    query heads that share a key head read each key once, and a query's result does not depend on T or the
-    rows beside it); anything else (prefill chunks, gradients, autocast, bf16, accelerators) to SDPA."""
-    if _kernel_serves(q, keys, values, mask):
-        return torch.ops.specdecode.few_queries_attention.default(q, keys, values, mask)
+    """q [n, heads, T, d], keys/values [n, kv_heads, L, d], mask [n, 1, T, L] -> [n, heads, T, d]."""
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
 
-def _kernel_serves(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> bool:
+def _kernel_serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether the few-queries op takes this call: q [n, T, heads, d] of a decode or verify step on the CPU."""
     return (
         q.device.type == "cpu"
-        and q.dtype == keys.dtype == mask.dtype == torch.float32
-        and q.shape[2] <= KERNEL_MAX_QUERIES
+        and q.dtype == k.dtype == v.dtype == cache.dtype == mask.dtype == torch.float32
+        and q.shape[1] <= KERNEL_MAX_QUERIES
         and q.shape[3] in KERNEL_HEAD_DIMS
-        and not (q.requires_grad or keys.requires_grad)
+        and not (q.requires_grad or k.requires_grad or v.requires_grad)
         and not torch.is_autocast_enabled("cpu")  # under autocast SDPA runs in bf16, and so should attention
-        and q.stride(3) == keys.stride(3) == mask.stride(3) == 1
-        and keys.stride(2) == values.stride(2) == q.shape[3]
+        and q.stride(3) == k.stride(3) == v.stride(3) == mask.stride(3) == 1
         and few_rows.attention_usable()
     )
 

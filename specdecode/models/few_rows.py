@@ -90,16 +90,10 @@ def _load(path: Path) -> None:
     if not hasattr(torch.ops.specdecode, "few_rows_linear"):
         raise KernelBuildError(f"{path} does not define specdecode::few_rows_linear")
     torch.library.register_fake("specdecode::few_rows_linear", _fake_few_rows_linear)
-    torch.library.register_fake("specdecode::few_queries_attention", _fake_few_queries_attention)
 
 
 def _fake_few_rows_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], packed.shape[0] * PANEL)
-
-
-def _fake_few_queries_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor):
-    n, heads, t, d = q.shape
-    return q.new_empty(n, t, heads, d).transpose(1, 2)  # [n, heads, T, d], laid out [n, T, heads, d]
 
 
 @functools.cache
@@ -116,8 +110,9 @@ def _usable() -> bool:
 
 @functools.cache
 def attention_usable() -> bool:
-    """Whether the few-queries attention kernel (kernels/few_queries_attention.cpp) serves here: the library
-    builds and $SPECDECODE_FEW_QUERIES_ATTENTION is not "0"."""
+    """Whether the few-queries attention op (kernels/attention_op.cpp) serves here: the library builds and
+    $SPECDECODE_FEW_QUERIES_ATTENTION is not "0". It runs inside the opaque attention op (models/attention.py),
+    so no graph traces it and it needs no fake."""
     return os.environ.get(ATTENTION_ENV) != "0" and _usable()
 
 

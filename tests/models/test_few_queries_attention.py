@@ -1,129 +1,152 @@
-"""The few-queries attention kernel (kernels/few_queries_attention.cpp): it computes what SDPA computes on the
-cache views and masks the engine hands it, a query's result does not depend on T or the rows beside it, and
-the attention op sends it only the calls it serves."""
+"""The few-queries attention op (kernels/attention_op.cpp, kernels/few_queries_attention.cpp): it writes the new
+K/V where the metadata says and computes what attention written out by hand computes (and what the SDPA path
+computes on tree masks over many key chunks), a query's result does not depend on T or the rows beside it,
+and the attention op sends it only the calls it serves."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from specdecode.models import attention, few_rows
+from specdecode.models.llama import AttentionMetadata
+from tests.models import test_attention as written_out
 
 needs_kernel = pytest.mark.skipif(
     not few_rows.available(torch.device("cpu"), torch.float32), reason="no AVX-512 or no C++ compiler here"
 )
-CACHE_LEN = 400  # positions per slot of the test cache (+1 scratch)
+LAYERS, SLOTS, KV_HEADS, HEADS, DIM, MAX_LEN = 2, 6, 3, 9, 64, 400  # SmolLM2's heads
 
 
-def _kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.ops.specdecode.few_queries_attention.default(q, keys, values, mask)
+@pytest.fixture
+def sdpa_path(monkeypatch):
+    """Attention as it is without the kernel: the Python cache writes and SDPA."""
+    monkeypatch.setattr(few_rows, "attention_usable", lambda: False)
 
 
-def _sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+def _inputs(gen, slots, starts, num_new, tree: bool):
+    b, t = len(slots), max(num_new)
+    cache_k = torch.randn(LAYERS, SLOTS, KV_HEADS, MAX_LEN + 1, DIM, generator=gen)
+    cache_v = torch.randn(LAYERS, SLOTS, KV_HEADS, MAX_LEN + 1, DIM, generator=gen)
+    q = torch.randn(b, t, HEADS, DIM, generator=gen)
+    k, v = torch.randn(b, t, KV_HEADS, DIM, generator=gen), torch.randn(b, t, KV_HEADS, DIM, generator=gen)
+    tree_mask = None
+    if tree:  # each new token sees itself and a random set of the earlier new ones
+        tree_mask = (torch.rand(b, t, t, generator=gen) < 0.5).tril(-1) | torch.eye(t, dtype=torch.bool)
+    meta = AttentionMetadata.build(slots, starts, t, "cpu", tree_mask=tree_mask, num_new=num_new, max_len=MAX_LEN)
+    return q, k, v, cache_k, cache_v, meta, meta.additive_mask(t, torch.float32)
 
 
-def _case(gen: torch.Generator, rows: int, heads: int, kv_heads: int, t: int, length: int, d: int):
-    """q [rows, heads, T, d] (a transposed view, as attention.py passes it), keys/values [rows, kv_heads,
-    length, d] (views of a [slots, kv_heads, CACHE_LEN + 1, d] cache), an additive mask [rows, 1, T, length]:
-    causal over each row's own attended length, a random tree among the new tokens, one row shorter."""
-    q = torch.randn(rows, t, heads, d, generator=gen).transpose(1, 2)
-    cache_k = torch.randn(rows + 1, kv_heads, CACHE_LEN + 1, d, generator=gen)
-    cache_v = torch.randn(rows + 1, kv_heads, CACHE_LEN + 1, d, generator=gen)
-    ends = [length] + [max(t, length - 7 * i) for i in range(1, rows)]  # each row's attended length
-    visible = torch.zeros(rows, t, length, dtype=torch.bool)
-    for r, end in enumerate(ends):
-        start = end - t
-        visible[r, :, :start] = True
-        tree = torch.rand(t, t, generator=gen) < 0.5
-        visible[r, :, start:end] = torch.tril(tree, -1) | torch.eye(t, dtype=torch.bool)
-    mask = torch.zeros(rows, 1, t, length).masked_fill_(~visible[:, None], float("-inf"))
-    return q, cache_k[1:, :, :length], cache_v[1:, :, :length], mask
+def _attend(q, k, v, cache_k, cache_v, meta, mask) -> torch.Tensor:
+    return attention.attend(q, k, v, cache_k, cache_v, 1, meta.slots, meta.write_pos, mask)
 
 
-SHAPES = [  # rows, heads, kv_heads, T, attended length, head dim
-    (1, 9, 3, 1, 1, 64),
-    (1, 9, 3, 1, 257, 64),
-    (1, 9, 3, 9, 300, 64),
-    (2, 9, 3, 17, 129, 64),
-    (3, 4, 2, 5, 64, 16),
-    (2, 8, 8, 3, 65, 32),
-    (2, 8, 2, 9, 200, 128),
-    (1, 9, 3, 32, 63, 64),
-]
+# Rows in scattered slots, ragged (padding writes to the scratch column), attended lengths across 64-key chunks.
+CASES = {
+    "one_token": ([4], [299], [1]),
+    "verify": ([2], [290], [9]),
+    "ragged_batch": ([5, 0, 3], [63, 0, 200], [9, 3, 17]),
+    "chunk_edges": ([1, 2, 3, 4], [55, 56, 127, 128], [9, 9, 1, 1]),
+}
 
 
-def _max_error(transform=lambda keys: keys) -> float:
-    """Worst |kernel - SDPA| over SHAPES, the kernel reading `transform(keys)`."""
+def _max_error_against_written_out(case: str, slot_shift: int = 0) -> float:
+    """|op - attention written out by hand| over real tokens, and the caches must match; `slot_shift` hands the
+    op each row's neighbour's slot (the fault a negative control injects)."""
+    slots, starts, num_new = CASES[case]
     gen = torch.Generator().manual_seed(0)
-    worst = 0.0
-    for shape in SHAPES:
-        q, keys, values, mask = _case(gen, *shape)
-        want = _sdpa(q, keys, values, mask)
-        worst = max(worst, (_kernel(q, transform(keys), values, mask) - want).abs().max().item())
-    return worst
+    q, k, v, cache_k, cache_v, meta, mask = _inputs(gen, slots, starts, num_new, tree=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(written_out, "HEADS", HEADS)
+        patch.setattr(written_out, "KV_HEADS", KV_HEADS)
+        patch.setattr(written_out, "DIM", DIM)
+        out_ref, ref_k, ref_v = written_out.reference(q, k, v, cache_k, cache_v, 1, slots, starts, num_new)
+    meta.slots = meta.slots.roll(slot_shift)
+    out = _attend(q, k, v, cache_k, cache_v, meta, mask)
+    if slot_shift == 0:
+        assert torch.equal(cache_k[..., :MAX_LEN, :], ref_k[..., :MAX_LEN, :])  # the scratch column aside
+        assert torch.equal(cache_v[..., :MAX_LEN, :], ref_v[..., :MAX_LEN, :])
+    real = meta.write_pos >= 0  # [num_seqs, T]
+    return (out - out_ref.float())[real].abs().max().item()
 
 
 @needs_kernel
-def test_kernel_equals_sdpa_on_cache_views_and_tree_masks():
-    assert _max_error() < 1e-5  # fp32 rounding; outputs are O(1)
+@pytest.mark.parametrize("case", CASES)
+def test_op_equals_attention_written_out(case):
+    assert _max_error_against_written_out(case) < 1e-5
 
 
 @needs_kernel
-def test_control_keys_one_position_off_are_caught():
-    """Negative control: the kernel reading each row's keys shifted by one position fails the same check."""
-    assert _max_error(lambda keys: torch.roll(keys, 1, dims=2)) > 0.1
+def test_control_rows_reading_their_neighbours_slots_are_caught():
+    """Negative control: the same check with each row handed its neighbour's slot."""
+    assert _max_error_against_written_out("ragged_batch", slot_shift=1) > 0.1
 
 
-def _row_alone_and_in_a_verify(attend) -> tuple[torch.Tensor, torch.Tensor]:
-    """Query 4 of a 9-token causal verify at context 300, and the same query as a one-token step."""
-    gen = torch.Generator().manual_seed(1)
-    q, keys, values, _ = _case(gen, 1, 9, 3, 9, 300, 64)
-    mask = torch.zeros(1, 1, 9, 300)
-    mask[..., 291:] = torch.triu(torch.full((9, 9), float("-inf")), 1)
-    verify = attend(q, keys, values, mask)[:, :, 4:5]
-    alone = attend(q[:, :, 4:5], keys[:, :, :296], values[:, :, :296], torch.zeros(1, 1, 1, 296))
-    return verify, alone
+def _tree_outputs(gen) -> tuple[torch.Tensor, tuple]:
+    q, k, v, cache_k, cache_v, meta, mask = _inputs(gen, [5, 0, 3], [63, 0, 300], [9, 5, 17], tree=True)
+    return _attend(q, k, v, cache_k, cache_v, meta, mask), (meta.write_pos >= 0, cache_k, cache_v)
+
+
+@needs_kernel
+def test_tree_masks_give_what_the_sdpa_path_gives(monkeypatch):
+    out, (real, cache_k, cache_v) = _tree_outputs(torch.Generator().manual_seed(1))
+    monkeypatch.setattr(few_rows, "attention_usable", lambda: False)
+    want, (_, want_k, want_v) = _tree_outputs(torch.Generator().manual_seed(1))
+    assert (out - want)[real].abs().max() < 1e-5
+    assert torch.equal(cache_k[..., :MAX_LEN, :], want_k[..., :MAX_LEN, :])
+    assert torch.equal(cache_v[..., :MAX_LEN, :], want_v[..., :MAX_LEN, :])
+
+
+def _query_in_a_verify_and_alone() -> tuple[torch.Tensor, torch.Tensor]:
+    """New token 4 of a 9-token verify at context 290, and the same token as a one-token step after 4."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, cache_k, cache_v, meta, mask = _inputs(gen, [2], [290], [9], tree=False)
+    verify = _attend(q, k, v, cache_k, cache_v, meta, mask)[:, 4]
+    one = AttentionMetadata.build([2], [294], 1, "cpu", max_len=MAX_LEN)
+    alone = _attend(q[:, 4:5], k[:, 4:5], v[:, 4:5], cache_k, cache_v, one, one.additive_mask(1, torch.float32))
+    return verify, alone[:, 0]
 
 
 @needs_kernel
 def test_a_query_does_not_depend_on_the_tokens_beside_it():
-    verify, alone = _row_alone_and_in_a_verify(_kernel)
+    verify, alone = _query_in_a_verify_and_alone()
     assert torch.equal(verify, alone)
 
 
 @needs_kernel
-def test_control_sdpa_is_caught_depending_on_them():
-    """Negative control: SDPA, which the kernel replaces, fails the same bitwise check on the same query."""
-    verify, alone = _row_alone_and_in_a_verify(_sdpa)
+def test_control_the_sdpa_path_is_caught_depending_on_them(sdpa_path):
+    """Negative control: the path the op replaces fails the same bitwise check on the same query."""
+    verify, alone = _query_in_a_verify_and_alone()
     assert not torch.equal(verify, alone)
 
 
 @needs_kernel
-def test_a_row_that_sees_no_key_gets_zeros():
-    q, keys, values = torch.randn(1, 9, 2, 64), torch.randn(1, 3, 70, 64), torch.randn(1, 3, 70, 64)
-    mask = torch.zeros(1, 1, 2, 70)
-    mask[0, 0, 1] = float("-inf")
-    out = _kernel(q, keys, values, mask)
-    assert torch.equal(out[:, :, 1], torch.zeros(1, 9, 64))
-    assert torch.allclose(out[:, :, 0], _sdpa(q[:, :, :1], keys, values, mask[:, :, :1])[:, :, 0], atol=1e-5)
-
-
-@needs_kernel
 def test_an_unsupported_head_size_is_refused():
-    q, keys = torch.randn(1, 2, 1, 48), torch.randn(1, 2, 10, 48)
+    q, kv = torch.randn(1, 1, 2, 48), torch.randn(1, 1, 2, 48)
+    cache = torch.zeros(1, 1, 2, 11, 48)
     with pytest.raises(RuntimeError, match="head size 48"):
-        _kernel(q, keys, keys, torch.zeros(1, 1, 1, 10))
+        torch.ops.specdecode.few_queries_attend.default(
+            q,
+            kv,
+            kv,
+            cache,
+            cache.clone(),
+            0,
+            torch.zeros(1, dtype=torch.long),
+            torch.zeros(1, 1, dtype=torch.long),
+            torch.zeros(1, 1, 1, 1),
+        )
 
 
 @needs_kernel
 def test_the_op_sends_the_kernel_decode_and_verify_steps_only():
-    q, keys, mask = torch.randn(1, 9, 9, 64), torch.randn(1, 3, 300, 64), torch.zeros(1, 1, 9, 300)
-    assert attention._kernel_serves(q, keys, keys, mask)
-    prefill = torch.randn(1, 9, attention.KERNEL_MAX_QUERIES + 1, 64)
-    assert not attention._kernel_serves(prefill, keys, keys, torch.zeros(1, 1, prefill.shape[2], 300))
-    assert not attention._kernel_serves(q.requires_grad_(), keys, keys, mask)  # training keeps SDPA's autograd
-    assert not attention._kernel_serves(q.detach().bfloat16(), keys.bfloat16(), keys.bfloat16(), mask.bfloat16())
+    cache, mask = torch.zeros(1, 1, 3, 301, 64), torch.zeros(1, 1, 9, 300)
+    q, kv = torch.randn(1, 9, 9, 64), torch.randn(1, 9, 3, 64)
+    assert attention._kernel_serves(q, kv, kv, cache, mask)
+    prefill, kv_prefill = torch.randn(1, 33, 9, 64), torch.randn(1, 33, 3, 64)
+    assert not attention._kernel_serves(prefill, kv_prefill, kv_prefill, cache, torch.zeros(1, 1, 33, 300))
+    assert not attention._kernel_serves(q.requires_grad_(), kv, kv, cache, mask)  # training keeps SDPA's autograd
+    half = [t.detach().bfloat16() for t in (q, kv, kv, cache, mask)]
+    assert not attention._kernel_serves(*half)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # a teacher under the student's autocast (train/test_bf16.py)
-        assert not attention._kernel_serves(q.detach(), keys, keys, mask)
+        assert not attention._kernel_serves(q.detach(), kv, kv, cache, mask)

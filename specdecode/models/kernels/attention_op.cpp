@@ -1,51 +1,98 @@
-// specdecode::few_queries_attention(q [n, H, T, D], keys [n, G, L, D], values [n, G, L, D], mask [n, 1, T, L])
-// -> [n, H, T, D]: the few-queries attention kernel as a torch op (models/attention.py calls it; models/few_rows.py
-// builds it into the same library and registers its fake for tracing).
+// specdecode::few_queries_attend: one layer's attention for a decode or verify step on the CPU, as a torch op
+// (models/attention.py calls it in place of writing the cache and calling SDPA from Python; models/few_rows.py
+// builds it into the same library). It writes the new K/V into the cache, then attends each row over its own
+// slot's keys up to its last new token, reading nothing past it and copying nothing.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 extern "C" bool few_queries_attention(const float* q, const float* k, const float* v, const float* mask, float* out,
-                                      const int64_t* sizes, const int64_t* strides, float scale);
+                                      const int64_t* sizes, const int64_t* q_strides, const int64_t* kv_strides,
+                                      const int64_t* mask_strides, const int64_t* start, const int64_t* len,
+                                      float scale);
 
 namespace {
 
-void check_rows(const at::Tensor& t, const char* name) {
-    TORCH_CHECK(t.dim() == 4 && t.scalar_type() == at::kFloat && t.device().is_cpu(), name, " must be 4-d fp32 on the CPU");
-    TORCH_CHECK(t.stride(3) == 1, name, "'s last dimension must be contiguous");
+void check_float(const at::Tensor& t, int64_t dim, const char* name) {
+    TORCH_CHECK(t.dim() == dim && t.scalar_type() == at::kFloat && t.device().is_cpu(), name, " must be ", dim,
+                "-d fp32 on the CPU");
+    TORCH_CHECK(t.stride(dim - 1) == 1, name, "'s last dimension must be contiguous");
 }
 
-at::Tensor few_queries_attention_op(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                                    const at::Tensor& mask) {
-    check_rows(q, "q");
-    check_rows(keys, "keys");
-    check_rows(values, "values");
-    check_rows(mask, "mask");
-    const int64_t n = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), G = keys.size(1), L = keys.size(2);
-    TORCH_CHECK(keys.sizes() == values.sizes() && keys.size(0) == n && keys.size(3) == D, "keys/values do not match q");
+// Write new[b, t] (each [G, D]) into cache[layer, slots[b], :, pos] with pos = write_pos[b, t] (-1: the last
+// column, the scratch a padding token writes to).
+void write_new(const at::Tensor& fresh, const at::Tensor& cache, int64_t layer, const int64_t* slots,
+               const int64_t* write_pos) {
+    const int64_t n = fresh.size(0), T = fresh.size(1), G = fresh.size(2), D = fresh.size(3), cols = cache.size(3);
+    const float* src = fresh.data_ptr<float>();
+    float* dst = cache.data_ptr<float>();
+    for (int64_t b = 0; b < n; ++b)
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t pos = write_pos[b * T + t] < 0 ? cols + write_pos[b * T + t] : write_pos[b * T + t];
+            TORCH_CHECK(pos >= 0 && pos < cols, "write position ", write_pos[b * T + t], " is outside the cache");
+            for (int64_t g = 0; g < G; ++g)
+                std::memcpy(dst + layer * cache.stride(0) + slots[b] * cache.stride(1) + g * cache.stride(2) +
+                                pos * cache.stride(3),
+                            src + b * fresh.stride(0) + t * fresh.stride(1) + g * fresh.stride(2), D * sizeof(float));
+        }
+}
+
+at::Tensor few_queries_attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& cache_k,
+                              at::Tensor& cache_v, int64_t layer, const at::Tensor& slots, const at::Tensor& write_pos,
+                              const at::Tensor& mask) {
+    check_float(q, 4, "q");  // [n, T, H, D]
+    check_float(k, 4, "k");  // [n, T, G, D]
+    check_float(v, 4, "v");
+    check_float(cache_k, 5, "cache_k");  // [layers, slots, G, len + 1, D]
+    check_float(cache_v, 5, "cache_v");
+    check_float(mask, 4, "mask");  // [n, 1, T, kv_len]
+    const int64_t n = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), G = k.size(2);
+    TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == n && k.size(1) == T && k.size(3) == D, "k/v do not match q");
     TORCH_CHECK(H % G == 0, "query heads ", H, " are not a multiple of key heads ", G);
-    TORCH_CHECK(keys.stride(2) == D && values.stride(2) == D, "a key's and a value's D values must be one block");
-    TORCH_CHECK(mask.size(0) == n && mask.size(1) == 1 && mask.size(2) == T && mask.size(3) == L, "mask must be [n, 1, T, L]");
-    at::Tensor out = at::empty({n, T, H, D}, q.options());  // [n, T, H, D]: the attention op's own layout
-    const int64_t sizes[] = {n, H, G, T, L, D};
-    const int64_t strides[] = {q.stride(0),      q.stride(1),      q.stride(2),      keys.stride(0),
-                               keys.stride(1),   keys.stride(2),   values.stride(0), values.stride(1),
-                               values.stride(2), mask.stride(0),   mask.stride(2)};
-    if (n > 0 && T > 0) {
-        const bool done = few_queries_attention(q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(),
-                                                mask.data_ptr<float>(), out.data_ptr<float>(), sizes, strides,
-                                                1.f / std::sqrt(static_cast<float>(D)));
-        TORCH_CHECK(done, "few_queries_attention has no kernel for head size ", D);
+    TORCH_CHECK(cache_k.sizes() == cache_v.sizes() && cache_k.strides() == cache_v.strides() &&
+                    cache_k.size(2) == G && cache_k.size(4) == D && cache_k.stride(3) == D,
+                "the caches must be [layers, slots, ", G, ", len + 1, ", D, "] with each position's values together");
+    TORCH_CHECK(mask.size(0) == n && mask.size(1) == 1 && mask.size(2) == T, "mask must be [n, 1, T, kv_len]");
+    TORCH_CHECK(slots.scalar_type() == at::kLong && write_pos.scalar_type() == at::kLong, "slots/write_pos are int64");
+    const at::Tensor slot = slots.contiguous(), pos = write_pos.contiguous();  // [n], [n, T]
+    TORCH_CHECK(slot.numel() == n && pos.numel() == n * T, "slots must be [n] and write_pos [n, T]");
+    const int64_t* slot_of = slot.data_ptr<int64_t>();
+    const int64_t* pos_of = pos.data_ptr<int64_t>();
+    write_new(k, cache_k, layer, slot_of, pos_of);
+    write_new(v, cache_v, layer, slot_of, pos_of);
+    std::vector<int64_t> start(n), len(n);  // each row's slot, and its attended length: its last real write + 1
+    for (int64_t b = 0; b < n; ++b) {
+        TORCH_CHECK(slot_of[b] >= 0 && slot_of[b] < cache_k.size(1), "slot ", slot_of[b], " is outside the cache");
+        start[b] = layer * cache_k.stride(0) + slot_of[b] * cache_k.stride(1);
+        len[b] = *std::max_element(pos_of + b * T, pos_of + (b + 1) * T) + 1;
+        TORCH_CHECK(len[b] <= mask.size(3), "row ", b, " attends ", len[b], " keys, its mask covers ", mask.size(3));
     }
-    return out.transpose(1, 2);  // [n, H, T, D]
+    at::Tensor out = at::empty({n, T, H, D}, q.options());
+    const int64_t sizes[] = {n, H, G, T, D};
+    const int64_t q_strides[] = {q.stride(0), q.stride(2), q.stride(1)};  // row, head, token
+    const int64_t kv_strides[] = {cache_k.stride(2), cache_k.stride(3)};  // head, key
+    const int64_t mask_strides[] = {mask.stride(0), mask.stride(2)};      // row, token
+    if (n > 0 && T > 0) {
+        const bool done = few_queries_attention(
+            q.data_ptr<float>(), cache_k.data_ptr<float>(), cache_v.data_ptr<float>(), mask.data_ptr<float>(),
+            out.data_ptr<float>(), sizes, q_strides, kv_strides, mask_strides, start.data(), len.data(),
+            1.f / std::sqrt(static_cast<float>(D)));
+        TORCH_CHECK(done, "few_queries_attend has no kernel for head size ", D);
+    }
+    return out.view({n, T, H * D});
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specdecode, m) {
-    m.def("few_queries_attention(Tensor q, Tensor keys, Tensor values, Tensor mask) -> Tensor");
+    m.def(
+        "few_queries_attend(Tensor q, Tensor k, Tensor v, Tensor(a!) cache_k, Tensor(b!) cache_v, int layer, "
+        "Tensor slots, Tensor write_pos, Tensor mask) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(specdecode, CPU, m) { m.impl("few_queries_attention", &few_queries_attention_op); }
+TORCH_LIBRARY_IMPL(specdecode, CPU, m) { m.impl("few_queries_attend", &few_queries_attend); }

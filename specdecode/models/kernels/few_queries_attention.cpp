@@ -48,11 +48,12 @@ inline __m512 exp16(__m512 x) {
 }
 
 struct Shape {
-    int64_t n, H, G, T, L, D;
-    int64_t qs[3];  // q strides: row, head, token (d contiguous)
-    int64_t ks[3];  // keys: row, head, key (d contiguous)
-    int64_t vs[3];  // values
-    int64_t ms[2];  // mask: row, token (key contiguous)
+    int64_t n, H, G, T, D;
+    int64_t qs[3];         // q strides: row, head, token (d contiguous)
+    int64_t kvs[2];        // keys' and values' strides: head, key (d contiguous)
+    int64_t ms[2];         // mask: row, token (key contiguous)
+    const int64_t* start;  // [n] where row b's keys and values begin (elements from k and v)
+    const int64_t* len;    // [n] keys row b attends (its mask row's first len entries)
     float scale;
 };
 
@@ -63,11 +64,11 @@ void chunk(const Shape& s, const float* q, const float* k, const float* v, const
            int64_t c, float* part) {
     constexpr int D = DV * 16;
     const int64_t group = s.H / s.G, R = group * s.T, first = c * kChunk;
-    const int width = static_cast<int>(std::min<int64_t>(kChunk, s.L - first));
+    const int width = static_cast<int>(std::min<int64_t>(kChunk, s.len[b] - first));
     alignas(64) float kt[D][kChunk];  // the chunk's keys, transposed
-    const float* kb = k + b * s.ks[0] + g * s.ks[1] + first * s.ks[2];
+    const float* kb = k + s.start[b] + g * s.kvs[0] + first * s.kvs[1];
     for (int j = 0; j < kChunk; ++j)
-        for (int d = 0; d < D; ++d) kt[d][j] = j < width ? kb[j * s.ks[2] + d] : 0.f;
+        for (int d = 0; d < D; ++d) kt[d][j] = j < width ? kb[j * s.kvs[1] + d] : 0.f;
     thread_local std::vector<float> scores;  // [R, kChunk]
     if (scores.size() < static_cast<size_t>(R * kChunk)) scores.resize(R * kChunk);
     auto qrow = [&](int64_t r) { return q + b * s.qs[0] + (g * group + r / s.T) * s.qs[1] + (r % s.T) * s.qs[2]; };
@@ -121,7 +122,7 @@ void chunk(const Shape& s, const float* q, const float* k, const float* v, const
     }
     // acc[r] = sum_j p[r, j] v[j]: each value row loaded once per block of query rows.
     constexpr int kValueRows = 24 / DV;
-    const float* vb = v + b * s.vs[0] + g * s.vs[1] + first * s.vs[2];
+    const float* vb = v + s.start[b] + g * s.kvs[0] + first * s.kvs[1];
     for (int64_t r0 = 0; r0 < R; r0 += kValueRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kValueRows, R - r0));
         __m512 acc[kValueRows][DV];
@@ -129,7 +130,7 @@ void chunk(const Shape& s, const float* q, const float* k, const float* v, const
             for (int w = 0; w < DV; ++w) acc[i][w] = _mm512_setzero_ps();
         for (int j = 0; j < width; ++j) {
             __m512 vj[DV];
-            for (int w = 0; w < DV; ++w) vj[w] = _mm512_loadu_ps(vb + j * s.vs[2] + w * 16);
+            for (int w = 0; w < DV; ++w) vj[w] = _mm512_loadu_ps(vb + j * s.kvs[1] + w * 16);
             for (int i = 0; i < rows; ++i) {
                 const __m512 p = _mm512_set1_ps(scores[(r0 + i) * kChunk + j]);
                 for (int w = 0; w < DV; ++w) acc[i][w] = _mm512_fmadd_ps(p, vj[w], acc[i][w]);
@@ -161,21 +162,24 @@ void merge(const float* parts, int64_t chunks, int64_t stride, int64_t D, float*
 template <int DV>
 void run(const Shape& s, const float* q, const float* k, const float* v, const float* mask, float* out) {
     constexpr int D = DV * 16;
-    const int64_t group = s.H / s.G, R = group * s.T, chunks = (s.L + kChunk - 1) / kChunk;
-    const int64_t stride = D + 2, items = s.n * s.G * chunks;
-    const std::unique_ptr<float[]> parts(new float[items * R * stride]);  // [n, G, chunks, R, D + 2]
+    const int64_t group = s.H / s.G, R = group * s.T, stride = D + 2;
+    std::vector<int64_t> first(s.n + 1, 0);  // [n + 1] row b's items are [first[b], first[b + 1]): G x its chunks
+    for (int64_t b = 0; b < s.n; ++b) first[b + 1] = first[b] + s.G * ((s.len[b] + kChunk - 1) / kChunk);
+    std::vector<int64_t> item_row(first[s.n]);  // [items] the row of each item
+    for (int64_t b = 0; b < s.n; ++b) std::fill(item_row.begin() + first[b], item_row.begin() + first[b + 1], b);
+    const std::unique_ptr<float[]> parts(new float[first[s.n] * R * stride]);  // [items, R, D + 2]
 #pragma omp parallel for schedule(static)
-    for (int64_t it = 0; it < items; ++it) {
-        const int64_t b = it / (s.G * chunks), g = (it / chunks) % s.G, c = it % chunks;
-        chunk<DV>(s, q, k, v, mask, b, g, c, &parts[it * R * stride]);
+    for (int64_t it = 0; it < first[s.n]; ++it) {
+        const int64_t b = item_row[it], chunks = (first[b + 1] - first[b]) / s.G, i = it - first[b];
+        chunk<DV>(s, q, k, v, mask, b, i / chunks, i % chunks, &parts[it * R * stride]);
     }
-    // out [n, T, H, D] contiguous; parts of (b, g) hold R rows per chunk.
+    // out [n, T, H, D] contiguous; the items of (b, g) are its chunks in order, R query rows each.
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < s.n * s.G * R; ++row) {
         const int64_t b = row / (s.G * R), g = (row / R) % s.G, r = row % R;
-        const int64_t h = g * group + r / s.T, t = r % s.T;
-        const float* first = &parts[((b * s.G + g) * chunks) * R * stride + r * stride];
-        merge(first, chunks, R * stride, D, out + ((b * s.T + t) * s.H + h) * D);
+        const int64_t h = g * group + r / s.T, t = r % s.T, chunks = (first[b + 1] - first[b]) / s.G;
+        const float* head = &parts[(first[b] + g * chunks) * R * stride + r * stride];
+        merge(head, chunks, R * stride, D, out + ((b * s.T + t) * s.H + h) * D);
     }
 }
 
@@ -183,16 +187,17 @@ void run(const Shape& s, const float* q, const float* k, const float* v, const f
 
 extern "C" {
 
-// Returns false (and writes nothing) for a head size it has no kernel for (D of 16, 32, 64 or 128 only).
+// q [n, H, T, D] (strides q_strides: row, head, token); row b's keys at k + start[b] and values at v + start[b],
+// [G, len[b], D] with strides kv_strides (head, key); mask [n, 1, T, >= len[b]] (strides: row, token); out
+// [n, T, H, D] contiguous. Returns false (and writes nothing) for a head size other than 16, 32, 64 or 128.
 bool few_queries_attention(const float* q, const float* k, const float* v, const float* mask, float* out,
-                           const int64_t* sizes,    // n, H, G, T, L, D
-                           const int64_t* strides,  // q (3), keys (3), values (3), mask (2)
-                           float scale) {
-    Shape s{sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], {}, {}, {}, {}, scale};
-    std::copy(strides, strides + 3, s.qs);
-    std::copy(strides + 3, strides + 6, s.ks);
-    std::copy(strides + 6, strides + 9, s.vs);
-    std::copy(strides + 9, strides + 11, s.ms);
+                           const int64_t* sizes,  // n, H, G, T, D
+                           const int64_t* q_strides, const int64_t* kv_strides, const int64_t* mask_strides,
+                           const int64_t* start, const int64_t* len, float scale) {
+    Shape s{sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], {}, {}, {}, start, len, scale};
+    std::copy(q_strides, q_strides + 3, s.qs);
+    std::copy(kv_strides, kv_strides + 2, s.kvs);
+    std::copy(mask_strides, mask_strides + 2, s.ms);
     switch (s.D) {
         case 16: run<1>(s, q, k, v, mask, out); break;
         case 32: run<2>(s, q, k, v, mask, out); break;
