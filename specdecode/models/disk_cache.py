@@ -12,7 +12,8 @@ from pathlib import Path
 
 
 def cache_root() -> Path:
-    """Where converted models live: $SPECDECODE_CACHE, else ~/.cache/specdecode."""
+    """Where built things live (converted models, step packages, kernels): $SPECDECODE_CACHE, else
+    ~/.cache/specdecode."""
     env = os.environ.get("SPECDECODE_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "specdecode"
 

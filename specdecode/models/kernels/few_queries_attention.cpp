@@ -1,9 +1,10 @@
 // Attention of a few new queries per row over a row's cached keys, fp32, AVX-512: the decode and verify case.
 //
-// q [n, H, T, D], keys and values [n, G, L, D] (H = G * group), additive mask [n, 1, T, L]; any strides except
-// that a head's D values are contiguous and so are a key's. ATen's flash kernel on the CPU treats every query
-// head alone and multiplies [T, D] by [D, block] with a library GEMM; for T of 1-17 that is mostly overhead, and
-// each key is read once per query head. Here the group * T query rows that share a key head are one block:
+// q [n, H, T, D] (any strides, a head's D values contiguous); row b's keys and values [G, len[b], D] start at its
+// own offset in the cache (H = G * group; a key's D values contiguous); additive mask [n, 1, T, >= len[b]]. ATen's
+// flash kernel on the CPU treats every query head alone and multiplies [T, D] by [D, block] with a library GEMM;
+// for T of 1-17 that is mostly overhead, and each key is read once per query head. Here the group * T query rows
+// that share a key head are one block:
 //
 // 1. The keys are cut into chunks of kChunk from key 0, the same cut whatever T, n or the thread count. A
 //    (row, key head, chunk) is one work item: its keys are transposed into [D, kChunk] on the stack, then every
@@ -20,7 +21,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <vector>
 
@@ -92,7 +92,8 @@ void chunk(const Shape& s, const float* q, const float* k, const float* v, const
             const int64_t r = r0 + i;
             const float* mr = mask + b * s.ms[0] + (r % s.T) * s.ms[1] + first;
             for (int w = 0; w < 4; ++w) {
-                const __mmask16 live = static_cast<__mmask16>(width - w * 16 >= 16 ? 0xFFFF : width - w * 16 <= 0 ? 0 : (1u << (width - w * 16)) - 1);
+                const int lanes = std::clamp(width - w * 16, 0, 16);  // this register's keys inside the chunk
+                const __mmask16 live = static_cast<__mmask16>((1u << lanes) - 1);
                 const __m512 m = _mm512_maskz_loadu_ps(live, mr + w * 16);
                 const __m512 sc = _mm512_fmadd_ps(acc[i][w], _mm512_set1_ps(s.scale), m);
                 _mm512_storeu_ps(&scores[r * kChunk + w * 16], _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sc));
