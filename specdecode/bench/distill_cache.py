@@ -10,7 +10,8 @@ Usage:
         --draft-vocab 16384 --output results/distill_cache_draft_vocab.json
 
 The first --samples samples of --data are cached (`distill cache`, timed over the pass alone), then the same
-draft (or --head) is trained --steps steps on the fly and from the cache. A training rate is the difference of
+draft (or --head) is trained --steps steps on the fly (padded, `distill --no-pack`, as before packing; then
+packed, the default) and from the cache. A training rate is the difference of
 two runs, --warmup steps and --warmup + --steps steps, each timed over its steps alone (the manifest's
 train_seconds: no loading, no checkpoints), so the first steps' one-off costs cancel; tokens/s counts the input
 tokens of the timed steps, as `distill` does. The cache is built with this process's settings (--dtype, --top-k):
@@ -60,14 +61,17 @@ def first_samples(paths: list[str], num: int, out: Path) -> Path:
     return out
 
 
-def train_rate(a: argparse.Namespace, data: Path, cache: Path | None, work: Path, bf16: bool = False) -> dict:
+def train_rate(
+    a: argparse.Namespace, data: Path, cache: Path | None, work: Path, bf16: bool = False, pack: bool = True
+) -> dict:
     """Tokens/s of a.steps training steps (the difference of two runs; see the module docstring)."""
     runs = []
     for steps in (a.warmup, a.warmup + a.steps):
+        name = f"{'cache' if cache else 'fly'}-{'bf16-' if bf16 else ''}{'' if pack else 'padded-'}{steps}"
         cfg = DistillConfig(
             target=a.target,
             data=[str(data)],
-            out=str(work / f"student-{'cache' if cache else 'fly'}-{'bf16-' if bf16 else ''}{steps}"),
+            out=str(work / f"student-{name}"),
             draft=DraftOptions(
                 num_layers=a.layers,
                 init_from_target=a.init_from_target,
@@ -83,6 +87,7 @@ def train_rate(a: argparse.Namespace, data: Path, cache: Path | None, work: Path
             head=a.head,
             teacher_cache=str(cache) if cache else None,
             bf16=bf16,
+            pack=pack,
         )
         m = distill(cfg).manifest
         runs.append((m["train_seconds"], m["tokens_seen"], m["final_loss"]))
@@ -106,21 +111,24 @@ def machine() -> str:
     )
 
 
+ROWS = (  # result key, label
+    ("on_the_fly_padded", "on the fly, padded"),
+    ("on_the_fly", "on the fly"),
+    ("from_cache", "from cache"),
+    ("from_cache_bf16", "  ... with --bf16"),
+)
+
+
 def print_table(result: dict) -> None:
-    fly, cached, build = result["on_the_fly"], result["from_cache"], result["build"]
-    rows = [
-        ("train on the fly", fly["tokens_per_s"], fly["seconds"], 1.0),
-        ("train from cache", cached["tokens_per_s"], cached["seconds"], cached["tokens_per_s"] / fly["tokens_per_s"]),
-    ]
-    if "from_cache_bf16" in result:
-        bf16 = result["from_cache_bf16"]
-        rows.append(
-            ("  ... with --bf16", bf16["tokens_per_s"], bf16["seconds"], bf16["tokens_per_s"] / fly["tokens_per_s"])
-        )
-    rows.append(("build cache (once)", build["tokens_per_s"], build["seconds"], None))
-    print(f"{'':<20} {'tok/s':>10} {'seconds':>9} {'speedup':>8}")
-    for name, rate, seconds, speedup in rows:
-        print(f"{name:<20} {rate:>10.0f} {seconds:>9.2f} {'' if speedup is None else f'{speedup:.2f}x':>8}")
+    """Each training arm against the two on-the-fly ones: padded (--no-pack, as before packing) and packed."""
+    padded, fly, build = result["on_the_fly_padded"], result["on_the_fly"], result["build"]
+    print(f"{'train':<20} {'tok/s':>10} {'seconds':>9} {'vs padded':>10} {'vs packed':>10}")
+    for key, label in ROWS:
+        if key in result:
+            r = result[key]["tokens_per_s"]
+            vs = f"{r / padded['tokens_per_s']:>9.2f}x {r / fly['tokens_per_s']:>9.2f}x"
+            print(f"{label:<20} {r:>10.0f} {result[key]['seconds']:>9.2f} {vs}")
+    print(f"{'build cache (once)':<20} {build['tokens_per_s']:>10.0f} {build['seconds']:>9.2f}")
     print(f"cache: {build['positions']:,} positions, {build['bytes'] / 1e6:.1f} MB on disk")
 
 
@@ -171,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             "positions": built.manifest["num_loss_positions"],
             "bytes": sum(f.stat().st_size for f in built.out.glob("*.npy")),
         }
+        padded = train_rate(a, data, None, work, pack=False)
         fly = train_rate(a, data, None, work)
         cached = train_rate(a, data, built.out, work)
         cached_bf16 = train_rate(a, data, built.out, work, bf16=True) if a.bf16 else None
@@ -180,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": date.today().isoformat(),
         "settings": {k: v for k, v in vars(a).items() if k != "output"},
         "build": build,
+        "on_the_fly_padded": padded,
         "on_the_fly": fly,
         "from_cache": cached,
     }

@@ -52,6 +52,12 @@ def add_distill_args(p: argparse.ArgumentParser) -> None:
         help="train the student under bf16 autocast (the teacher stays fp32); faster where the CPU has AVX512_BF16 "
         "or AMX, or on a GPU",
     )
+    p.add_argument(
+        "--no-pack",
+        action="store_true",
+        help="one window a row, padded (drafts pack a batch's short windows into shared rows by default; the loss "
+        "is the same up to float rounding)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -93,6 +99,7 @@ def run_distill(a: argparse.Namespace) -> None:
         num_head_tokens=a.num_head_tokens,
         teacher_cache=a.teacher_cache,
         bf16=a.bf16,
+        pack=not a.no_pack,
     )
     result = distill(cfg)
     m = result.manifest

@@ -68,6 +68,7 @@ class DistillConfig:
     num_head_tokens: int = 4  # Medusa heads / MTP depths
     teacher_cache: str | None = None  # read the teacher's outputs from this `distill cache` directory
     bf16: bool = False  # the student's forward under bf16 autocast (train/loop.py); the teacher stays fp32
+    pack: bool = True  # a batch's short windows share rows (data.py); drafts only: heads keep one window a row
 
     def __post_init__(self) -> None:
         positive = ("steps", "batch_size", "save_every", "eval_max_windows")
@@ -144,29 +145,52 @@ def _tensors(batch: D.Batch, device: torch.device) -> tuple[torch.Tensor, ...]:
     return tuple(torch.from_numpy(a).to(device) for a in (batch.input_ids, batch.loss_mask, batch.labels))
 
 
+def model_inputs(batch: D.Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    """A Hugging Face forward's inputs: the token ids, and for a packed batch its positions. With positions
+    that restart inside a row and no cache, transformers attends each window to itself only (its
+    padding-free "packed sequence" path), so use_cache is always off."""
+    inputs = {"input_ids": torch.from_numpy(batch.input_ids).to(device), "use_cache": False}  # [batch, seq_len]
+    if batch.position_ids is not None:
+        inputs["position_ids"] = torch.from_numpy(batch.position_ids).to(device)  # [batch, seq_len]
+    return inputs
+
+
 def student_logits(
-    student, input_ids: torch.Tensor, loss_mask: torch.Tensor, subset: torch.Tensor | None
+    student,
+    inputs: dict[str, torch.Tensor],
+    loss_mask: torch.Tensor,
+    subset: torch.Tensor | None,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[num_masked, S] logits at the loss positions (in tensor[loss_mask] order) over the draft vocabulary
     (S = vocab without a subset). The LM head, most of a small draft's step, runs only where the loss reads it,
-    and with a subset only on the subset's rows, as at inference."""
-    hidden = student.model(input_ids, use_cache=False).last_hidden_state[loss_mask]  # [num_masked, hidden]
-    weight = student.lm_head.weight if subset is None else student.lm_head.weight[subset]  # [S, hidden]
-    return torch.nn.functional.linear(hidden, weight)
+    and with a subset only on the subset's rows, as at inference; `rows` ([S, hidden]) are those rows gathered
+    once beforehand (a frozen head, see frozen_rows)."""
+    hidden = student.model(**inputs).last_hidden_state[loss_mask]  # [num_masked, hidden]
+    if rows is None:
+        rows = student.lm_head.weight if subset is None else student.lm_head.weight[subset]  # [S, hidden]
+    return torch.nn.functional.linear(hidden, rows)
 
 
-def _forward(student, teacher, batch: D.Batch, device, ce_weight: float, subset: torch.Tensor | None) -> StepStats:
-    input_ids, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
+def frozen_rows(student, subset: torch.Tensor | None) -> torch.Tensor | None:
+    """[S, hidden] a frozen LM head's subset rows, gathered once rather than every step; else None."""
+    weight = student.lm_head.weight  # [vocab, hidden]
+    return None if subset is None or weight.requires_grad else weight[subset].detach()
+
+
+def _forward(student, teacher, batch: D.Batch, device, ce_weight: float, subset, rows=None) -> StepStats:
+    inputs = model_inputs(batch, device)
+    _, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
     with torch.no_grad(), teacher_precision(device):
-        teacher_logits = teacher(input_ids).logits  # [batch, seq_len, vocab]
-    logits = student_logits(student, input_ids, mask, subset)  # [num_masked, S]
+        teacher_logits = teacher(**inputs).logits  # [batch, seq_len, vocab]
+    logits = student_logits(student, inputs, mask, subset, rows)  # [num_masked, S]
     return distill_loss(logits, teacher_logits, mask, labels, ce_weight, subset)
 
 
-def _cached_forward(student, cache: TeacherCache, batch: D.Batch, device, ce_weight: float, subset) -> StepStats:
-    input_ids, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
+def _cached_forward(student, cache: TeacherCache, batch: D.Batch, device, ce_weight: float, subset, rows):
+    _, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
     teacher = cache.topk(batch.window_ids).to(device)  # [num_masked] top-k rows, in tensor[mask] order
-    logits = student_logits(student, input_ids, mask, subset)  # [num_masked, S]
+    logits = student_logits(student, model_inputs(batch, device), mask, subset, rows)  # [num_masked, S]
     return topk_distill_loss(logits, teacher, mask, labels, ce_weight, subset)
 
 
@@ -258,12 +282,16 @@ def distill(cfg: DistillConfig) -> DistillResult:
     elif out.exists():  # --overwrite, now that every input has been checked
         shutil.rmtree(out)
 
+    rows = frozen_rows(student, subset)  # [S, hidden] or None
+
     def forward(batch: D.Batch) -> StepStats:
         if cache is None:
-            return _forward(student, teacher, batch, device, cfg.ce_weight, subset)
-        return _cached_forward(student, cache, batch, device, cfg.ce_weight, subset)
+            return _forward(student, teacher, batch, device, cfg.ce_weight, subset, rows)
+        return _cached_forward(student, cache, batch, device, cfg.ce_weight, subset, rows)
 
-    losses, accs = run_steps(cfg, student, forward, samples, windows, optimizer, scheduler, start, totals, "distill")
+    losses, accs = run_steps(
+        cfg, student, forward, samples, windows, optimizer, scheduler, start, totals, "distill", pack=cfg.pack
+    )
     eval_stats = None
     if held_out is not None:
         windows = D.window_starts(held_out, cfg.seq_len)

@@ -16,6 +16,7 @@ from torch import nn
 
 from specdecode.models.llama import AttentionMetadata
 from specdecode.train.topk import TopKTeacher
+from specdecode.train.topk_kl import topk_kl
 
 EAGLE_KL_WEIGHT = 0.1
 
@@ -41,9 +42,11 @@ def _kl_at(
     student: torch.Tensor, log_p: torch.Tensor | TopKTeacher, lm_head: torch.Tensor
 ) -> tuple[torch.Tensor, float]:
     """student features [N, H] vs target log-probs [N, V] or a cached top-k [N] -> (KL, argmax agreement)."""
-    log_q = F.log_softmax(F.linear(student, lm_head).float(), dim=-1)  # [N, V]
+    logits = F.linear(student, lm_head)  # [N, V]
     if isinstance(log_p, TopKTeacher):  # from a teacher cache: KL over the top-k and one rest bucket
-        return log_p.kl(log_q), (log_q.argmax(-1) == log_p.argmax()).float().mean().item()
+        kl, drafted = topk_kl(logits, log_p)
+        return kl, (drafted == log_p.argmax()).float().mean().item()
+    log_q = F.log_softmax(logits.float(), dim=-1)  # [N, V]
     kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
     return kl, (log_q.argmax(-1) == log_p.argmax(-1)).float().mean().item()
 

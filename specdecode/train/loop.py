@@ -47,11 +47,13 @@ def run_steps(
     start: int,
     totals: dict,
     desc: str,
+    pack: bool = False,
 ) -> tuple[list[float], list]:
-    """Steps start..cfg.steps-1; updates `totals` in place. Returns per-step losses and accuracies."""
+    """Steps start..cfg.steps-1; updates `totals` in place. Returns per-step losses and accuracies. With `pack`
+    the batches' windows share rows (data.py), which `forward` must then read through their position ids."""
     losses, accs = [], []
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not cfg.progress, desc=desc)
-    stream = D.batches(samples, windows, cfg.seq_len, cfg.batch_size, cfg.seed, start_step=start)
+    stream = D.batches(samples, windows, cfg.seq_len, cfg.batch_size, cfg.seed, start_step=start, pack=pack)
     t0, tokens0 = time.perf_counter(), totals["tokens"]
     t_step = time.perf_counter()
     precision = student_precision(torch.device(cfg.device), cfg.bf16)

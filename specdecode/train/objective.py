@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from specdecode.train.topk import TopKTeacher
+from specdecode.train.topk_kl import topk_kl
 
 
 @dataclass(frozen=True)
@@ -60,19 +61,16 @@ def topk_distill_loss(
     ce_weight: float = 0.0,
     subset: torch.Tensor | None = None,  # [S] token ids the student drafts from (sorted), or None: all
 ) -> StepStats:
-    """distill_loss against a cached top-k teacher: the KL over its k tokens and one rest bucket (see topk.py).
-    With a subset the cache holds the teacher renormalised over it, so this is distill_loss's subset objective."""
-    q_log = F.log_softmax(student_logits.float(), dim=-1)  # [num_masked, S]
-    if len(teacher.ids) != len(q_log) or teacher.vocab_size != q_log.shape[-1]:
-        raise ValueError(
-            f"the cache holds {len(teacher.ids)} positions over {teacher.vocab_size} tokens for a batch of "
-            f"{len(q_log)} over {q_log.shape[-1]}"
-        )
-    kl = teacher.kl(q_log)
+    """distill_loss against a cached top-k teacher: the KL over its k tokens and one rest bucket (see topk.py),
+    forward and backward fused (topk_kl.py). With a subset the cache holds the teacher renormalised over it, so
+    this is distill_loss's subset objective."""
+    kl, drafted = topk_kl(student_logits, teacher)  # [], [num_masked] column indices
     loss = kl
     if ce_weight > 0.0:
-        loss = loss + ce_weight * F.nll_loss(q_log, _subset_labels(labels[loss_mask], subset), ignore_index=-100)
-    agree = (_drafted(q_log, subset) == teacher.argmax()).float().mean()
+        labels = _subset_labels(labels[loss_mask], subset)  # [num_masked]
+        loss = loss + ce_weight * F.cross_entropy(student_logits.float(), labels, ignore_index=-100)
+    drafted = drafted if subset is None else subset[drafted]  # [num_masked] token ids
+    agree = (drafted == teacher.argmax()).float().mean()
     return StepStats(loss, kl.item(), agree.item(), int(loss_mask.sum()))
 
 

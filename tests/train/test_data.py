@@ -61,3 +61,26 @@ def test_missing_arrays_and_bad_offsets(tmp_path):
         D.load_samples([tmp_path / "b.npz"], VOCAB)
     with pytest.raises(ConfigError, match="not found"):
         D.load_samples([tmp_path / "missing.npz"], VOCAB)
+
+
+def test_packed_batch_holds_the_same_windows_in_fewer_rows():
+    """Short windows share rows (longest first); each keeps its tokens, labels and loss mask, its positions
+    restart at 0, and window_ids list the windows in row-major order, as the teacher cache reads them."""
+    s = _samples([(6, 2), (3, 1), (8, 4), (2, 1), (5, 1)])  # one window each
+    windows, ids = D.window_starts(s, 8), np.array([10, 11, 12, 13, 14])
+    padded, packed = D.make_batch(s, windows, 8, ids), D.make_batch(s, windows, 8, ids, pack=True)
+    assert padded.position_ids is None and len(padded.input_ids) == 5
+    assert len(packed.input_ids) == 3 and packed.num_tokens == padded.num_tokens == 24
+    assert packed.window_ids.tolist() == [12, 10, 13, 14, 11]  # rows of lengths [8], [6, 2], [5, 3]
+    assert packed.position_ids[1].tolist() == [0, 1, 2, 3, 4, 5, 0, 1]
+    assert packed.segments()[1].tolist() == [1, 1, 1, 1, 1, 1, 2, 2]
+    by_window = {w: padded.labels[r][padded.loss_mask[r]].tolist() for r, w in enumerate(ids)}
+    want = sum((by_window[w] for w in packed.window_ids), [])
+    assert packed.labels[packed.loss_mask].tolist() == want  # row-major order = window_ids order
+
+
+def test_full_windows_are_not_packed():
+    s = _samples([(8, 2), (9, 2)])
+    windows = D.window_starts(s, 8)[[0, 2]]  # two full windows: nothing can share a row
+    b = D.make_batch(s, windows, 8, np.array([0, 2]), pack=True)
+    assert b.position_ids is None and len(b.input_ids) == 2
