@@ -11,11 +11,12 @@ Usage:
 
 The first --samples samples of --data are cached (`distill cache`, timed over the pass alone), then the same
 draft (or --head) is trained --steps steps on the fly (padded, `distill --no-pack`, as before packing; then
-packed, the default) and from the cache. A training rate is the difference of
-two runs, --warmup steps and --warmup + --steps steps, each timed over its steps alone (the manifest's
-train_seconds: no loading, no checkpoints), so the first steps' one-off costs cancel; tokens/s counts the input
-tokens of the timed steps, as `distill` does. The cache is built with this process's settings (--dtype, --top-k):
-it is the rate of what a user would run, not of the exact top-k = vocab case. With --draft-vocab N the cache is
+packed, the default) and from the cache. A training rate is the difference of two runs, --warmup steps and
+--warmup + --steps steps, each timed over its steps alone (the manifest's train_seconds: no loading, no
+checkpoints), so the first steps' one-off costs cancel; tokens/s counts the input tokens of the timed steps, as
+`distill` does. The arms run in turn, --rounds times, and each reports its median round: a shared 2-core host
+drifts by tens of percent over minutes. The cache is built with this process's settings (--dtype, --top-k): it
+is the rate of what a user would run, not of the exact top-k = vocab case. With --draft-vocab N the cache is
 built for that draft vocabulary (`distill cache --draft-vocab N`), as training it requires. With --bf16 the
 cached run is repeated under bf16 autocast (`distill --bf16`): mixed precision's speedup, apart from the cache's.
 """
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from specdecode.hardware import cpu_model
 from specdecode.train.build_cache import CacheConfig, build_cache
@@ -82,6 +84,7 @@ def train_rate(
             batch_size=a.batch_size,
             seq_len=a.seq_len,
             save_every=10**9,
+            overwrite=True,  # the next round's run of this arm
             device=a.device,
             progress=False,
             head=a.head,
@@ -100,6 +103,12 @@ def train_rate(
         "steps": a.steps,
         "final_loss": final_loss,
     }
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The round with the median tokens/s (the lower middle of an even count), with every round's rate."""
+    ordered = sorted(runs, key=lambda r: r["tokens_per_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "rounds_tokens_per_s": [r["tokens_per_s"] for r in runs]}
 
 
 def machine() -> str:
@@ -144,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-vocab", type=int, default=None, help="draft only the N most frequent response tokens")
     p.add_argument("--steps", type=int, default=20, help="timed training steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps (the short run of the difference)")
+    p.add_argument("--rounds", type=int, default=3, help="run the training arms in turn this often; medians reported")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--top-k", type=int, default=64)
@@ -179,22 +189,24 @@ def main(argv: list[str] | None = None) -> int:
             "positions": built.manifest["num_loss_positions"],
             "bytes": sum(f.stat().st_size for f in built.out.glob("*.npy")),
         }
-        padded = train_rate(a, data, None, work, pack=False)
-        fly = train_rate(a, data, None, work)
-        cached = train_rate(a, data, built.out, work)
-        cached_bf16 = train_rate(a, data, built.out, work, bf16=True) if a.bf16 else None
+        arms = {  # result key -> (cache, bf16, pack)
+            "on_the_fly_padded": (None, False, False),
+            "on_the_fly": (None, False, True),
+            "from_cache": (built.out, False, True),
+            **({"from_cache_bf16": (built.out, True, True)} if a.bf16 else {}),
+        }
+        runs: dict[str, list[dict]] = {key: [] for key in arms}
+        for _ in tqdm(range(a.rounds), desc="rounds", disable=a.rounds == 1):
+            for key, (cache, bf16, pack) in arms.items():  # the arms in turn, so a slow spell hits them all
+                runs[key].append(train_rate(a, data, cache, work, bf16=bf16, pack=pack))
     result = {
         "command": "python -m specdecode.bench.distill_cache " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": machine(),
         "date": date.today().isoformat(),
         "settings": {k: v for k, v in vars(a).items() if k != "output"},
         "build": build,
-        "on_the_fly_padded": padded,
-        "on_the_fly": fly,
-        "from_cache": cached,
+        **{key: median_run(r) for key, r in runs.items()},
     }
-    if cached_bf16 is not None:
-        result["from_cache_bf16"] = cached_bf16
     print_table(result)
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
     Path(a.output).write_text(json.dumps(result, indent=2) + "\n")

@@ -172,10 +172,14 @@ def student_logits(
     return torch.nn.functional.linear(hidden, rows)
 
 
-def frozen_rows(student, subset: torch.Tensor | None) -> torch.Tensor | None:
-    """[S, hidden] a frozen LM head's subset rows, gathered once rather than every step; else None."""
+def frozen_rows(student, subset: torch.Tensor | None, bf16: bool) -> torch.Tensor | None:
+    """[S, hidden] a frozen LM head's rows (its subset's), gathered once rather than every step, and under
+    --bf16 cast once too (autocast would cast a tensor outside autograd again at every step); else None."""
     weight = student.lm_head.weight  # [vocab, hidden]
-    return None if subset is None or weight.requires_grad else weight[subset].detach()
+    if weight.requires_grad or (subset is None and not bf16):
+        return None
+    rows = weight.detach() if subset is None else weight[subset].detach()
+    return rows.bfloat16() if bf16 else rows
 
 
 def _forward(student, teacher, batch: D.Batch, device, ce_weight: float, subset, rows=None) -> StepStats:
@@ -282,7 +286,7 @@ def distill(cfg: DistillConfig) -> DistillResult:
     elif out.exists():  # --overwrite, now that every input has been checked
         shutil.rmtree(out)
 
-    rows = frozen_rows(student, subset)  # [S, hidden] or None
+    rows = frozen_rows(student, subset, cfg.bf16)  # [S, hidden] or None
 
     def forward(batch: D.Batch) -> StepStats:
         if cache is None:

@@ -27,10 +27,10 @@ class _TopKKL(torch.autograd.Function):
         """z [N, S] any float dtype; log_p [N, k] fp32; ids [N, k] int64; log_rest [N] fp32 -> ([] mean KL,
         [N] argmax of z)."""
         n, s = z.shape
-        z32 = z.float()  # [N, S] a copy when z is bf16/fp16, else z itself (never written)
-        top, drafted = z32.max(-1, keepdim=True)  # [N, 1] each
-        z_top = z32.gather(-1, ids) - top  # [N, k] shifted logits of the teacher's ids
-        e = (z32 - top).exp_()  # [N, S]
+        e = z.float() if z.dtype != torch.float32 else z.clone()  # [N, S] fp32, a fresh copy to work in
+        top, drafted = e.max(-1, keepdim=True)  # [N, 1] each
+        z_top = e.gather(-1, ids) - top  # [N, k] shifted logits of the teacher's ids
+        e.sub_(top).exp_()  # [N, S] exp(z - max)
         tail_mass = torch.zeros(n, 1, device=z.device)  # [N, 1] p_rest where it counts
         log_z = e.sum(-1, keepdim=True).log()  # [N, 1]
         log_q = z_top - log_z  # [N, k]

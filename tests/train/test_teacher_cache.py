@@ -393,8 +393,10 @@ def test_bench_writes_json(tiny_target, train_npz, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--target", str(tiny_target), "--data", str(train_npz), "--samples", "10", "--seq-len", str(SEQ_LEN)]
     argv += ["--init-from-target", "--freeze-embeddings", "--draft-vocab", str(SUBSET)]  # the shipped draft's flags
-    assert bench.main([*argv, "--steps", "2", "--warmup", "1", "--layers", "1", "--output", str(out)]) == 0
+    argv += ["--steps", "2", "--warmup", "1", "--layers", "1", "--rounds", "2", "--output", str(out)]
+    assert bench.main(argv) == 0
     result = json.loads(out.read_text())
+    assert len(result["from_cache"]["rounds_tokens_per_s"]) == 2
     for mode in ("build", "on_the_fly_padded", "on_the_fly", "from_cache"):
         assert result[mode]["tokens_per_s"] > 0 and result[mode]["tokens"] > 0, mode
     tokens = {result[mode]["tokens"] for mode in ("on_the_fly_padded", "on_the_fly", "from_cache")}
