@@ -85,14 +85,18 @@ class GoodputController:
             return [0] * len(seqs)
         caps = np.array([row_cap(s, k_max) for s in seqs])  # [B]
         context = float(np.mean([s.num_cached for s in seqs]))
-        if self.tree_mode or self._drafting_is_cheap(len(seqs), k_max, context):
-            # Drafts that cost (almost) nothing, as n-gram lookups: ask for all of them and let `truncate` pick
-            # the width from what was found. Capping K here would also hide how long accepted runs can be.
-            # Trees likewise: per-position acceptance means little for them, their confidences decide.
+        if self.tree_mode:  # per-position acceptance means little for trees: their confidences decide (truncate)
             return caps.tolist()
         p = np.stack([self.acceptance.estimate(s.request_id, k_max) for s in seqs])  # [B, k_max]
         reach = np.cumprod(p, axis=1)  # [B, k_max] P(drafts 1..j all accepted)
-        k = self._with_hysteresis(goodput_curve(reach, caps, self.cost, context), k_max)
+        gain = goodput_curve(reach, caps, self.cost, context)  # [k_max + 1]
+        if self._drafting_is_cheap(len(seqs), k_max, context):
+            # Drafts that cost (almost) nothing, as n-gram lookups: ask for all of them and let `truncate` pick
+            # the width from what was found (capping K here would also hide how long accepted runs can be).
+            # Unless no width pays even if every row found drafts as good as its history (a full batch of a
+            # compute-bound target): then the lookups, ~5% of a 32-row step, would only be thrown away.
+            return caps.tolist() if gain.argmax() > 0 else self._probe(seqs, [0] * len(seqs), caps.tolist())
+        k = self._with_hysteresis(gain, k_max)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
         ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]
         return self._probe(seqs, ks.tolist(), caps.tolist())

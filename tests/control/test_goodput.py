@@ -163,6 +163,23 @@ def test_cheap_drafts_are_all_requested_and_truncate_decides():
     assert max(GoodputController(cost=costly).choose(seqs, K_MAX)) < K_MAX
 
 
+@pytest.mark.parametrize("num_seqs", [1, 32])
+def test_cheap_drafts_are_not_looked_up_when_no_width_can_pay(num_seqs):
+    """A compute-bound step (every token 10x the fixed part): even drafts as good as the rows' histories
+    cannot pay for widening 32 rows, so choose asks for none (the lookups would only be thrown away by
+    truncate, ~5% of such a step), yet still probes a silent row now and then; one row is asked for all."""
+    ctrl = GoodputController(cost=CostModel.linear(20e-3, 0.0, 1e-3, 0.0), probe_every=4)
+    seqs = make_seqs(num_seqs)
+    asked = []
+    for _ in range(8):  # rows that find no drafts: nothing proposed, nothing learned
+        asked.append(ctrl.choose(seqs, K_MAX))
+        ctrl.observe(StepStats(seqs, [0] * num_seqs, [0] * num_seqs, 0.05, num_seqs, 3.0, 0.0, 0.05))
+    if num_seqs == 1:
+        assert asked == [[K_MAX]] * 8
+    else:
+        assert [sum(ks) for ks in asked] == [0, 0, 0, 0, 1, 0, 0, 0]  # after 4 silent steps, one probe at depth 1
+
+
 def lookup_cost_is_cheap_after_short_steps() -> bool:
     """An n-gram lookup costs 0.5 ms per row whatever K; the controller has only seen steps of K = 1-3 (a
     short chain found): does it still call K_max drafts cheap at batch 1?"""
