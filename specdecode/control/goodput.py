@@ -75,6 +75,7 @@ class GoodputController:
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
         self.tree_mode = False
+        self.confidence_mode = False  # a chain drafter whose confidences set the width (suffix): same
         self.tree_calibration = ConfidenceCalibration()
         self.tree_verified: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # this step's (confidences, depths)
         self.tree_idle = 0  # steps since a tree was last verified
@@ -85,7 +86,10 @@ class GoodputController:
             return [0] * len(seqs)
         caps = np.array([row_cap(s, k_max) for s in seqs])  # [B]
         context = float(np.mean([s.num_cached for s in seqs]))
-        if self.tree_mode:  # per-position acceptance means little for trees: their confidences decide (truncate)
+        if self.tree_mode or self.confidence_mode:
+            # Per-position acceptance means little for trees and frequency-scored chains: their confidences
+            # decide in `truncate`, so they are always asked (a suffix match seen 40 times in 40 is worth
+            # verifying for a row whose history is poor).
             return caps.tolist()
         p = np.stack([self.acceptance.estimate(s.request_id, k_max) for s in seqs])  # [B, k_max]
         reach = np.cumprod(p, axis=1)  # [B, k_max] P(drafts 1..j all accepted)
@@ -148,13 +152,14 @@ class GoodputController:
         probing, self.probing = self.probing, set()
         counts = proposal.num_tokens.tolist()  # [B] drafts each row actually has
         widest = max(counts, default=0)
-        self.tree_mode |= proposal.parents is not None
-        if widest == 0:
-            return proposal
         # Trees by their confidences, and chains whose drafter says its confidences can set the width. Only
         # deterministic ones (q one-hot): a sampled chain's width would depend on the drafts drawn, and a draft
         # kept for what was drawn after it is no longer a sample of q, which rejection sampling needs.
         by_confidence = proposal.parents is not None or (proposal.confidence_sets_width and proposal.probs is None)
+        self.tree_mode |= proposal.parents is not None
+        self.confidence_mode |= by_confidence
+        if widest == 0:
+            return proposal
         if proposal.confidence is not None and by_confidence:
             return self._truncate_by_confidence(seqs, proposal, np.array(counts))
         p = np.stack([self.acceptance.estimate(s.request_id, widest) for s in seqs])  # [B, widest]

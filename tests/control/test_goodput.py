@@ -180,6 +180,17 @@ def test_cheap_drafts_are_not_looked_up_when_no_width_can_pay(num_seqs):
         assert [sum(ks) for ks in asked] == [0, 0, 0, 0, 1, 0, 0, 0]  # after 4 silent steps, one probe at depth 1
 
 
+@pytest.mark.parametrize("sets_width", [True, False])
+def test_a_drafter_whose_confidences_set_the_width_is_always_asked(sets_width):
+    """The skip above goes by the rows' histories, which do not decide a suffix chain's width (its
+    frequencies do, in truncate): once such a chain was seen, every row is asked at any batch. Control: an
+    n-gram-like chain (no such claim), in the same compute-bound batch, is not asked."""
+    ctrl = GoodputController(cost=CostModel.linear(20e-3, 0.0, 1e-3, 0.0))
+    seqs = make_seqs(32)
+    ctrl.truncate(seqs[:1], chain([0.9] * 4, sets_width))
+    assert ctrl.choose(seqs, K_MAX) == ([K_MAX] * 32 if sets_width else [0] * 32)
+
+
 def lookup_cost_is_cheap_after_short_steps() -> bool:
     """An n-gram lookup costs 0.5 ms per row whatever K; the controller has only seen steps of K = 1-3 (a
     short chain found): does it still call K_max drafts cheap at batch 1?"""
