@@ -129,14 +129,17 @@ ROWS = (  # result key, label
 
 
 def print_table(result: dict) -> None:
-    """Each training arm against the two on-the-fly ones: padded (--no-pack, as before packing) and packed."""
-    padded, fly, build = result["on_the_fly_padded"], result["on_the_fly"], result["build"]
-    print(f"{'train':<20} {'tok/s':>10} {'seconds':>9} {'vs padded':>10} {'vs packed':>10}")
+    """Each training arm against the on-the-fly ones: padded (--no-pack, as before packing; drafts only) and
+    packed (for heads: as they train, one window a row)."""
+    build = result["build"]
+    bases = [b for b in ("on_the_fly_padded", "on_the_fly") if b in result]
+    names = {"on_the_fly_padded": "vs fly padded", "on_the_fly": "vs fly"}
+    print(f"{'train':<20} {'tok/s':>10} {'seconds':>9}" + "".join(f" {names[b]:>13}" for b in bases))
     for key, label in ROWS:
         if key in result:
             r = result[key]["tokens_per_s"]
-            vs = f"{r / padded['tokens_per_s']:>9.2f}x {r / fly['tokens_per_s']:>9.2f}x"
-            print(f"{label:<20} {r:>10.0f} {result[key]['seconds']:>9.2f} {vs}")
+            vs = "".join(f" {r / result[b]['tokens_per_s']:>12.2f}x" for b in bases)
+            print(f"{label:<20} {r:>10.0f} {result[key]['seconds']:>9.2f}{vs}")
     print(f"{'build cache (once)':<20} {build['tokens_per_s']:>10.0f} {build['seconds']:>9.2f}")
     print(f"cache: {build['positions']:,} positions, {build['bytes'] / 1e6:.1f} MB on disk")
 
@@ -189,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             "positions": built.manifest["num_loss_positions"],
             "bytes": sum(f.stat().st_size for f in built.out.glob("*.npy")),
         }
-        arms = {  # result key -> (cache, bf16, pack)
-            "on_the_fly_padded": (None, False, False),
+        arms = {  # result key -> (cache, bf16, pack); heads always train one window a row
+            **({} if a.head else {"on_the_fly_padded": (None, False, False)}),
             "on_the_fly": (None, False, True),
             "from_cache": (built.out, False, True),
             **({"from_cache_bf16": (built.out, True, True)} if a.bf16 else {}),

@@ -403,3 +403,14 @@ def test_bench_writes_json(tiny_target, train_npz, tmp_path, capsys):
     assert len(tokens) == 1  # the same batches, every way
     assert result["settings"]["draft_vocab"] == SUBSET and result["settings"]["freeze_embeddings"]
     assert "from cache" in capsys.readouterr().out
+
+
+def test_bench_of_heads_has_no_padded_arm(tiny_target, train_npz, tmp_path):
+    """Heads always train one window a row: their bench compares the cache with that one on-the-fly arm."""
+    out = tmp_path / "bench.json"
+    argv = ["--target", str(tiny_target), "--data", str(train_npz), "--samples", "10", "--seq-len", str(SEQ_LEN)]
+    argv += ["--head", "eagle", "--steps", "2", "--warmup", "1", "--rounds", "1", "--bf16", "--output", str(out)]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert "on_the_fly_padded" not in result
+    assert result["from_cache_bf16"]["tokens"] == result["on_the_fly"]["tokens"] > 0
