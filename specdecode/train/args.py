@@ -185,6 +185,12 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-every", type=float, default=30.0, help="seconds between progress commits")
     p.add_argument("--resume", action="store_true", help="finish an interrupted cache in OUT")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument(
+        "--no-pack",
+        action="store_true",
+        help="one window a row, padded (by default a batch's short windows share rows, each attending only to "
+        "itself: the same teacher up to float rounding, less padding to compute)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -207,6 +213,7 @@ def run_cache(a: argparse.Namespace) -> None:
         overwrite=a.overwrite,
         progress=not a.no_progress,
         command=shlex.join(["specdecode", *sys.argv[1:]]),
+        pack=not a.no_pack,
     )
     r = build_cache(cfg)
     m = r.manifest

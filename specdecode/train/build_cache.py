@@ -9,7 +9,8 @@ Usage:
     specdecode distill --head eagle --teacher-cache cache/part1 --data ...part1.npz --seq-len 512 --out heads/e
 
 The pass runs the same forward as `distill --head` (our runtime, fp32) over the windows training cuts, in
-order, --batch-size windows at a time, and writes each batch into preallocated .npy memory maps (format in
+order, --batch-size windows at a time (short windows packed into shared rows, each attending only to itself;
+`--no-pack`: one a row), and writes each batch into preallocated .npy memory maps (format in
 teacher_cache.py). Progress is committed every --save-every seconds (arrays flushed first, then the manifest
 replaced atomically), so an interrupted run resumes with --resume at the last commit. Commits fall on batch
 boundaries and the batches are the same, so a resumed cache equals an uninterrupted one bit for bit.
@@ -56,6 +57,7 @@ class CacheConfig:
     resume: bool = False
     overwrite: bool = False
     save_every: float = 30.0  # seconds between progress commits (0: after every batch)
+    pack: bool = True  # a batch's short windows share rows (data.py); each still attends only to itself
     progress: bool = True
     command: str = ""
 
@@ -166,7 +168,7 @@ def teacher_pass(
     runs only at the loss positions, a chunk at a time."""
     ids = torch.from_numpy(batch.input_ids).to(device)  # [B, T]
     b, t = ids.shape
-    meta = AttentionMetadata.build(list(range(b)), [0] * b, t, device)
+    meta = AttentionMetadata.build(list(range(b)), [0] * b, t, device, **packed_attention(batch, device))
     first = torch.zeros(b, 1, dtype=torch.int64, device=device)  # logits at one position: the head runs below
     _, hidden = target(ids, meta, target.new_cache(b, t), logits_index=first, return_hidden=True)  # [B, T, H]
     at_loss = hidden[torch.from_numpy(batch.loss_mask).to(device)]  # [num_masked, H]
@@ -184,19 +186,40 @@ def teacher_pass(
     return top, hidden
 
 
+def packed_attention(batch: D.Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    """AttentionMetadata.build's tree arguments for a packed batch: each window a chain of its own, positions
+    from 0 and attending to itself only (exactly what it sees in a row alone); none for one window a row."""
+    if batch.position_ids is None:
+        return {}
+    segment = torch.from_numpy(batch.segments()).to(device)  # [B, T]
+    t = segment.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()  # [T, T]
+    mask = (segment[:, :, None] == segment[:, None, :]) & causal  # [B, T, T]
+    return {"tree_depth": torch.from_numpy(batch.position_ids).to(device), "tree_mask": mask}
+
+
+def window_order(counts: np.ndarray, window_ids: np.ndarray) -> np.ndarray:
+    """[sum(counts)] indices that put rows laid out window after window in `window_ids` order ([n], with
+    counts[j] rows for window_ids[j]) into ascending window order."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])  # [n] first row of each window
+    by_id = np.argsort(window_ids, kind="stable")  # [n]
+    return np.concatenate([np.arange(starts[j], starts[j] + counts[j]) for j in by_id] or [np.zeros(0, np.int64)])
+
+
 def _write_batch(arrays: dict, layout: C.Layout, lo: int, hi: int, top: TopKTeacher, hidden, batch: D.Batch) -> None:
-    """Windows lo..hi-1 into their rows of every array."""
+    """Windows lo..hi-1 into their rows of every array (a packed batch's rows are put back in window order)."""
+    ids = batch.window_ids  # [hi - lo] in layout order
+    loss = window_order(layout.loss_offsets[ids + 1] - layout.loss_offsets[ids], ids)  # [num_masked]
     rows = slice(int(layout.loss_offsets[lo]), int(layout.loss_offsets[hi]))
-    arrays["topk_logp"][rows] = top.log_p.cpu().numpy()
-    arrays["topk_ids"][rows] = top.ids.cpu().numpy()
-    arrays["log_rest"][rows] = top.log_rest.cpu().numpy()
+    arrays["topk_logp"][rows] = top.log_p.cpu().numpy()[loss]
+    arrays["topk_ids"][rows] = top.ids.cpu().numpy()[loss]
+    arrays["log_rest"][rows] = top.log_rest.cpu().numpy()[loss]
     if "target_argmax" in arrays:
-        arrays["target_argmax"][rows] = top.top_token.cpu().numpy()
+        arrays["target_argmax"][rows] = top.top_token.cpu().numpy()[loss]
     if "features" in arrays:
-        lengths = np.diff(layout.token_offsets[lo : hi + 1])  # [B] real tokens per window
-        real = torch.arange(batch.input_ids.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]  # [B, T]
+        real = torch.from_numpy(batch.real()).to(hidden.device)  # [B, T]
         tokens = slice(int(layout.token_offsets[lo]), int(layout.token_offsets[hi]))
-        arrays["features"][tokens] = hidden[real.to(hidden.device)].cpu().numpy()
+        arrays["features"][tokens] = hidden[real].cpu().numpy()[window_order(batch.window_lengths, ids)]
 
 
 def _commit(out: Path, manifest: dict, arrays: dict, done: int) -> None:
@@ -243,7 +266,7 @@ def _run_pass(cfg, out, manifest, arrays, target, samples, windows, layout, devi
     try:
         for lo in range(start, total, cfg.batch_size):
             hi = min(lo + cfg.batch_size, total)
-            batch = D.make_batch(samples, windows[lo:hi], cfg.seq_len, np.arange(lo, hi))
+            batch = D.make_batch(samples, windows[lo:hi], cfg.seq_len, np.arange(lo, hi), cfg.pack)
             top, hidden = teacher_pass(target, batch, k, device, subset)
             _write_batch(arrays, layout, lo, hi, top, hidden, batch)
             done, tokens = hi, tokens + batch.num_tokens

@@ -54,10 +54,16 @@ class Batch:
     num_tokens: int  # real (unpadded) input tokens
     window_ids: np.ndarray | None = None  # [num_windows] rows of window_starts, in row-major layout order
     position_ids: np.ndarray | None = None  # [batch, seq_len] int64 when a row holds several windows: 0 at each start
+    row_lengths: np.ndarray | None = None  # [batch] int64 real tokens in each row
+    window_lengths: np.ndarray | None = None  # [num_windows] int64 tokens of each window, in layout order
 
     def segments(self) -> np.ndarray | None:
         """[batch, seq_len] which window of its row each position belongs to (None: one window a row)."""
         return None if self.position_ids is None else np.cumsum(self.position_ids == 0, axis=1)
+
+    def real(self) -> np.ndarray:
+        """[batch, seq_len] bool: the position holds a window's token, not padding (padding ends each row)."""
+        return np.arange(self.input_ids.shape[1])[None, :] < self.row_lengths[:, None]
 
 
 def _check_file(path: Path, data, vocab_size: int) -> None:
@@ -142,7 +148,11 @@ def make_batch(
     ids = None if window_ids is None else np.asarray(window_ids)[order]
     num_tokens = sum(len(c) for c in chunks)
     shared = any(len(members) > 1 for members in rows)  # else every row is one window: plain causal attention
-    return Batch(input_ids, loss_mask, labels, num_tokens, ids, positions if shared else None)
+    lengths = np.asarray([len(c) for c in chunks], np.int64)  # [num_windows] in the draw's order
+    row_lengths = np.asarray([lengths[m].sum() for m in rows], np.int64)  # [batch]
+    return Batch(
+        input_ids, loss_mask, labels, num_tokens, ids, positions if shared else None, row_lengths, lengths[order]
+    )
 
 
 def _chunk(samples: Samples, i: int, start: int, seq_len: int) -> np.ndarray:

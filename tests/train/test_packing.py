@@ -65,3 +65,34 @@ def test_packed_training_equals_padded(source, fault, tiny_target, train_npz, tm
         assert gap < 1e-5, gap
     else:
         assert gap > 1e-3, gap  # > 100x the tolerance
+
+
+@pytest.mark.parametrize("fault", [None, "rows attend to each other", "window order not restored"])
+def test_packed_cache_equals_padded(fault, tiny_target, train_npz, tmp_path, monkeypatch):
+    """`distill cache` packs too: every array (top-k log-probs and ids, rest mass, features) equals the padded
+    build's, window by window. Controls: packed rows without the per-window mask, or the rows left in packed
+    order, miss by far more than float rounding."""
+    import specdecode.train.build_cache as B
+
+    def build(out, pack):
+        cfg = CacheConfig(
+            target=str(tiny_target), data=[str(train_npz)], out=str(tmp_path / out), seq_len=SEQ_LEN,
+            batch_size=BATCH, dtype="float32", top_k=8, features=True, progress=False, pack=pack,
+        )  # fmt: skip
+        return build_cache(cfg).out
+
+    padded = build("padded", False)
+    if fault == "rows attend to each other":
+        monkeypatch.setattr(B, "packed_attention", lambda batch, device: {})
+    elif fault == "window order not restored":
+        monkeypatch.setattr(B, "window_order", lambda counts, ids: np.arange(int(np.sum(counts))))
+    packed = build("packed", True)
+    gaps = {
+        name: np.abs(np.load(packed / f"{name}.npy").astype(np.float64) - np.load(padded / f"{name}.npy")).max()
+        for name in ("topk_logp", "log_rest", "features")
+    }
+    if fault is None:
+        assert max(gaps.values()) < 1e-4, gaps
+        np.testing.assert_array_equal(np.load(packed / "topk_ids.npy"), np.load(padded / "topk_ids.npy"))
+    else:
+        assert max(gaps.values()) > 1e-1, gaps  # > 1000x the tolerance
