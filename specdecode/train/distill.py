@@ -245,6 +245,7 @@ def _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_st
         "freeze_embeddings": cfg.draft.freeze_embeddings,
         "draft_vocab": cfg.draft.vocab_subset,
         "bf16": cfg.bf16,
+        "pack": cfg.pack,
         "draft_config": summary(draft_cfg),
     }
 
