@@ -219,7 +219,8 @@ def _write_batch(arrays: dict, layout: C.Layout, lo: int, hi: int, top: TopKTeac
     if "features" in arrays:
         real = torch.from_numpy(batch.real()).to(hidden.device)  # [B, T]
         tokens = slice(int(layout.token_offsets[lo]), int(layout.token_offsets[hi]))
-        arrays["features"][tokens] = hidden[real].cpu().numpy()[window_order(batch.window_lengths, ids)]
+        order = window_order(layout.token_offsets[ids + 1] - layout.token_offsets[ids], ids)  # [real tokens]
+        arrays["features"][tokens] = hidden[real].cpu().numpy()[order]
 
 
 def _commit(out: Path, manifest: dict, arrays: dict, done: int) -> None:

@@ -55,7 +55,6 @@ class Batch:
     window_ids: np.ndarray | None = None  # [num_windows] rows of window_starts, in row-major layout order
     position_ids: np.ndarray | None = None  # [batch, seq_len] int64 when a row holds several windows: 0 at each start
     row_lengths: np.ndarray | None = None  # [batch] int64 real tokens in each row
-    window_lengths: np.ndarray | None = None  # [num_windows] int64 tokens of each window, in layout order
 
     def segments(self) -> np.ndarray | None:
         """[batch, seq_len] which window of its row each position belongs to (None: one window a row)."""
@@ -146,13 +145,11 @@ def make_batch(
     labels[~loss_mask] = PAD_ID
     order = np.asarray([w for members in rows for w in members], np.int64)  # [num_windows] layout order
     ids = None if window_ids is None else np.asarray(window_ids)[order]
-    num_tokens = sum(len(c) for c in chunks)
     shared = any(len(members) > 1 for members in rows)  # else every row is one window: plain causal attention
     lengths = np.asarray([len(c) for c in chunks], np.int64)  # [num_windows] in the draw's order
     row_lengths = np.asarray([lengths[m].sum() for m in rows], np.int64)  # [batch]
-    return Batch(
-        input_ids, loss_mask, labels, num_tokens, ids, positions if shared else None, row_lengths, lengths[order]
-    )
+    num_tokens = int(lengths.sum())
+    return Batch(input_ids, loss_mask, labels, num_tokens, ids, positions if shared else None, row_lengths)
 
 
 def _chunk(samples: Samples, i: int, start: int, seq_len: int) -> np.ndarray:

@@ -141,8 +141,9 @@ def _build_student(cfg: DistillConfig, draft_cfg, teacher, device: torch.device)
     return student.to(device).train()
 
 
-def _tensors(batch: D.Batch, device: torch.device) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.from_numpy(a).to(device) for a in (batch.input_ids, batch.loss_mask, batch.labels))
+def _loss_tensors(batch: D.Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[batch, seq_len] each: the loss mask and the labels (the model's inputs are model_inputs)."""
+    return torch.from_numpy(batch.loss_mask).to(device), torch.from_numpy(batch.labels).to(device)
 
 
 def model_inputs(batch: D.Batch, device: torch.device) -> dict[str, torch.Tensor]:
@@ -184,15 +185,15 @@ def frozen_rows(student, subset: torch.Tensor | None, bf16: bool) -> torch.Tenso
 
 def _forward(student, teacher, batch: D.Batch, device, ce_weight: float, subset, rows=None) -> StepStats:
     inputs = model_inputs(batch, device)
-    _, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
+    mask, labels = _loss_tensors(batch, device)  # [batch, seq_len] each
     with torch.no_grad(), teacher_precision(device):
         teacher_logits = teacher(**inputs).logits  # [batch, seq_len, vocab]
     logits = student_logits(student, inputs, mask, subset, rows)  # [num_masked, S]
     return distill_loss(logits, teacher_logits, mask, labels, ce_weight, subset)
 
 
-def _cached_forward(student, cache: TeacherCache, batch: D.Batch, device, ce_weight: float, subset, rows):
-    _, mask, labels = _tensors(batch, device)  # [batch, seq_len] each
+def _cached_forward(student, cache: TeacherCache, batch: D.Batch, device, ce_weight: float, subset, rows) -> StepStats:
+    mask, labels = _loss_tensors(batch, device)  # [batch, seq_len] each
     teacher = cache.topk(batch.window_ids).to(device)  # [num_masked] top-k rows, in tensor[mask] order
     logits = student_logits(student, model_inputs(batch, device), mask, subset, rows)  # [num_masked, S]
     return topk_distill_loss(logits, teacher, mask, labels, ce_weight, subset)

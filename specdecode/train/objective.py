@@ -69,14 +69,18 @@ def topk_distill_loss(
     if ce_weight > 0.0:
         labels = _subset_labels(labels[loss_mask], subset)  # [num_masked]
         loss = loss + ce_weight * F.cross_entropy(student_logits.float(), labels, ignore_index=-100)
-    drafted = drafted if subset is None else subset[drafted]  # [num_masked] token ids
-    agree = (drafted == teacher.argmax()).float().mean()
+    agree = (_token_ids(drafted, subset) == teacher.argmax()).float().mean()
     return StepStats(loss, kl.item(), agree.item(), int(loss_mask.sum()))
 
 
 def _drafted(q_log: torch.Tensor, subset: torch.Tensor | None) -> torch.Tensor:
     """[n, S] student log-probs -> [n] the token ids it drafts greedily."""
-    return q_log.argmax(-1) if subset is None else subset[q_log.argmax(-1)]
+    return _token_ids(q_log.argmax(-1), subset)
+
+
+def _token_ids(columns: torch.Tensor, subset: torch.Tensor | None) -> torch.Tensor:
+    """[n] columns of the draft vocabulary -> [n] token ids."""
+    return columns if subset is None else subset[columns]
 
 
 def _subset_labels(labels: torch.Tensor, subset: torch.Tensor | None) -> torch.Tensor:
