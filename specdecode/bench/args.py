@@ -167,6 +167,13 @@ def add_sweep_args(g: argparse._ArgumentGroup) -> None:
         default=16,
         help="requests per arm and level at least: levels with fewer per round run more rounds, arms taking turns",
     )
+    g.add_argument(
+        "--no-stagger",
+        dest="stagger",
+        action="store_false",
+        help="start a round's first C requests alike (default: they ask for 1/C, 2/C, ... of --max-tokens, so "
+        "finishes and prefills come a few at a time, as under continuous traffic)",
+    )
 
 
 def positive_float_list(text: str) -> list[float]:

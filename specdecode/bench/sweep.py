@@ -15,6 +15,12 @@ always hit the same arm.
 Steady state, the figure the targets read, is the stretch of a round after its first request finished and
 before the loop stops replacing them (the drain): the start-up burst, every prompt of the level prefilled at
 once with no token out yet, is a transient that continuous traffic never shows, and it grows with C.
+
+The first C requests of a round are staggered: the i-th of them asks for ceil(max_tokens * i / C) tokens, the
+rest for max_tokens, so requests finish, and their replacements prefill, a few at a time, as under continuous
+traffic. Started all alike, plain decoding kept them in lockstep: at C = 8 a round was two waves, and its
+steady stretch was the second wave's eight prefills at once and one wave's decoding (63.9 tokens/s against
+133.6 over the whole round). `--no-stagger` starts them all alike.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ class SweepConfig:
     requests_per_level: int | None = None  # None: max(4, 2C)
     warmup: int = 1
     min_requests: int = 1  # per arm and level: rounds of requests_per_level until at least this many
+    stagger: bool = True  # the first C requests of a round ask for 1/C, 2/C, ... C/C of max_tokens
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1:
@@ -219,25 +226,42 @@ def build_engine(base, arm: ArmSpec, num_seqs: int, max_len: int) -> Engine:
     )
 
 
+def staggered(max_tokens: int, i: int, concurrency: int) -> int:
+    """Tokens asked of the i-th (from 0) of a round's first `concurrency` requests: their finishes spread
+    evenly over one request's length, as if the loop had been running for ever."""
+    return max(1, -(-max_tokens * (i + 1) // concurrency))
+
+
 def closed_loop(
-    engine: Engine, prompts: Iterator[list[int]], concurrency: int, num_requests: int, params: SamplingParams, bar
+    engine: Engine,
+    prompts: Iterator[list[int]],
+    concurrency: int,
+    num_requests: int,
+    params: SamplingParams,
+    bar,
+    stagger: bool = False,
 ) -> LevelRun:
-    """Keep `concurrency` requests in the engine until `num_requests` are done; time and trace every step."""
+    """Keep `concurrency` requests in the engine until `num_requests` are done; time and trace every step.
+
+    stagger: the first `concurrency` requests ask for 1/C, 2/C, ... of params.max_tokens (see `staggered`)."""
     recorder = engine.controller
     assert isinstance(recorder, RecordingController), "build engines with build_engine"
     seqs: list[Sequence] = []
     first: dict[str, float] = {}
     run = LevelRun(0.0, 0, num_requests, [], [])
 
+    full = min(concurrency, num_requests)
+
     def submit() -> None:
         prompt = next(prompts)
         run.prompt_tokens += len(prompt)
-        seqs.append(engine.add_request(f"sweep-{len(seqs)}", prompt, params))
+        i = len(seqs)
+        own = replace(params, max_tokens=staggered(params.max_tokens, i, full)) if stagger and i < full else params
+        seqs.append(engine.add_request(f"sweep-{i}", prompt, own))
 
     t0 = time.perf_counter()
-    for _ in range(min(concurrency, num_requests)):
+    for _ in range(full):
         submit()
-    full = min(concurrency, num_requests)
     replacing = False  # a request has finished and been replaced: the start-up burst is over
     while engine.has_work():
         before = engine.last_step
@@ -301,16 +325,16 @@ def run_sweep(base, arms: list[ArmSpec], prompts: list[list[int]], cfg: SweepCon
                     bar.set_postfix_str(f"C={c} {arm.name} round {r + 1}/{cfg.rounds(c)}")
                     engine = build_engine(base, arm, c, max_len)
                     if cfg.warmup:
-                        closed_loop(engine, cycle(prompts), c, cfg.warmup, warm, _NullBar())
+                        closed_loop(engine, cycle(prompts), c, cfg.warmup, warm, NullBar())
                     # Every arm sees the same prompts in the same order in a round; each round the next ones.
                     todo = islice(cycle(prompts), r * n, None)
-                    run = closed_loop(engine, todo, c, n, params, bar)
+                    run = closed_loop(engine, todo, c, n, params, bar, cfg.stagger)
                     runs[arm.name][c] = runs[arm.name][c].merge(run) if r else run
                     del engine  # frees its cache before the next arm allocates one
     return runs
 
 
-class _NullBar:
+class NullBar:
     def update(self, n: int) -> None:
         pass
 
@@ -357,7 +381,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     if a.method == "none":
         raise ConfigError("the sweep compares speculation lengths: give a drafter with --method (ngram, draft, self)")
     arms = parse_arms(a.arms, a.num_speculative_tokens, DEFAULT_ARMS)
-    cfg = SweepConfig(a.concurrency, a.max_tokens, a.requests_per_level, a.warmup, a.min_requests)
+    cfg = SweepConfig(a.concurrency, a.max_tokens, a.requests_per_level, a.warmup, a.min_requests, a.stagger)
     # The base LLM holds the weights for every arm's engine; its own engine gets one slot as it is not timed.
     # Its context is the model's whole (as in specbench) so that long RAG prompts fit; caches are sized later.
     k_max = max(arm.k for arm in arms)

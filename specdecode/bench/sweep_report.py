@@ -182,6 +182,7 @@ def report(
         "max_tokens": cfg.max_tokens,
         "requests_per_level": {c: cfg.total_requests(c) for c in levels},
         "rounds": {c: cfg.rounds(c) for c in levels},
+        "staggered": cfg.stagger,
         "arms": {a.name: {"controller": a.controller, "k": a.k} for a in arms},
         "results": figs,
         "peers": peer_figs,

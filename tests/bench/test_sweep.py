@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import io
 import json
+from itertools import cycle
 
 import pytest
 from rich.console import Console
 
-from specdecode.bench.sweep import ArmSpec, RecordingController, SweepConfig, parse_arms, run_sweep
+from specdecode.bench.sweep import (
+    ArmSpec,
+    NullBar,
+    RecordingController,
+    SweepConfig,
+    build_engine,
+    closed_loop,
+    parse_arms,
+    run_sweep,
+)
 from specdecode.bench.sweep_report import report
 from specdecode.cli import build_parser
-from specdecode.config import ConfigError
+from specdecode.config import ConfigError, SamplingParams
 from specdecode.control import CONTROLLERS, make_controller
 from specdecode.llm import LLM
 
@@ -172,3 +182,36 @@ def test_levels_run_in_rounds_the_arms_taking_turns(tiny_target, monkeypatch):
     # Three rounds of four requests, each round on the next prompts of the cycle: twelve in all, each prompt 4x.
     assert runs["none"][1].requests == runs["fixed:2"][1].requests == 12
     assert runs["none"][1].prompt_tokens == 4 * sum(len(p) for p in PROMPTS)
+
+
+def finishes_per_step(tiny_target, stagger: bool) -> tuple[list[int], int]:
+    """Plain decoding at C = 4, eight requests of 8 tokens: how many finish at each step, and the tokens made."""
+    base = LLM(str(tiny_target), method="ngram", num_speculative_tokens=2, max_num_seqs=1, max_model_len=64)
+    engine = build_engine(base, ArmSpec("none", "fixed", 0), 4, 64)
+    finished: list[int] = []
+    step = engine.step
+
+    def counting():
+        updates = step()
+        finished.append(sum(u.finished for u in updates))
+        return updates
+
+    engine.step = counting
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    run = closed_loop(engine, cycle(PROMPTS), 4, 8, params, NullBar(), stagger)
+    return finished, run.tokens
+
+
+@pytest.mark.parametrize("stagger", [True, False])
+def test_staggered_rounds_finish_a_few_at_a_time(tiny_target, stagger):
+    """Staggered, the first four ask for 2, 4, 6 and 8 tokens: requests finish (and their replacements prefill)
+    one at a time, as under continuous traffic. The control starts them alike: plain decoding keeps them in
+    lockstep, four finishes on one step, and the steady stretch would be one wave's prefills and decoding."""
+    finished, tokens = finishes_per_step(tiny_target, stagger)
+    assert sum(finished) == 8
+    if stagger:
+        assert tokens == 2 + 4 + 6 + 8 + 4 * 8
+        assert max(finished) == 1
+    else:
+        assert tokens == 8 * 8
+        assert max(finished) == 4
