@@ -89,6 +89,26 @@ def test_draft_cost_is_learned_online():
     assert model.predict_draft(4, 4) == pytest.approx(1e-3 * 4 + 0.5e-3 * 16, rel=0.02)
 
 
+def draft_refits(monkeypatch, every: int) -> int:
+    """NNLS solves of the draft coefficients over 64 drafting steps, refitting every `every`-th."""
+    calls = []
+    real = cost_module.nnls_gram
+    monkeypatch.setattr(cost_module, "nnls_gram", lambda g, xty: calls.append(1) or real(g, xty))
+    model = default_cost_model()
+    model.draft_refit_every = every
+    for b, k in [(1, 2), (4, 3), (2, 5), (8, 1)] * 16:
+        model.observe(b, k, 100, model.predict_verify(b, k, 100), 1e-3 * k + 0.5e-3 * b * k)
+    assert model.predict_draft(4, 4) == pytest.approx(1e-3 * 4 + 0.5e-3 * 16, rel=0.02)  # learned all the same
+    return len(calls)
+
+
+def test_draft_cost_refits_every_eighth_step_once_warm(monkeypatch):
+    """Eight refits while warming up, then one per eight steps (a refit costs ~1.5% of a small step). Control:
+    a refit on every step, as before, solves 64 times."""
+    assert draft_refits(monkeypatch, 8) == 8 + 7
+    assert draft_refits(monkeypatch, 1) == 64
+
+
 def test_profile_round_trips(tmp_path):
     model = CostModel.fit(synthetic_samples(noise=0.01), FP)
     path = model.save(tmp_path / "p.json")
