@@ -2,18 +2,20 @@
 
 The verify forward is padded, so the target scores N = B * (K + 1) tokens whatever each row's own K is:
 
-    t_verify = a + b * B + c * N + sum_k h_k * max(0, N - n_k) + d * N * C / 1000
+    t_verify = a + b * B + c * N + sum_k h_k * max(0, N - n_k) + d * N * C / 1000 + r * B * C / 1000
     t_draft  = e * K + f * B * K + g * B * [K > 0]      (g: a lookup per row whatever K, as n-gram's)
 
 a is the fixed launch/overhead, b per row, c per token while the weights' reading dominates, h_k the extra per
 token past each knee n_k in KNEES (a weight-streaming GEMM is flat for a few rows, then turns compute-bound:
 on the 2-core CPU measured here 1, 2 and 3 tokens cost 21-23 ms and each token past ~4 adds ~4 ms, a bend no
-straight line fits), d the attention. Coefficients are fitted by non-negative least squares (a negative
-per-token cost would reward padding; non-negative hinges also keep the curve convex). An online multiplicative
-correction (EWMA of measured / predicted verify time) heals a profile measured on a busier or quieter machine,
-and the draft coefficients are learned online from measured propose times. The per-row term matters: an n-gram
-lookup costs the same for K = 1 and K = 8, and without g a fit through K = 1-3 steps charges it per position
-and calls K = 8 expensive.
+straight line fits), d the attention's work per query and r its reading of each row's cached keys: each row
+reads its own cache once whatever its tokens, so 8 rows of one token at context 2048 cost 67.5 ms where one
+row of 9 tokens cost 38.0 (results/cost_attention.json), and without r the fit missed the former by 22%.
+Coefficients are fitted by non-negative least squares (a negative per-token cost would reward padding;
+non-negative hinges also keep the curve convex). An online multiplicative correction (EWMA of measured /
+predicted verify time) heals a profile measured on a busier or quieter machine, and the draft coefficients are
+learned online from measured propose times. The per-row term matters: an n-gram lookup costs the same for
+K = 1 and K = 8, and without g a fit through K = 1-3 steps charges it per position and calls K = 8 expensive.
 A profile is JSON: coefficients plus the fingerprint (model, device, dtype, torch) it was measured for.
 """
 
@@ -28,9 +30,16 @@ from pathlib import Path
 
 import numpy as np
 
-PROFILE_VERSION = 2  # 2: the hinge terms
+PROFILE_VERSION = 3  # 2: the hinge terms; 3: the per-row cache read
 KNEES = (4, 16, 64)  # tokens per forward past which a hinge term adds its own per-token cost
-VERIFY_TERMS = ("intercept", "per_seq", "per_token", *(f"per_token_past_{n}" for n in KNEES), "per_token_kctx")
+VERIFY_TERMS = (
+    "intercept",
+    "per_seq",
+    "per_token",
+    *(f"per_token_past_{n}" for n in KNEES),
+    "per_token_kctx",
+    "per_seq_kctx",
+)
 DRAFT_TERMS = ("per_position", "per_row_position", "per_row")
 MIN_SAMPLES = 4
 
@@ -42,7 +51,7 @@ class ProfileError(ValueError):
 def verify_features(num_seqs: float, num_tokens: float, context: float) -> np.ndarray:
     """[len(VERIFY_TERMS)] the regressors of t_verify (see the module docstring)."""
     hinges = [max(0.0, num_tokens - n) for n in KNEES]
-    return np.array([1.0, num_seqs, num_tokens, *hinges, num_tokens * context / 1000.0])
+    return np.array([1.0, num_seqs, num_tokens, *hinges, num_tokens * context / 1000.0, num_seqs * context / 1000.0])
 
 
 def draft_features(num_seqs: float, k: float) -> np.ndarray:
@@ -93,9 +102,11 @@ class CostModel:
 
     # ---- fitting and prediction -----------------------------------------------------------------------
     @classmethod
-    def linear(cls, intercept: float, per_seq: float, per_token: float, per_token_kctx: float) -> CostModel:
+    def linear(
+        cls, intercept: float, per_seq: float, per_token: float, per_token_kctx: float, per_seq_kctx: float = 0.0
+    ) -> CostModel:
         """A model without bends: every token costs the same (a hand-written prior or a test's ground truth)."""
-        return cls(np.array([intercept, per_seq, per_token, *[0.0] * len(KNEES), per_token_kctx]))
+        return cls(np.array([intercept, per_seq, per_token, *[0.0] * len(KNEES), per_token_kctx, per_seq_kctx]))
 
     @classmethod
     def fit(cls, samples: list[tuple[float, float, float, float]], fingerprint: dict | None = None) -> CostModel:
@@ -174,11 +185,21 @@ class CostModel:
 
 
 def default_cost_model() -> CostModel:
-    """An uncalibrated prior for a ~135M model's compiled step on a few CPU cores (results/cost.md): ~21 ms for
-    1-3 tokens at batch 1, then ~3.9 ms per token past 4 (9 tokens ~42 ms, 17 ~74 ms). Attention over 1000
-    cached tokens adds ~0.3 ms per token. The engine replaces it by a probe at load (control/calibrate.py)."""
+    """An uncalibrated prior: the fit to a ~135M model's compiled step on two CPU cores (results/cost_attention.json,
+    2026-11-24): ~25 ms for 1-5 tokens at batch 1, ~0.6 ms per token past 4 and ~1.2 past 16 (9 tokens ~29 ms,
+    8 rows of 9 ~115 ms); attention ~0.6 ms per token and ~1.8 ms per row per 1000 cached tokens. The fit puts
+    no cost on a token before the first knee; the prior puts 0.1 ms, so that a draft nobody expects to be
+    accepted is never free. The engine replaces it by a probe at load (control/calibrate.py)."""
     coef = dict.fromkeys(VERIFY_TERMS, 0.0)
-    coef.update(intercept=19.5e-3, per_seq=1.5e-3, per_token=0.3e-3, per_token_past_4=3.6e-3, per_token_kctx=0.3e-3)
+    coef.update(
+        intercept=24.0e-3,
+        per_seq=0.2e-3,
+        per_token=0.1e-3,
+        per_token_past_4=0.5e-3,
+        per_token_past_16=0.6e-3,
+        per_token_kctx=0.6e-3,
+        per_seq_kctx=1.8e-3,
+    )
     return CostModel(np.array([coef[t] for t in VERIFY_TERMS]))
 
 
