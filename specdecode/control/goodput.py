@@ -59,6 +59,7 @@ class GoodputController:
         probe_keep: float = 0.25,
         row_floor: float = 0.1,
         cheap_draft: float = 0.05,
+        widen_margin: float = 0.05,
     ) -> None:
         self.cost = cost if cost is not None else default_cost_model()
         self.acceptance = acceptance if acceptance is not None else AcceptanceTracker()
@@ -69,6 +70,11 @@ class GoodputController:
         # to a whole step for a small model at batch 1, so a draft below it costs more than it can return.
         self.row_floor = row_floor
         self.cheap_draft = cheap_draft
+        # `truncate` verifies drafts only for a predicted gain above this over verifying none: the cost model
+        # errs by ~5% of a step, and the best of several noisy estimates is biased up. At C = 8 (n-gram,
+        # K_max 8) widths predicted to pay 2-8% were verified; one draft a row then cost +44% where +33% was
+        # predicted, and such steps lost to plain decoding.
+        self.widen_margin = widen_margin
         self.k_batch: int | None = None  # the batch K in force (the hysteresis reference)
         self.idle: dict[str, int] = {}  # steps since each request last drafted anything
         self.since_probe = 0  # steps since a probe last widened a non-speculating batch
@@ -166,7 +172,10 @@ class GoodputController:
         tokens = expected_tokens(np.cumprod(p, axis=1), np.array(counts)).sum(0)  # [widest + 1]
         context = float(np.mean([s.num_cached for s in seqs]))
         seconds = np.array([self.cost.predict_verify(len(seqs), w, context) for w in range(widest + 1)])
-        width = int(np.argmax(tokens / np.maximum(seconds, 1e-9)))
+        goodput = tokens / np.maximum(seconds, 1e-9)  # [widest + 1]
+        width = int(np.argmax(goodput))
+        if goodput[width] < goodput[0] * (1.0 + self.widen_margin):  # within the model's error: not a gain
+            width = 0
         if width == widest:
             return proposal
         keep = [max(width, 1 if s.request_id in probing else 0) for s in seqs]
