@@ -7,9 +7,9 @@ Drafts are deterministic (q one-hot), so their confidence may look at the drafts
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from specdecode.drafters.base import Proposal
+from specdecode.drafters.history import RequestHistory
 from specdecode.engine.sequence import Sequence
 from specdecode.sampling import SamplingTensors
 
@@ -17,12 +17,18 @@ from specdecode.sampling import SamplingTensors
 def lookup(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> tuple[list[int], list[float]]:
     """Up to k tokens that followed the latest earlier match of the longest suffix n-gram (n_max down to n_min),
     and the confidence of each: among earlier occurrences of the suffix that continued like the drafts before
-    position j, the fraction that continued with draft j too (1.0 when the suffix occurred only once)."""
+    position j, the fraction that continued with draft j too (1.0 when the suffix occurred only once).
+
+    One pass over the history finds the earlier occurrences of the last token; each n then checks only those
+    for the n - 1 tokens before them (a sliding-window comparison per n took ~3x as long at batch 8)."""
     length = len(tokens)
+    ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1]) if length else tokens[:0]  # [m] last index
     for n in range(min(n_max, length - 1), n_min - 1, -1):
-        pattern = tokens[length - n :]
-        windows = sliding_window_view(tokens[: length - 1], n)  # [length - n, n]; excludes the suffix itself
-        hits = np.flatnonzero((windows == pattern).all(axis=1))
+        cand = ends[ends >= n - 1]  # [m'] occurrences with room for n tokens, none of them the suffix itself
+        agree = np.ones(len(cand), dtype=bool)
+        for j in range(1, n):
+            agree &= tokens[cand - j] == tokens[length - 1 - j]
+        hits = cand[agree] - (n - 1)  # [h] window starts, ascending
         if hits.size:
             start = hits[-1] + n
             draft = tokens[start : start + k]
@@ -43,13 +49,14 @@ def _continuation_agreement(tokens: np.ndarray, starts: np.ndarray, draft: np.nd
 class NgramDrafter:
     def __init__(self, n_min: int = 1, n_max: int = 4, device: str = "cpu") -> None:
         self.n_min, self.n_max, self.device = n_min, n_max, device
+        self.histories: dict[str, RequestHistory] = {}  # each request's tokens as an array, grown as it commits
 
     def add_sequence(self, seq: Sequence) -> None:
-        pass
+        self.histories[seq.request_id] = RequestHistory(seq.max_len)
 
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
         found = [
-            lookup(np.asarray(s.token_ids, dtype=np.int64), k, self.n_min, self.n_max) if k else ([], [])
+            lookup(self._history(s), k, self.n_min, self.n_max) if k else ([], [])
             for s, k in zip(seqs, num_tokens, strict=True)
         ]
         drafts = [d for d, _ in found]
@@ -57,11 +64,18 @@ class NgramDrafter:
         width = max(map(len, drafts), default=0)
         return Proposal.from_lists(drafts, width, self.device, [c for _, c in found])
 
+    def _history(self, seq: Sequence) -> np.ndarray:
+        """[len(seq.token_ids)] the request's tokens; only those committed since its last lookup are copied."""
+        history = self.histories.get(seq.request_id)
+        if history is None:  # a sequence the engine never announced (a direct caller): convert it whole
+            return np.asarray(seq.token_ids, dtype=np.int64)
+        return history.sync(seq.token_ids)
+
     def commit(self, seqs: list[Sequence]) -> None:
         pass
 
     def remove_sequence(self, seq: Sequence) -> None:
-        pass
+        self.histories.pop(seq.request_id, None)
 
     def live_request_ids(self) -> set[str]:
-        return set()
+        return set(self.histories)

@@ -33,6 +33,7 @@ import torch
 
 from specdecode.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from specdecode.drafters.base import Proposal
+from specdecode.drafters.history import RequestHistory
 from specdecode.drafters.suffix_index import SuffixArray, TokenScan, join_documents, load_corpus, min_count
 from specdecode.engine.sequence import Sequence
 from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
@@ -111,20 +112,6 @@ def merge(drafts: list[Draft], k: int) -> Draft:
     best = sorted(range(len(tokens)), key=lambda i: (-probs[i], i))[:k]
     renumber = {0: 0} | {old + 1: new + 1 for new, old in enumerate(best)}
     return Draft([tokens[i] for i in best], [renumber[parents[i]] for i in best], [probs[i] for i in best])
-
-
-class RequestHistory:
-    """One request's prompt + output as a growing int32 buffer, synced from the engine's token list."""
-
-    def __init__(self, capacity: int) -> None:
-        self.tokens = np.empty(capacity, dtype=np.int32)  # [max_len]
-        self.length = 0
-
-    def sync(self, token_ids: list[int]) -> np.ndarray:
-        """[len(token_ids)] int32 the history; only the tokens committed since the last sync are copied."""
-        self.tokens[self.length : len(token_ids)] = token_ids[self.length :]
-        self.length = len(token_ids)
-        return self.tokens[: self.length]
 
 
 class OutputCache:
