@@ -14,26 +14,34 @@ from specdecode.engine.sequence import Sequence
 from specdecode.sampling import SamplingTensors
 
 
-def lookup(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> tuple[list[int], list[float]]:
-    """Up to k tokens that followed the latest earlier match of the longest suffix n-gram (n_max down to n_min),
-    and the confidence of each: among earlier occurrences of the suffix that continued like the drafts before
-    position j, the fraction that continued with draft j too (1.0 when the suffix occurred only once).
+def suffix_occurrences(tokens: np.ndarray, n_min: int, n_max: int) -> tuple[np.ndarray, int]:
+    """Where the longest suffix n-gram (n_max down to n_min) occurred earlier: (the start of each occurrence,
+    ascending; n), or (empty, 0) when no suffix recurs. The suffix itself is not an occurrence.
 
     One pass over the history finds the earlier occurrences of the last token; each n then checks only those
     for the n - 1 tokens before them (a sliding-window comparison per n took ~3x as long at batch 8)."""
     length = len(tokens)
     ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1]) if length else tokens[:0]  # [m] last index
     for n in range(min(n_max, length - 1), n_min - 1, -1):
-        cand = ends[ends >= n - 1]  # [m'] occurrences with room for n tokens, none of them the suffix itself
+        cand = ends[ends >= n - 1]  # [m'] occurrences with room for n tokens
         agree = np.ones(len(cand), dtype=bool)
         for j in range(1, n):
             agree &= tokens[cand - j] == tokens[length - 1 - j]
-        hits = cand[agree] - (n - 1)  # [h] window starts, ascending
-        if hits.size:
-            start = hits[-1] + n
-            draft = tokens[start : start + k]
-            return draft.tolist(), _continuation_agreement(tokens, hits + n, draft).tolist()
-    return [], []
+        if agree.any():
+            return cand[agree] - (n - 1), n  # [h] window starts, ascending
+    return np.empty(0, dtype=np.int64), 0
+
+
+def lookup(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> tuple[list[int], list[float]]:
+    """Up to k tokens that followed the latest earlier match of the longest suffix n-gram (n_max down to n_min),
+    and the confidence of each: among earlier occurrences of the suffix that continued like the drafts before
+    position j, the fraction that continued with draft j too (1.0 when the suffix occurred only once)."""
+    hits, n = suffix_occurrences(tokens, n_min, n_max)
+    if not hits.size:
+        return [], []
+    start = hits[-1] + n
+    draft = tokens[start : start + k]
+    return draft.tolist(), _continuation_agreement(tokens, hits + n, draft).tolist()
 
 
 def _continuation_agreement(tokens: np.ndarray, starts: np.ndarray, draft: np.ndarray) -> np.ndarray:
@@ -56,20 +64,13 @@ class NgramDrafter:
 
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
         found = [
-            lookup(self._history(s), k, self.n_min, self.n_max) if k else ([], [])
+            lookup(self.histories[s.request_id].sync(s.token_ids), k, self.n_min, self.n_max) if k else ([], [])
             for s, k in zip(seqs, num_tokens, strict=True)
         ]
         drafts = [d for d, _ in found]
         # Pad only to the longest draft found, not the K asked for: the target scores the whole padded block.
         width = max(map(len, drafts), default=0)
         return Proposal.from_lists(drafts, width, self.device, [c for _, c in found])
-
-    def _history(self, seq: Sequence) -> np.ndarray:
-        """[len(seq.token_ids)] the request's tokens; only those committed since its last lookup are copied."""
-        history = self.histories.get(seq.request_id)
-        if history is None:  # a sequence the engine never announced (a direct caller): convert it whole
-            return np.asarray(seq.token_ids, dtype=np.int64)
-        return history.sync(seq.token_ids)
 
     def commit(self, seqs: list[Sequence]) -> None:
         pass

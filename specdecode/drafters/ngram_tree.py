@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 
 from specdecode.drafters.base import Proposal
+from specdecode.drafters.ngram import suffix_occurrences
 from specdecode.engine.sequence import Sequence
 from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
 
@@ -20,13 +20,8 @@ from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
 def suffix_hits(tokens: np.ndarray, n_min: int, n_max: int, max_hits: int) -> tuple[np.ndarray, int]:
     """Where the longest suffix n-gram (n_max down to n_min) occurred before, latest first; (starts of what
     followed each occurrence, n). Empty when no suffix recurs."""
-    length = len(tokens)
-    for n in range(min(n_max, length - 1), n_min - 1, -1):
-        windows = sliding_window_view(tokens[: length - 1], n)  # [length - n, n]; excludes the suffix itself
-        hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
-        if hits.size:
-            return (hits + n)[::-1][:max_hits], n
-    return np.empty(0, dtype=np.int64), 0
+    hits, n = suffix_occurrences(tokens, n_min, n_max)
+    return (hits + n)[::-1][:max_hits], n
 
 
 def continuation_trie(tokens: np.ndarray, starts: np.ndarray, depth: int) -> list[tuple[int, int, int, int]]:
