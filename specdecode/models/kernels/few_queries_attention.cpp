@@ -7,8 +7,11 @@
 // that share a key head are one block:
 //
 // 1. The keys are cut into chunks of kChunk from key 0, the same cut whatever T, n or the thread count. A
-//    (row, key head, chunk) is one work item: its keys are transposed into [D, kChunk] on the stack, then every
-//    query row's kChunk scores are 4 registers of FMAs over d (a query value broadcast per FMA), plus the mask.
+//    (row, key head, chunk) is one work item: its keys are transposed into [D, kChunk] on the stack (16 x 16
+//    blocks in registers), then every query row's kChunk scores are 4 registers of FMAs over d (a query value
+//    broadcast per FMA), plus the mask. While they run, the item's values are prefetched, and while the values
+//    are summed, the next item's keys: a one-token step is bound by reading the cache, and without it the
+//    loads waited on the arithmetic.
 // 2. Per query row: the chunk's max m, p = exp(s - m) (a polynomial; masked keys give exactly 0), l = sum p and
 //    acc[D] = sum_j p_j v_j (each value row read once for all the query rows).
 // 3. The chunks of a query row are merged in order: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
@@ -21,7 +24,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 namespace {
@@ -47,6 +49,35 @@ inline __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+// dst[c * dst_stride + i] = src[i * src_stride + c] for a 16 x 16 block, rows i >= rows read as zeros: four
+// rounds of in-register shuffles in place of 256 scalar moves (the keys' transpose was most of a one-token
+// chunk's work).
+inline void transpose16(const float* src, int64_t src_stride, int rows, float* dst, int64_t dst_stride) {
+    __m512 r[16], a[16];
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * src_stride) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; i += 2) {  // per 128-bit lane l: (r_i[4l], r_i+1[4l], r_i[4l+1], r_i+1[4l+1]) and the next two
+        a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  // r[i + c], lane l: column 4l + c of rows i..i+3
+        const __m512d a0 = _mm512_castps_pd(a[i]), a1 = _mm512_castps_pd(a[i + 1]);
+        const __m512d a2 = _mm512_castps_pd(a[i + 2]), a3 = _mm512_castps_pd(a[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+    }
+    for (int c = 0; c < 4; ++c) {  // column 4l + c gathers lane l of r[c], r[4 + c], r[8 + c], r[12 + c]
+        const __m512 s0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), s1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+        const __m512 s2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512 s3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+        _mm512_store_ps(dst + c * dst_stride, _mm512_shuffle_f32x4(s0, s2, 0x88));
+        _mm512_store_ps(dst + (4 + c) * dst_stride, _mm512_shuffle_f32x4(s1, s3, 0x88));
+        _mm512_store_ps(dst + (8 + c) * dst_stride, _mm512_shuffle_f32x4(s0, s2, 0xDD));
+        _mm512_store_ps(dst + (12 + c) * dst_stride, _mm512_shuffle_f32x4(s1, s3, 0xDD));
+    }
+}
+
 struct Shape {
     int64_t n, H, G, T, D;
     int64_t qs[3];         // q strides: row, head, token (d contiguous)
@@ -61,14 +92,15 @@ struct Shape {
 // rows, written to part[R][D + 2] as (acc[D], m, l).
 template <int DV>  // D / 16
 void chunk(const Shape& s, const float* q, const float* k, const float* v, const float* mask, int64_t b, int64_t g,
-           int64_t c, float* part) {
+           int64_t c, const float* next_k, float* part) {
     constexpr int D = DV * 16;
     const int64_t group = s.H / s.G, R = group * s.T, first = c * kChunk;
     const int width = static_cast<int>(std::min<int64_t>(kChunk, s.len[b] - first));
     alignas(64) float kt[D][kChunk];  // the chunk's keys, transposed
     const float* kb = k + s.start[b] + g * s.kvs[0] + first * s.kvs[1];
-    for (int j = 0; j < kChunk; ++j)
-        for (int d = 0; d < D; ++d) kt[d][j] = j < width ? kb[j * s.kvs[1] + d] : 0.f;
+    const float* vb = v + s.start[b] + g * s.kvs[0] + first * s.kvs[1];
+    for (int j0 = 0; j0 < kChunk; j0 += 16)
+        for (int d0 = 0; d0 < D; d0 += 16) transpose16(kb + j0 * s.kvs[1] + d0, s.kvs[1], width - j0, &kt[d0][j0], kChunk);
     thread_local std::vector<float> scores;  // [R, kChunk]
     if (scores.size() < static_cast<size_t>(R * kChunk)) scores.resize(R * kChunk);
     auto qrow = [&](int64_t r) { return q + b * s.qs[0] + (g * group + r / s.T) * s.qs[1] + (r % s.T) * s.qs[2]; };
@@ -81,6 +113,9 @@ void chunk(const Shape& s, const float* q, const float* k, const float* v, const
             for (int w = 0; w < 4; ++w) acc[i][w] = _mm512_setzero_ps();
         }
         for (int d = 0; d < D; ++d) {
+            if (r0 == 0)  // the chunk's values (contiguous: kvs[1] == D), kChunk / 16 lines per d, while the FMAs run
+                for (int l = 0; l < kChunk / 16; ++l)
+                    _mm_prefetch(reinterpret_cast<const char*>(vb + (d * kChunk / 16 + l) * 16), _MM_HINT_T0);
             __m512 kd[4];
             for (int w = 0; w < 4; ++w) kd[w] = _mm512_load_ps(&kt[d][w * 16]);
             for (int i = 0; i < rows; ++i) {
@@ -123,13 +158,14 @@ void chunk(const Shape& s, const float* q, const float* k, const float* v, const
     }
     // acc[r] = sum_j p[r, j] v[j]: each value row loaded once per block of query rows.
     constexpr int kValueRows = 24 / DV;
-    const float* vb = v + s.start[b] + g * s.kvs[0] + first * s.kvs[1];
     for (int64_t r0 = 0; r0 < R; r0 += kValueRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kValueRows, R - r0));
         __m512 acc[kValueRows][DV];
         for (int i = 0; i < rows; ++i)
             for (int w = 0; w < DV; ++w) acc[i][w] = _mm512_setzero_ps();
         for (int j = 0; j < width; ++j) {
+            if (r0 == 0 && next_k != nullptr)  // the next item's keys, likewise
+                for (int w = 0; w < DV; ++w) _mm_prefetch(reinterpret_cast<const char*>(next_k + j * s.kvs[1] + w * 16), _MM_HINT_T0);
             __m512 vj[DV];
             for (int w = 0; w < DV; ++w) vj[w] = _mm512_loadu_ps(vb + j * s.kvs[1] + w * 16);
             for (int i = 0; i < rows; ++i) {
@@ -168,11 +204,20 @@ void run(const Shape& s, const float* q, const float* k, const float* v, const f
     for (int64_t b = 0; b < s.n; ++b) first[b + 1] = first[b] + s.G * ((s.len[b] + kChunk - 1) / kChunk);
     std::vector<int64_t> item_row(first[s.n]);  // [items] the row of each item
     for (int64_t b = 0; b < s.n; ++b) std::fill(item_row.begin() + first[b], item_row.begin() + first[b + 1], b);
-    const std::unique_ptr<float[]> parts(new float[first[s.n] * R * stride]);  // [items, R, D + 2]
+    // [items, R, D + 2], kept across calls: a fresh megabyte a layer was hundreds of page faults each call
+    // (the caller's thread's buffer: the OpenMP threads below reach it through this pointer, not by name)
+    thread_local std::vector<float> buffer;
+    if (buffer.size() < static_cast<size_t>(first[s.n] * R * stride)) buffer.resize(first[s.n] * R * stride);
+    float* const parts = buffer.data();
 #pragma omp parallel for schedule(static)
     for (int64_t it = 0; it < first[s.n]; ++it) {
         const int64_t b = item_row[it], chunks = (first[b + 1] - first[b]) / s.G, i = it - first[b];
-        chunk<DV>(s, q, k, v, mask, b, i / chunks, i % chunks, &parts[it * R * stride]);
+        const float* next_k = nullptr;  // the next item's keys, prefetched while this one computes
+        if (it + 1 < first[s.n]) {
+            const int64_t nb = item_row[it + 1], nchunks = (first[nb + 1] - first[nb]) / s.G, ni = it + 1 - first[nb];
+            next_k = k + s.start[nb] + (ni / nchunks) * s.kvs[0] + (ni % nchunks) * kChunk * s.kvs[1];
+        }
+        chunk<DV>(s, q, k, v, mask, b, i / chunks, i % chunks, next_k, &parts[it * R * stride]);
     }
     // out [n, T, H, D] contiguous; the items of (b, g) are its chunks in order, R query rows each.
 #pragma omp parallel for schedule(static)
