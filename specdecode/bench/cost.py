@@ -4,8 +4,12 @@ Each arm is a worker process holding one model: this checkout's compiled step (A
 `--jit` the same step under torch.compile in the process, its eager step (`--enforce-eager`), and with
 `--baseline DIR` another commit's checkout (e.g. a git worktree of the previous commit), eager or with
 `--baseline-step compiled` its compiled step. The arms take turns forward by forward, so the noise of this
-machine hits them alike. The worker uses only the model API every version has (load_llama, new_cache,
-AttentionMetadata.build(slots, starts, T, device), forward), plus models.compiled in the compiled arms.
+machine hits them alike, and each timed forward follows an untimed one of the same shape in its own process, as
+a decoding step follows the last: timed right after another arm's forward, a one-token step read 25.4 ms
+against 18.7 (the other process's threads still held the two cores, or its data the caches; 2-core AMD EPYC,
+2026-11-25), and the ratios between cells moved with it. The worker uses only the model API every version has
+(load_llama, new_cache, AttentionMetadata.build(slots, starts, T, device), forward), plus models.compiled in the
+compiled arms.
 """
 
 from __future__ import annotations
@@ -40,9 +44,9 @@ else:
 cache = model.new_cache(int(sys.argv[2]), int(sys.argv[3]))
 print("ready", flush=True)
 for line in sys.stdin:
-    b, t, ctx, warm = json.loads(line)
+    b, t, ctx = json.loads(line)
     with torch.inference_mode():
-        for i in range(2 if warm else 1):  # a new shape's first call warms up, untimed
+        for i in range(2):  # the first, untimed, takes the cores and caches back from the other arms
             tokens = torch.randint(0, model.cfg.vocab_size, (b, t))
             meta = AttentionMetadata.build(list(range(b)), [ctx] * b, t, "cpu")
             t0 = time.perf_counter()
@@ -71,9 +75,9 @@ class Worker:
             raise RuntimeError(f"cost worker for {name} ({checkout}) failed to start")
         return cls(name, proc)
 
-    def time_ms(self, batch: int, tokens: int, context: int, warm: bool) -> float:
-        """One forward's ms (after an untimed one if warm)."""
-        self.proc.stdin.write(json.dumps([batch, tokens, context, warm]) + "\n")
+    def time_ms(self, batch: int, tokens: int, context: int) -> float:
+        """One forward's ms, after an untimed one of the same shape."""
+        self.proc.stdin.write(json.dumps([batch, tokens, context]) + "\n")
         self.proc.stdin.flush()
         return float(self.proc.stdout.readline())
 
@@ -89,9 +93,9 @@ def measure(a: argparse.Namespace, arms: list[Worker]) -> dict[str, dict[str, fl
     out: dict[str, dict[str, float]] = {w.name: {} for w in arms}
     for c, b, t in tqdm(cells, desc="step-cost cells"):
         times: dict[str, list[float]] = {w.name: [] for w in arms}
-        for rep in range(a.repeats):
+        for _ in range(a.repeats):
             for w in arms:
-                times[w.name].append(w.time_ms(b, t, c, warm=rep == 0))
+                times[w.name].append(w.time_ms(b, t, c))
         for name, ms in times.items():
             out[name][f"{b}x{t}@{c}"] = statistics.median(ms)
     return out
