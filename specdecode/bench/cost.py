@@ -6,10 +6,10 @@ Each arm is a worker process holding one model: this checkout's compiled step (A
 `--baseline-step compiled` its compiled step. The arms take turns forward by forward, so the noise of this
 machine hits them alike, and each timed forward follows an untimed one of the same shape in its own process, as
 a decoding step follows the last: timed right after another arm's forward, a one-token step read 25.4 ms
-against 18.7 (the other process's threads still held the two cores, or its data the caches; 2-core AMD EPYC,
-2026-11-25), and the ratios between cells moved with it. The worker uses only the model API every version has
-(load_llama, new_cache, AttentionMetadata.build(slots, starts, T, device), forward), plus models.compiled in the
-compiled arms.
+against 18.7 (2-core AMD EPYC, 2026-11-25; the cause was not isolated: threads waking, or caches and TLBs
+holding the other process's data), and the ratios between cells moved with it. The worker uses only the model
+API every version has (load_llama, new_cache, AttentionMetadata.build(slots, starts, T, device), forward), plus
+models.compiled in the compiled arms.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ print("ready", flush=True)
 for line in sys.stdin:
     b, t, ctx = json.loads(line)
     with torch.inference_mode():
-        for i in range(2):  # the first, untimed, takes the cores and caches back from the other arms
+        for i in range(2):  # the first, untimed, pays for the switch from the other arms
             tokens = torch.randint(0, model.cfg.vocab_size, (b, t))
             meta = AttentionMetadata.build(list(range(b)), [ctx] * b, t, "cpu")
             t0 = time.perf_counter()

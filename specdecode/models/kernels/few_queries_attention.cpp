@@ -209,15 +209,22 @@ void run(const Shape& s, const float* q, const float* k, const float* v, const f
     thread_local std::vector<float> buffer;
     if (buffer.size() < static_cast<size_t>(first[s.n] * R * stride)) buffer.resize(first[s.n] * R * stride);
     float* const parts = buffer.data();
+    struct Item {
+        int64_t b, g, c;  // row, key head, chunk
+    };
+    auto item = [&](int64_t it) {
+        const int64_t b = item_row[it], chunks = (first[b + 1] - first[b]) / s.G, i = it - first[b];
+        return Item{b, i / chunks, i % chunks};
+    };
 #pragma omp parallel for schedule(static)
     for (int64_t it = 0; it < first[s.n]; ++it) {
-        const int64_t b = item_row[it], chunks = (first[b + 1] - first[b]) / s.G, i = it - first[b];
+        const Item at = item(it);
         const float* next_k = nullptr;  // the next item's keys, prefetched while this one computes
         if (it + 1 < first[s.n]) {
-            const int64_t nb = item_row[it + 1], nchunks = (first[nb + 1] - first[nb]) / s.G, ni = it + 1 - first[nb];
-            next_k = k + s.start[nb] + (ni / nchunks) * s.kvs[0] + (ni % nchunks) * kChunk * s.kvs[1];
+            const Item next = item(it + 1);
+            next_k = k + s.start[next.b] + next.g * s.kvs[0] + next.c * kChunk * s.kvs[1];
         }
-        chunk<DV>(s, q, k, v, mask, b, i / chunks, i % chunks, next_k, &parts[it * R * stride]);
+        chunk<DV>(s, q, k, v, mask, at.b, at.g, at.c, next_k, &parts[it * R * stride]);
     }
     // out [n, T, H, D] contiguous; the items of (b, g) are its chunks in order, R query rows each.
 #pragma omp parallel for schedule(static)
