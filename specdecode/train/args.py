@@ -181,6 +181,14 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=512, help="training window length: must match distill's")
     p.add_argument("--batch-size", type=int, default=8, help="windows per target forward")
     p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="stored log-probs, features")
+    p.add_argument(
+        "--teacher-dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="the target's compute dtype for the pass: bfloat16 runs ~2x faster where the CPU multiplies bf16 "
+        "natively (AVX512_BF16, AMX) or on a GPU, but is not the exact fp32 target (training data only; "
+        "verification stays exact)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--save-every", type=float, default=30.0, help="seconds between progress commits")
     p.add_argument("--resume", action="store_true", help="finish an interrupted cache in OUT")
@@ -207,6 +215,7 @@ def run_cache(a: argparse.Namespace) -> None:
         seq_len=a.seq_len,
         batch_size=a.batch_size,
         dtype=a.dtype,
+        teacher_dtype=a.teacher_dtype,
         device=a.device,
         save_every=a.save_every,
         resume=a.resume,

@@ -414,3 +414,23 @@ def test_bench_of_heads_has_no_padded_arm(tiny_target, train_npz, tmp_path):
     result = json.loads(out.read_text())
     assert "on_the_fly_padded" not in result
     assert result["from_cache_bf16"]["tokens"] == result["on_the_fly"]["tokens"] > 0
+
+
+def test_bf16_teacher_cache_is_close_recorded_and_not_mixed(tiny_target, train_npz, tmp_path):
+    """--teacher-dtype bfloat16 runs the target in bf16: the cache records it, stays close to the fp32 teacher
+    (not equal to it: the bitwise check is the control that the dtype was applied), trains a head, and an fp32
+    build is refused to resume it."""
+    settings = dict(top_k=16, features=True)
+    exact = _cache(tiny_target, [train_npz], tmp_path / "fp32", **settings)
+    fast = _cache(tiny_target, [train_npz], tmp_path / "bf16", teacher_dtype="bfloat16", **settings)
+    assert json.loads((fast / "manifest.json").read_text())["target"]["dtype"] == "bfloat16"
+    a, b = np.load(exact / "features.npy"), np.load(fast / "features.npy")
+    assert not np.array_equal(a, b)
+    assert np.abs(a - b).max() / np.abs(a).max() < 0.05
+    top_a, top_b = np.load(exact / "topk_ids.npy")[:, 0], np.load(fast / "topk_ids.npy")[:, 0]
+    assert (top_a == top_b).mean() > 0.9
+    _train(tiny_target, [train_npz], tmp_path / "head", head="eagle", steps=2, teacher_cache=str(fast))
+    with pytest.raises(ConfigError, match="--teacher-dtype bfloat16, not float32"):
+        _cache(tiny_target, [train_npz], fast, resume=True, **settings)
+    with pytest.raises(ConfigError, match="unknown --teacher-dtype"):
+        CacheConfig(target=str(tiny_target), data=[str(train_npz)], out=str(tmp_path / "x"), teacher_dtype="int8")
