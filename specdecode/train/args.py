@@ -15,6 +15,14 @@ def add_distill_args(p: argparse.ArgumentParser) -> None:
         "--head", choices=("eagle", "medusa", "mtp"), default=None, help="train draft heads instead of a draft model"
     )
     p.add_argument("--num-head-tokens", type=int, default=4, help="Medusa heads / MTP depths (with --head)")
+    p.add_argument(
+        "--eagle-steps",
+        type=int,
+        default=1,
+        help="EAGLE: also train on the head's own guesses this many levels deep, as it drafts (EAGLE-3's "
+        "training-time test; 1: teacher-forced only)",
+    )
+    p.add_argument("--init-heads", default=None, help="start --head training from these heads' weights")
     p.add_argument("--layers", type=int, default=2, help="draft decoder layers")
     p.add_argument("--hidden-size", type=int, default=None, help="draft width (default: the target's)")
     p.add_argument("--intermediate-size", type=int, default=None, help="MLP width (default: target's ratio)")
@@ -97,6 +105,8 @@ def run_distill(a: argparse.Namespace) -> None:
         command=shlex.join(["specdecode", *sys.argv[1:]]),
         head=a.head,
         num_head_tokens=a.num_head_tokens,
+        eagle_steps=a.eagle_steps,
+        init_heads=a.init_heads,
         teacher_cache=a.teacher_cache,
         bf16=a.bf16,
         pack=not a.no_pack,

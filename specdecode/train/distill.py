@@ -66,6 +66,8 @@ class DistillConfig:
     command: str = ""  # the command line, recorded in the manifest
     head: str | None = None  # train draft heads of this kind (eagle, medusa, mtp) instead of a draft model
     num_head_tokens: int = 4  # Medusa heads / MTP depths
+    eagle_steps: int = 1  # EAGLE: levels unrolled on the head's own guesses (1: teacher-forced only)
+    init_heads: str | None = None  # start from these heads' weights (a head directory of the same kind)
     teacher_cache: str | None = None  # read the teacher's outputs from this `distill cache` directory
     bf16: bool = False  # the student's forward under bf16 autocast (train/loop.py); the teacher stays fp32
     pack: bool = True  # a batch's short windows share rows (data.py); drafts only: heads keep one window a row
@@ -87,6 +89,10 @@ class DistillConfig:
             raise ConfigError(f"unknown --head {self.head!r}; expected one of {', '.join(HEAD_KINDS)}")
         if self.num_head_tokens < 1:
             raise ConfigError(f"num-head-tokens must be >= 1, got {self.num_head_tokens}")
+        if self.eagle_steps < 1 or (self.eagle_steps > 1 and self.head != "eagle"):
+            raise ConfigError(f"eagle-steps must be >= 1 and is for --head eagle only, got {self.eagle_steps}")
+        if self.init_heads is not None and self.head is None:
+            raise ConfigError("--init-heads starts draft heads: it needs --head")
 
 
 @dataclass

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdecode.heads import HeadConfig, build_heads, save_heads
+from specdecode.config import ConfigError
+from specdecode.heads import HeadConfig, build_heads, load_heads, save_heads
 from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
@@ -43,7 +44,7 @@ def teacher_batch(target: LlamaModel, batch: D.Batch, device: torch.device) -> T
 
 def _step(cfg, heads, target, lm_head, batch, device) -> HeadStats:
     t = teacher_batch(target, batch, device)
-    return head_loss(cfg.head, heads, t, lm_head, target.embed)
+    return head_loss(cfg.head, heads, t, lm_head, target.embed, cfg.eagle_steps)
 
 
 def evaluate_heads(cfg, heads, target, lm_head, samples: D.Samples, device) -> dict:
@@ -57,6 +58,16 @@ def evaluate_heads(cfg, heads, target, lm_head, samples: D.Samples, device) -> d
             hits, total = (acc if hits is None else hits + acc), total + s.num_tokens
     heads.train()
     return {"accuracy": (hits / max(total, 1)).tolist(), "tokens": int(total)}
+
+
+def _initial_heads(path: str, target: LlamaModel, hcfg: HeadConfig) -> torch.nn.Module:
+    """The heads at `path`, refused with one line unless they are of the kind and shape being trained."""
+    module, got, _ = load_heads(path, target, "cpu", torch.float32)
+    if (got.kind, got.num_heads) != (hcfg.kind, hcfg.num_heads):
+        raise ConfigError(
+            f"--init-heads {path} holds {got.num_heads} {got.kind} head(s), not {hcfg.num_heads} {hcfg.kind}"
+        )
+    return module
 
 
 def train_heads(cfg, out: Path, device: torch.device):
@@ -75,6 +86,8 @@ def train_heads(cfg, out: Path, device: torch.device):
     hcfg = HeadConfig(cfg.head, 1 if cfg.head == "eagle" else cfg.num_head_tokens, target.cfg)
     torch.manual_seed(cfg.seed)
     heads = build_heads(hcfg).to(device).train()
+    if cfg.init_heads is not None:
+        heads.load_state_dict(_initial_heads(cfg.init_heads, target, hcfg).state_dict())
     optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.warmup, cfg.steps))
     totals, start = {"tokens": 0, "loss_tokens": 0}, 0
@@ -85,7 +98,7 @@ def train_heads(cfg, out: Path, device: torch.device):
     def forward(batch: D.Batch) -> HeadStats:
         if cache is None:
             return _step(cfg, heads, target, lm_head, batch, device)
-        return head_loss(cfg.head, heads, cache.head_teacher(batch, device), lm_head, target.embed)
+        return head_loss(cfg.head, heads, cache.head_teacher(batch, device), lm_head, target.embed, cfg.eagle_steps)
 
     losses, accs = run_steps(cfg, heads, forward, samples, windows, optimizer, scheduler, start, totals, cfg.head)
     eval_stats = evaluate_heads(cfg, heads, target, lm_head, held_out, device) if held_out is not None else None
@@ -95,6 +108,8 @@ def train_heads(cfg, out: Path, device: torch.device):
         "target": cfg.target,
         "kind": cfg.head,
         "num_heads": hcfg.num_heads,
+        "eagle_steps": cfg.eagle_steps,
+        "init_heads": str(Path(cfg.init_heads).resolve()) if cfg.init_heads else None,
         "data": [str(Path(p).resolve()) for p in cfg.data],
         "eval_data": str(Path(cfg.eval_data).resolve()) if cfg.eval_data else None,
         "teacher_cache": str(Path(cfg.teacher_cache).resolve()) if cfg.teacher_cache else None,
