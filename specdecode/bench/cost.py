@@ -27,7 +27,10 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from specdecode.bench.floor import forward_gflop, peak_gflops
 from specdecode.bench.specbench import provenance
+from specdecode.models.llama import LlamaConfig
+from specdecode.models.loader import resolve_model_dir
 
 WORKER = r"""
 import json, os, sys, time
@@ -129,18 +132,48 @@ def render(a: argparse.Namespace, ms: dict[str, dict[str, float]], console: Cons
     return "\n".join(md)
 
 
-def ratios(a: argparse.Namespace, ms: dict[str, float]) -> dict[str, float]:
+def floor_ms(a: argparse.Namespace, cfg, peak: float) -> dict[str, float]:
+    """{"batch x tokens @ context": ms} the cell's fp32 work would take at the machine's peak GEMM rate."""
+    cells = [(c, b, t) for c in a.contexts for b in a.batches for t in a.new_tokens]
+    return {f"{b}x{t}@{c}": 1e3 * forward_gflop(cfg, b, t, c) / peak for c, b, t in cells}
+
+
+def render_floor(a: argparse.Namespace, floor: dict[str, float], peak: float, console: Console) -> str:
+    title = f"compute floor, ms: the cell's fp32 work at this machine's best GEMM rate ({peak:.0f} GFLOP/s)"
+    head = ["batch @ context"] + [f"{t} tok" for t in a.new_tokens]
+    table = Table(title=title)
+    for h in head:
+        table.add_column(h, justify="right")
+    md = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in a.contexts:
+        for b in a.batches:
+            cells = [f"{b} @ {c}"] + [f"{floor[f'{b}x{t}@{c}']:.1f}" for t in a.new_tokens]
+            table.add_row(*cells)
+            md.append("| " + " | ".join(cells) + " |")
+    console.print(table)
+    return "\n".join([*md, ""])
+
+
+def ratios(a: argparse.Namespace, ms: dict[str, float], floor: dict[str, float] | None = None) -> dict[str, float]:
     """The issue's targets, as ratios to the one-token batch-1 step at the first context; none without that cell
-    (a run over other batch sizes or token counts)."""
+    (a run over other batch sizes or token counts). With `floor`, also each cell's compute floor over the same
+    measured one-token step: the best ratio an exact fp32 step of that cell could reach beside it."""
     c = a.contexts[0]
     one = ms.get(f"1x1@{c}")
     if one is None:
         return {}
     out = {"1x1_ms": one}
     for key in (f"1x9@{c}", f"1x17@{c}", f"8x9@{c}"):
+        name = key.split("@")[0]
         if key in ms:
-            out[key.split("@")[0] + "_over_1x1"] = ms[key] / one
+            out[f"{name}_over_1x1"] = ms[key] / one
+        if floor is not None and key in floor:
+            out[f"{name}_floor_over_1x1"] = floor[key] / one
     return out
+
+
+def target_config(spec: str) -> LlamaConfig:
+    return LlamaConfig.from_hf(json.loads((resolve_model_dir(spec, progress=False) / "config.json").read_text()))
 
 
 def plot(path: Path, a: argparse.Namespace, ms: dict[str, dict[str, float]]) -> None:
@@ -179,7 +212,11 @@ def run_from_args(a: argparse.Namespace) -> None:
             w.stop()
     console = Console()
     md = render(a, ms, console)
-    result = {**provenance(), "ms": ms, "targets": {name: ratios(a, cells) for name, cells in ms.items()}}
+    peak = peak_gflops()
+    floor = floor_ms(a, target_config(a.target), peak)
+    md += "\n" + render_floor(a, floor, peak, console)
+    targets = {name: ratios(a, cells, floor) for name, cells in ms.items()}
+    result = {**provenance(), "ms": ms, "peak_gflops": peak, "floor_ms": floor, "targets": targets}
     console.print(result["targets"])
     out = Path(a.output)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,3 +20,30 @@ def test_a_run_without_the_one_token_step_has_no_ratios():
     # `bench cost --batches 8,16,32` measures no 1 x 1 cell: it once died on a KeyError after the whole run
     a = argparse.Namespace(contexts=[256])
     assert ratios(a, {"8x1@256": 40.0, "16x1@256": 56.0}) == {}
+
+
+def test_floor_ratios_sit_beside_the_measured_ones():
+    a = argparse.Namespace(contexts=[256])
+    ms = {"1x1@256": 20.0, "8x9@256": 130.0}
+    out = ratios(a, ms, {"1x1@256": 4.0, "8x9@256": 110.0})
+    assert out["8x9_floor_over_1x1"] == pytest.approx(5.5) and out["8x9_over_1x1"] == pytest.approx(6.5)
+
+
+def test_forward_work_counts_every_linear_weight():
+    """The floor's multiply-adds per token are the model's own linear weights (LM head included), counted from a
+    built model; the same count for a model one layer short is the control that the comparison can fail."""
+    from dataclasses import replace
+
+    from torch import nn
+
+    from specdecode.bench.floor import forward_gflop, linear_params, peak_gflops
+    from specdecode.models.llama import LlamaConfig, LlamaModel
+
+    cfg = LlamaConfig("llama", 96, 64, 160, 3, 4, 2, 16, 1e4, 1e-5, 256, True, False, False, False)
+    weights = sum(m.weight.numel() for m in LlamaModel(cfg).modules() if isinstance(m, nn.Linear))
+    assert linear_params(cfg) == weights
+    assert linear_params(replace(cfg, num_layers=2)) != weights
+    one, nine = forward_gflop(cfg, 1, 1, 100), forward_gflop(cfg, 8, 9, 100)
+    assert one == pytest.approx((2 * weights + 4 * 4 * 16 * 101 * 3) / 1e9)
+    assert nine > 72 * one  # 72 rows, each attending to a few more keys
+    assert 0 < peak_gflops(((64, 64, 64),), repeats=2) < 1e5
