@@ -51,6 +51,7 @@ BENCH_MODES = {
 }
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
+WEIGHTED_METHODS = ("draft", "eagle", "medusa", "mtp")  # drafters with weights of their own: METHOD@DIR arms
 DEFAULT_ARMS = ("none", "fixed:1", "fixed:2", "fixed:3", "fixed:5", "fixed:8", "heuristic", "confidence", "goodput")
 
 
@@ -100,22 +101,23 @@ class MethodArm:
 
 
 def method_arms(text: str) -> list[MethodArm]:
-    """'ngram:8:goodput,eagle:12,draft@drafts/1l:2' -> MethodArms; K defaults to 5, the controller to fixed."""
+    """'ngram:8:goodput,eagle:12,draft@drafts/1l:2,eagle@heads/e:8' -> MethodArms; K defaults to 5, the controller
+    to fixed. METHOD@DIR gives a draft model or head drafter (draft, eagle, medusa, mtp) its own weights."""
     from specdecode.config import CONTROLLER_NAMES, METHODS
 
     arms = []
     for item in name_list(text):
         head, at, rest = item.partition("@")
-        if at:  # draft@SPEC[:K[:controller]]
+        if at:  # method@SPEC[:K[:controller]]
             method, (draft, *tail) = head, rest.split(":")
         else:
             (method, *tail), draft = item.split(":"), None
         k, controller = tail[0] if tail else "5", tail[1] if len(tail) > 1 else "fixed"
-        bad_draft = at and (method != "draft" or not draft)
+        bad_draft = at and (method not in WEIGHTED_METHODS or not draft)
         if method not in METHODS or not k.isdigit() or controller not in CONTROLLER_NAMES or len(tail) > 2 or bad_draft:
             raise argparse.ArgumentTypeError(
                 f"bad method arm {item!r}: expected method[:K[:controller]] with method in {', '.join(METHODS)}, "
-                "or draft@DRAFT[:K[:controller]]"
+                f"or METHOD@DIR[:K[:controller]] with METHOD in {', '.join(WEIGHTED_METHODS)}"
             )
         arms.append(MethodArm(method, int(k), controller, draft))
     return arms
@@ -128,7 +130,7 @@ def add_specbench_args(g: argparse._ArgumentGroup) -> None:
         type=method_arms,
         default=None,
         help="compare several drafters in one run: method[:K[:controller]],... (overrides --method); "
-        "draft@DIR[:K[:controller]] gives a draft arm its own draft model",
+        "draft@DIR[:K[:controller]] gives a draft arm its own draft model, eagle@DIR (medusa, mtp) its own heads",
     )
     g.add_argument("--json", action="store_true", help="write results JSON (and a Markdown table)")
     g.add_argument(

@@ -159,7 +159,7 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
                 **draft,
                 **batch1,
             )
-            arms.append(EngineArm(f"ours {arm_label(llm.spec)}", llm))
+            arms.append(EngineArm(f"ours {arm_label(llm.spec, m.draft)}", llm))
     elif a.method != "none":
         llm = llm_from_args(a, share_target=base, **batch1)
         arms.append(EngineArm(f"ours {arm_label(llm.spec)}", llm))
@@ -176,9 +176,11 @@ def draft_name(spec: str) -> str:
     return spec.rstrip("/").split("/")[-1]
 
 
-def arm_label(spec: SpeculativeConfig) -> str:
-    """'ngram K=8 goodput', 'draft[smollm2-135m-instruct-draft] K=2 fixed'."""
-    name = f"draft[{draft_name(spec.draft)}]" if spec.method == "draft" and spec.draft else spec.method
+def arm_label(spec: SpeculativeConfig, weights: str | None = None) -> str:
+    """'ngram K=8 goodput', 'draft[smollm2-135m-instruct-draft] K=2 fixed', 'eagle[e3] K=8 fixed' for an arm
+    given its own weights (a METHOD@DIR arm)."""
+    named = weights or (spec.draft if spec.method == "draft" else None)
+    name = f"{spec.method}[{draft_name(named)}]" if named else spec.method
     return f"{name} K={spec.num_speculative_tokens} {spec.controller}"
 
 

@@ -14,15 +14,16 @@ from specdecode.models.llama import load_llama
 
 
 def test_draft_arms_carry_their_own_draft():
-    arms = method_arms("draft@drafts/d1:2,draft@smollm2-135m-instruct-draft:4:goodput,ngram:8:goodput")
+    arms = method_arms("draft@drafts/d1:2,draft@smollm2-135m-instruct-draft:4:goodput,ngram:8:goodput,eagle@h/e3:8")
     assert arms == [
         MethodArm("draft", 2, "fixed", "drafts/d1"),
         MethodArm("draft", 4, "goodput", "smollm2-135m-instruct-draft"),
         MethodArm("ngram", 8, "goodput", None),
+        MethodArm("eagle", 8, "fixed", "h/e3"),
     ]
 
 
-@pytest.mark.parametrize("bad", ["ngram@x:2", "draft@:2", "draft@d:2:fixed:9", "draft@d:two"])
+@pytest.mark.parametrize("bad", ["ngram@x:2", "suffix@x:2", "draft@:2", "eagle@:2", "draft@d:2:fixed:9", "draft@d:two"])
 def test_bad_draft_arms_are_refused(bad):
     with pytest.raises(argparse.ArgumentTypeError):
         method_arms(bad)
