@@ -3,12 +3,17 @@
 Every node's score is the draft's log-probability of its whole path. Level by level, the `top_m` best tokens
 under each frontier node become candidates and the `beam` best candidates of the level become the next
 frontier; at the end the `budget` best nodes overall are kept. A path's score never exceeds its parent's, so
-the kept set is closed under ancestors: a tree. Candidates are fixed before verification (no sampling), so
-verify_tree's one-hot rule keeps every row, greedy or sampled, lossless.
+the kept set is closed under ancestors: a tree. For the same reason a frontier node scoring below the
+`budget`-th best node found so far has no descendant the kept set could take: it is not expanded, and a row
+whose whole frontier falls below that bar stops growing. The kept set is the same as without the cut (the
+candidates it removes all score below the bar, so the beams keep the same nodes above it); only the drafter's
+work shrinks, a level of head forward and LM head per node it spares. Candidates are fixed before verification
+(no sampling), so verify_tree's one-hot rule keeps every row, greedy or sampled, lossless.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +45,13 @@ class RowTree:
     budget: int
     nodes: list[Node] = field(default_factory=list)
     frontier: list[int] = field(default_factory=list)  # indices into nodes; -1 = the root
+
+    def bar(self) -> float:
+        """The budget-th best score so far (-inf with fewer nodes): a node below it is never kept, nor is any
+        descendant of it, whose score is at most its own."""
+        if len(self.nodes) < self.budget:
+            return -math.inf
+        return heapq.nlargest(self.budget, (n.score for n in self.nodes))[-1]
 
     def add_children(self, at: int, logp: torch.Tensor, top_m: int, state: object = None) -> list[int]:
         """Candidates under node `at` (-1 = root) from its child log-probabilities logp [vocab]; `state` is what
@@ -90,7 +102,9 @@ def _add_level(tree: RowTree, frontier: list[int], out: tuple[torch.Tensor, torc
 
 
 def _best(tree: RowTree, candidates: list[int], n: int) -> list[int]:
-    return sorted(candidates, key=lambda i: -tree.nodes[i].score)[:n]
+    """The next frontier: the n best candidates, less those below the bar (see the module docstring)."""
+    bar = tree.bar()
+    return [i for i in sorted(candidates, key=lambda i: -tree.nodes[i].score)[:n] if tree.nodes[i].score >= bar]
 
 
 def kept_nodes(tree: RowTree) -> list[int]:
