@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from specdecode.models import few_rows
 from specdecode.models.llama import LlamaConfig
 
 
@@ -33,18 +34,24 @@ def forward_gflop(cfg: LlamaConfig, batch: int, tokens: int, context: int) -> fl
     return rows * (2 * linear_params(cfg) + attention) / 1e9
 
 
-PEAK_SHAPES = ((2048, 576, 1536), (1536, 1536, 1536))  # a prefill chunk through SmolLM2's MLP; a square GEMM
+PEAK_SHAPES = ((2048, 576, 1536), (1536, 1536, 1536))  # [m, k] x [k, n]: a prefill chunk through SmolLM2's MLP
+FEW_ROWS_SHAPES = ((48, 576, 1536), (96, 576, 1536), (96, 1536, 576))  # the step's own kernel, where it serves
 
 
-def peak_gflops(shapes: tuple[tuple[int, int, int], ...] = PEAK_SHAPES, repeats: int = 15) -> float:
-    """The fastest fp32 GEMM rate seen on this machine, GFLOP/s: the best of `repeats` [m, k] x [k, n] products
-    of each shape after two warm-ups. The best, not the median: a floor for "cannot be reached" must be optimistic."""
+def peak_gflops(repeats: int = 15, shapes=PEAK_SHAPES, few_rows_shapes=FEW_ROWS_SHAPES) -> float:
+    """The fastest fp32 GEMM rate seen on this machine, GFLOP/s: the best of `repeats` products of each shape
+    after two warm-ups, through torch.mm and through the step's own few-rows kernel where it serves. The best,
+    not the median: a floor for "cannot be reached" must be optimistic."""
+    kernels = [(torch.mm, shapes, lambda w: w)]
+    if few_rows.available(torch.device("cpu"), torch.float32):
+        kernels.append((few_rows.few_rows_linear, few_rows_shapes, lambda w: few_rows.pack(w.T.contiguous())))
     best = 0.0
-    for m, k, n in shapes:
-        a, b, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
-        for i in range(repeats + 2):
-            t0 = time.perf_counter()
-            torch.mm(a, b, out=out)
-            if i >= 2:
-                best = max(best, 2 * m * k * n / (time.perf_counter() - t0) / 1e9)
+    for run, sizes, prepare in kernels:
+        for m, k, n in sizes:
+            a, b = torch.randn(m, k), prepare(torch.randn(k, n))
+            for i in range(repeats + 2):
+                t0 = time.perf_counter()
+                run(a, b)
+                if i >= 2:
+                    best = max(best, 2 * m * k * n / (time.perf_counter() - t0) / 1e9)
     return best

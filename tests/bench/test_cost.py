@@ -46,4 +46,4 @@ def test_forward_work_counts_every_linear_weight():
     one, nine = forward_gflop(cfg, 1, 1, 100), forward_gflop(cfg, 8, 9, 100)
     assert one == pytest.approx((2 * weights + 4 * 4 * 16 * 101 * 3) / 1e9)
     assert nine > 72 * one  # 72 rows, each attending to a few more keys
-    assert 0 < peak_gflops(((64, 64, 64),), repeats=2) < 1e5
+    assert 0 < peak_gflops(2, ((64, 64, 64),), ((16, 64, 64),)) < 1e5
