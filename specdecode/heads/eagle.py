@@ -37,13 +37,15 @@ class EagleHead(nn.Module):
         embed: nn.Embedding,
         meta: AttentionMetadata,
         cache: KVCache,
-        mask: torch.Tensor | None = None,  # [B, 1, T, kv_len] additive, in place of meta's (training's unrolled steps)
+        attend: torch.Tensor | None = None,  # [B, 1, T, kv_len] bool, in place of meta's mask (training's levels)
     ) -> torch.Tensor:
         """Predicted f_{i+1} [B, T, H]; writes this call's K/V into `cache` like the target's forward does."""
         t = tokens.shape[1]
         x = self.fc(torch.cat([features, embed(tokens).to(features.dtype)], dim=-1))  # [B, T, H]
         cos, sin = rope_tables(meta.positions, self.inv_freq, x.dtype)  # [B, T, 1, head_dim] each
-        if mask is None:
+        if attend is None:
             mask = meta.additive_mask(t, x.dtype)  # [B, 1, T, kv_len]
+        else:  # in x's dtype, which autocast may have lowered
+            mask = torch.zeros(attend.shape, dtype=x.dtype, device=x.device).masked_fill_(~attend, float("-inf"))
         x = self.layer(x, cos, sin, cache.k, cache.v, 0, meta.slots, meta.write_pos, mask)
         return self.norm(x)

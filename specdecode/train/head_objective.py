@@ -109,8 +109,8 @@ def eagle_unrolled(
             kv_len=s * n,
             write_pos=(start[:, None] + rows).contiguous(),
         )
-        mask = _unrolled_mask(n, s, device, guesses[-1].dtype).expand(b, 1, n, s * n)
-        guesses.append(head(guesses[-1], tokens, embed, meta, cache, mask=mask))
+        attend = _unrolled_mask(n, s, device).expand(b, 1, n, s * n)
+        guesses.append(head(guesses[-1], tokens, embed, meta, cache, attend=attend))
     return guesses
 
 
@@ -123,12 +123,11 @@ def _grown(head: nn.Module, cache, b: int, kept: int, max_len: int):
     return grown
 
 
-def _unrolled_mask(n: int, s: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, n, s * n] additive: row i of level s sees level 1's keys 0..i and row i of levels 2..s."""
+def _unrolled_mask(n: int, s: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, n, s * n] bool: row i of level s sees level 1's keys 0..i and row i of levels 2..s."""
     i = torch.arange(n, device=device)[:, None]  # [n, 1]
     key = torch.arange(s * n, device=device)[None]  # [1, s * n] level (key // n) + 1, row key % n
-    allowed = torch.where(key < n, key % n <= i, key % n == i)  # [n, s * n]
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))[None, None]
+    return torch.where(key < n, key % n <= i, key % n == i)[None, None]  # [1, 1, n, s * n]
 
 
 def eagle_loss(head: nn.Module, t: Teacher, lm_head: torch.Tensor, embed: nn.Embedding, steps: int = 1) -> HeadStats:

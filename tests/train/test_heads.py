@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdecode import LLM, SamplingParams
+from specdecode.config import ConfigError
 from specdecode.heads import HeadConfig, build_heads, load_heads
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.train.distill import DistillConfig, distill
@@ -137,10 +138,9 @@ def test_eagle_unrolled_levels_equal_drafted_chains(fault, eagle, monkeypatch):
     if fault:
         real = head_objective._unrolled_mask
 
-        def causal(n, s, device, dtype):
-            m = real(n, s, device, dtype)
+        def causal(n, s, device):
             key = torch.arange(s * n)[None]
-            return m.masked_fill(((key % n) <= torch.arange(n)[:, None]) & (key < (s - 1) * n), 0.0)
+            return real(n, s, device) | (((key % n) <= torch.arange(n)[:, None]) & (key < (s - 1) * n))
 
         monkeypatch.setattr(head_objective, "_unrolled_mask", causal)
     g = torch.Generator().manual_seed(3)
@@ -168,17 +168,9 @@ def test_eagle_steps_train_and_record(tiny_target, train_npz, tmp_path):
     first_loss, last_loss = np.mean(first.losses[:5]), np.mean(first.losses[-5:])
     assert last_loss < 0.8 * first_loss, (first_loss, last_loss)
     assert len(first.manifest["final_accuracy"]) == 3 and first.manifest["eagle_steps"] == 3
-    warm = distill(
-        _cfg(
-            tiny_target,
-            [train_npz],
-            tmp_path / "b",
-            "eagle",
-            steps=5,
-            lr=3e-3,
-            eagle_steps=3,
-            init_heads=str(first.out),
-        )
-    )
-    cold = distill(_cfg(tiny_target, [train_npz], tmp_path / "c", "eagle", steps=5, lr=3e-3, eagle_steps=3))
+    init = dict(steps=5, lr=3e-3, eagle_steps=3, bf16=True)  # the levels under autocast too
+    warm = distill(_cfg(tiny_target, [train_npz], tmp_path / "b", "eagle", init_heads=str(first.out), **init))
+    cold = distill(_cfg(tiny_target, [train_npz], tmp_path / "c", "eagle", **init))
     assert np.mean(warm.losses) < 0.8 * np.mean(cold.losses), (np.mean(warm.losses), np.mean(cold.losses))
+    with pytest.raises(ConfigError, match="holds 1 eagle head"):
+        distill(_cfg(tiny_target, [train_npz], tmp_path / "d", "medusa", steps=1, init_heads=str(first.out)))
