@@ -113,6 +113,7 @@ def train_heads(cfg, out: Path, device: torch.device):
         "data": [str(Path(p).resolve()) for p in cfg.data],
         "eval_data": str(Path(cfg.eval_data).resolve()) if cfg.eval_data else None,
         "teacher_cache": str(Path(cfg.teacher_cache).resolve()) if cfg.teacher_cache else None,
+        "teacher_dtype": "float32" if cache is None else cache.manifest["target"].get("dtype", "float32"),
         "steps": cfg.steps,
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,

@@ -429,7 +429,8 @@ def test_bf16_teacher_cache_is_close_recorded_and_not_mixed(tiny_target, train_n
     assert np.abs(a - b).max() / np.abs(a).max() < 0.05
     top_a, top_b = np.load(exact / "topk_ids.npy")[:, 0], np.load(fast / "topk_ids.npy")[:, 0]
     assert (top_a == top_b).mean() > 0.9
-    _train(tiny_target, [train_npz], tmp_path / "head", head="eagle", steps=2, teacher_cache=str(fast))
+    head = _train(tiny_target, [train_npz], tmp_path / "head", head="eagle", steps=2, teacher_cache=str(fast))
+    assert head.manifest["teacher_dtype"] == "bfloat16"
     with pytest.raises(ConfigError, match="--teacher-dtype bfloat16, not float32"):
         _cache(tiny_target, [train_npz], fast, resume=True, **settings)
     with pytest.raises(ConfigError, match="unknown --teacher-dtype"):
