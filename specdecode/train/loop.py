@@ -7,9 +7,10 @@ owns backward, clipping, the optimizer and scheduler steps, the token totals, th
 With `bf16` (`distill --bf16`, HF Trainer's name) the forward runs under bf16 autocast: the student's matmuls
 take bf16 inputs and accumulate in fp32, its weights, gradients and optimizer state stay fp32, and the losses
 upcast their logits before any softmax. The teacher is never under it (`teacher_precision`): what the student
-learns is the fp32 target's distribution, whatever precision it learns in. It pays where the CPU multiplies
-bf16 natively (AVX512_BF16 or AMX; measured on a 2-core AMD EPYC, results/distill_cache_bf16.json) or on a GPU;
-elsewhere autocast emulates bf16 and is slower.
+learns on the fly is the fp32 target's distribution, whatever precision it learns in (a teacher cache holds the
+dtype it was built in: `distill cache --teacher-dtype`, recorded in its manifest and the trained heads').
+It pays where the CPU multiplies bf16 natively (AVX512_BF16 or AMX; measured on a 2-core AMD EPYC,
+results/distill_cache_bf16.json) or on a GPU; elsewhere autocast emulates bf16 and is slower.
 """
 
 from __future__ import annotations
