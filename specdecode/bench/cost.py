@@ -89,12 +89,16 @@ class Worker:
         self.proc.wait(timeout=60)
 
 
+def cells(a: argparse.Namespace) -> list[tuple[int, int, int]]:
+    """(context, batch, new tokens) of every cell, in the order the tables list them."""
+    return [(c, b, t) for c in a.contexts for b in a.batches for t in a.new_tokens]
+
+
 def measure(a: argparse.Namespace, arms: list[Worker]) -> dict[str, dict[str, float]]:
     """{arm: {"batch x tokens @ context": median ms}} with the arms interleaved forward by forward: this
     machine's load drifts within seconds, and arms timed a cell apart measured the drift, not the step."""
-    cells = [(c, b, t) for c in a.contexts for b in a.batches for t in a.new_tokens]
     out: dict[str, dict[str, float]] = {w.name: {} for w in arms}
-    for c, b, t in tqdm(cells, desc="step-cost cells"):
+    for c, b, t in tqdm(cells(a), desc="step-cost cells"):
         times: dict[str, list[float]] = {w.name: [] for w in arms}
         for _ in range(a.repeats):
             for w in arms:
@@ -134,8 +138,7 @@ def render(a: argparse.Namespace, ms: dict[str, dict[str, float]], console: Cons
 
 def floor_ms(a: argparse.Namespace, cfg, peak: float) -> dict[str, float]:
     """{"batch x tokens @ context": ms} the cell's fp32 work would take at the machine's peak GEMM rate."""
-    cells = [(c, b, t) for c in a.contexts for b in a.batches for t in a.new_tokens]
-    return {f"{b}x{t}@{c}": 1e3 * forward_gflop(cfg, b, t, c) / peak for c, b, t in cells}
+    return {f"{b}x{t}@{c}": 1e3 * forward_gflop(cfg, b, t, c) / peak for c, b, t in cells(a)}
 
 
 def render_floor(a: argparse.Namespace, floor: dict[str, float], peak: float, console: Console) -> str:

@@ -12,7 +12,7 @@ from torch import nn
 
 from specdecode.heads.config import HeadConfig
 from specdecode.kv import KVCache
-from specdecode.models.llama import AttentionMetadata, Block, RMSNorm, rope_inv_freq, rope_tables
+from specdecode.models.llama import AttentionMetadata, Block, RMSNorm, additive, rope_inv_freq, rope_tables
 
 
 class EagleHead(nn.Module):
@@ -43,9 +43,7 @@ class EagleHead(nn.Module):
         t = tokens.shape[1]
         x = self.fc(torch.cat([features, embed(tokens).to(features.dtype)], dim=-1))  # [B, T, H]
         cos, sin = rope_tables(meta.positions, self.inv_freq, x.dtype)  # [B, T, 1, head_dim] each
-        if attend is None:
-            mask = meta.additive_mask(t, x.dtype)  # [B, 1, T, kv_len]
-        else:  # in x's dtype, which autocast may have lowered
-            mask = torch.zeros(attend.shape, dtype=x.dtype, device=x.device).masked_fill_(~attend, float("-inf"))
+        # in x's dtype, which autocast may have lowered
+        mask = meta.additive_mask(t, x.dtype) if attend is None else additive(attend, x.dtype)  # [B, 1, T, kv_len]
         x = self.layer(x, cos, sin, cache.k, cache.v, 0, meta.slots, meta.write_pos, mask)
         return self.norm(x)

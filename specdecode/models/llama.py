@@ -140,8 +140,7 @@ class AttentionMetadata:
 
         Its last dimension is the attended length, so the attention op needs no host integer (models/attention.py).
         """
-        mask = self.attention_mask(num_tokens)  # [num_seqs, 1, T, kv_len] bool
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        return additive(self.attention_mask(num_tokens), dtype)  # [num_seqs, 1, T, kv_len]
 
     def attention_mask(self, num_tokens: int) -> torch.Tensor:
         """[num_seqs, 1, T, kv_len] bool, True = attend."""
@@ -156,6 +155,11 @@ class AttentionMetadata:
             )  # [num_seqs, T, kv_len]
             mask = torch.where(in_new[:, None, :], tree, mask)
         return mask[:, None]
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool attention mask (True = attend) as an additive one in `dtype`: 0 where allowed, -inf elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 @dataclass

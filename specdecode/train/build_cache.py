@@ -160,9 +160,6 @@ def _new_cache(out: Path, key: dict, windows: np.ndarray, layout: C.Layout, subs
 def _resumed_cache(out: Path, key: dict, windows: np.ndarray, layout: C.Layout) -> dict:
     manifest = C.read_manifest(out)
     C.check_key(manifest, key, out)
-    built = manifest["target"].get("dtype", "float32")
-    if built != key["target"]["dtype"]:  # one cache, one teacher: halves of two dtypes would not be one teacher
-        raise ConfigError(f"--resume: {out} was built with --teacher-dtype {built}, not {key['target']['dtype']}")
     if manifest["num_loss_positions"] != layout.num_loss or manifest["num_windows"] != len(windows):
         raise ConfigError(f"--resume: {out} was laid out for other windows; rebuild it with --overwrite")
     return manifest

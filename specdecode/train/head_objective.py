@@ -132,7 +132,7 @@ def _unrolled_mask(n: int, s: int, device: torch.device) -> torch.Tensor:
 
 def eagle_loss(head: nn.Module, t: Teacher, lm_head: torch.Tensor, embed: nn.Embedding, steps: int = 1) -> HeadStats:
     """Per level: smooth L1 to the target's feature plus 0.1 x KL, level s weighted EAGLE_STEP_DECAY ** (s - 1)."""
-    total, accs, first = 0.0, [], 0
+    losses, accs, first = [], [], 0
     for s, pred in enumerate(eagle_unrolled(head, t.features, t.input_ids, embed, steps), start=1):
         m = t.mask[:, s:]  # [B, T - s]: row i's guess of f_{i+s} is scored where t_{i+s+1} is a response token
         count = int(m.sum())
@@ -142,10 +142,10 @@ def eagle_loss(head: nn.Module, t: Teacher, lm_head: torch.Tensor, embed: nn.Emb
         guess = pred[:, : m.shape[1]][m]  # [count, H]
         kl, acc = _kl_at(guess, t.log_p[:, s:][m], lm_head)
         reg = F.smooth_l1_loss(guess.float(), t.features[:, s:][m].float())
-        total = total + EAGLE_STEP_DECAY ** (s - 1) * (reg + EAGLE_KL_WEIGHT * kl)
+        losses.append(EAGLE_STEP_DECAY ** (s - 1) * (reg + EAGLE_KL_WEIGHT * kl))
         accs.append(acc)
         first = first or count
-    return HeadStats(torch.as_tensor(total) if isinstance(total, float) else total, accs, first)
+    return HeadStats(torch.stack(losses).sum(), accs, first)
 
 
 def head_loss(

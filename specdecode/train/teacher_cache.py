@@ -222,6 +222,9 @@ def check_key(manifest: dict, expect: dict, root: Path) -> None:
             f"teacher cache {root} was built for target {built.get('spec')!r} ({built.get('fingerprint')}), "
             f"not for {want['spec']!r} ({want['fingerprint']}); rebuild it with `specdecode distill cache`"
         )
+    dtype = built.get("dtype", "float32")  # the teacher's compute dtype (older caches: fp32, unrecorded)
+    if want is not None and "dtype" in want and dtype != want["dtype"]:  # a resume must not mix two teachers
+        raise ConfigError(f"teacher cache {root} was built with --teacher-dtype {dtype}, not {want['dtype']}")
     if "data" in expect and [d["sha256"] for d in manifest["data"]] != [d["sha256"] for d in expect["data"]]:
         names = ", ".join(d["name"] for d in manifest["data"])
         raise ConfigError(f"teacher cache {root} was built from other token files ({names}) than --data names")
