@@ -23,6 +23,9 @@ def add_distill_args(p: argparse.ArgumentParser) -> None:
         "training-time test; 1: teacher-forced only)",
     )
     p.add_argument("--init-heads", default=None, help="start --head training from these heads' weights")
+    p.add_argument(
+        "--init-draft", default=None, help="start the draft from this draft's weights (directory or built-in name)"
+    )
     p.add_argument("--layers", type=int, default=2, help="draft decoder layers")
     p.add_argument("--hidden-size", type=int, default=None, help="draft width (default: the target's)")
     p.add_argument("--intermediate-size", type=int, default=None, help="MLP width (default: target's ratio)")
@@ -107,6 +110,7 @@ def run_distill(a: argparse.Namespace) -> None:
         num_head_tokens=a.num_head_tokens,
         eagle_steps=a.eagle_steps,
         init_heads=a.init_heads,
+        init_draft=a.init_draft,
         teacher_cache=a.teacher_cache,
         bf16=a.bf16,
         pack=not a.no_pack,

@@ -68,6 +68,7 @@ class DistillConfig:
     num_head_tokens: int = 4  # Medusa heads / MTP depths
     eagle_steps: int = 1  # EAGLE: levels unrolled on the head's own guesses (1: teacher-forced only)
     init_heads: str | None = None  # start from these heads' weights (a head directory of the same kind)
+    init_draft: str | None = None  # start the draft from this draft's weights (same architecture)
     teacher_cache: str | None = None  # read the teacher's outputs from this `distill cache` directory
     bf16: bool = False  # the student's forward under bf16 autocast (train/loop.py); the teacher stays fp32
     pack: bool = True  # a batch's short windows share rows (data.py); drafts only: heads keep one window a row
@@ -93,6 +94,8 @@ class DistillConfig:
             raise ConfigError(f"eagle-steps must be >= 1 and is for --head eagle only, got {self.eagle_steps}")
         if self.init_heads is not None and self.head is None:
             raise ConfigError("--init-heads starts draft heads: it needs --head")
+        if self.init_draft is not None and self.head is not None:
+            raise ConfigError("--init-draft starts a draft model: use --init-heads with --head")
 
 
 @dataclass
@@ -137,11 +140,24 @@ def _load_teacher(target_dir: Path, device: torch.device):
     return teacher
 
 
+def _initial_draft(spec: str, draft_cfg) -> dict[str, torch.Tensor]:
+    """The weights of the draft `spec` (a directory or a built-in draft name), refused with one line unless its
+    architecture is the one being trained."""
+    path = resolve_model_dir(spec)
+    got = transformers.AutoConfig.from_pretrained(path)
+    if summary(got) != summary(draft_cfg):
+        raise ConfigError(f"--init-draft {spec} is a different draft: {summary(got)}, not {summary(draft_cfg)}")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.state_dict()
+
+
 def _build_student(cfg: DistillConfig, draft_cfg, teacher, device: torch.device):
     torch.manual_seed(cfg.seed)
     student = transformers.LlamaForCausalLM(draft_cfg)
     if cfg.draft.init_from_target and not init_from_target(student, teacher):
         raise ConfigError("--init-from-target: no draft tensor matches the target's shapes (try the default width)")
+    if cfg.init_draft is not None:  # after --init-from-target: the draft's own weights win
+        student.load_state_dict(_initial_draft(cfg.init_draft, draft_cfg))
     if cfg.draft.freeze_embeddings:
         freeze_embeddings(student)
     return student.to(device).train()
@@ -249,6 +265,7 @@ def _manifest(cfg, target_dir, draft_cfg, student, totals, losses, accs, eval_st
         "parameters": sum(p.numel() for p in student.parameters()),
         "trainable_parameters": sum(p.numel() for p in student.parameters() if p.requires_grad),
         "init_from_target": cfg.draft.init_from_target,
+        "init_draft": str(resolve_model_dir(cfg.init_draft)) if cfg.init_draft else None,
         "freeze_embeddings": cfg.draft.freeze_embeddings,
         "draft_vocab": cfg.draft.vocab_subset,
         "bf16": cfg.bf16,

@@ -112,3 +112,17 @@ def test_resume_with_other_architecture_is_refused(tiny_target, train_npz, tmp_p
     with pytest.raises(ConfigError, match="different draft configuration"):
         distill(_cfg(tiny_target, [train_npz], out, steps=4, resume=True, draft=DraftOptions(num_layers=2)))
     assert (out / "model.safetensors").exists()  # the finished draft is untouched
+
+
+def test_init_draft_starts_from_a_trained_draft(tiny_target, train_npz, tmp_path):
+    """--init-draft starts from a trained draft, so its first steps' loss is far below a cold start's (its
+    control: the same run without it); a draft of another shape is refused with one line."""
+    draft = DraftOptions(num_layers=1)
+    first = distill(_cfg(tiny_target, [train_npz], tmp_path / "a", draft=draft, steps=30, lr=3e-3))
+    again = dict(draft=draft, steps=3, lr=1e-4)
+    warm = distill(_cfg(tiny_target, [train_npz], tmp_path / "b", init_draft=str(first.out), **again))
+    cold = distill(_cfg(tiny_target, [train_npz], tmp_path / "c", **again))
+    assert np.mean(warm.losses) < 0.7 * np.mean(cold.losses), (np.mean(warm.losses), np.mean(cold.losses))
+    assert warm.manifest["init_draft"] == str(first.out.resolve())
+    with pytest.raises(ConfigError, match="--init-draft .* is a different draft"):
+        distill(_cfg(tiny_target, [train_npz], tmp_path / "d", init_draft=str(first.out), steps=1))
