@@ -15,12 +15,12 @@ from transformers import AutoTokenizer
 from specdecode.config import ConfigError, EngineConfig, SamplingParams, SpeculativeConfig
 from specdecode.control import make_controller
 from specdecode.drafters import DrafterContext, make_drafter
-from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
+from specdecode.drafters.draft_model import load_draft
 from specdecode.engine.engine import Engine
 from specdecode.engine.launch import TensorParallelRuntime, check_tensor_parallel
 from specdecode.engine.sequence import Sequence, TokenLogprob
 from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
-from specdecode.models.llama import LlamaModel, load_llama
+from specdecode.models.llama import LlamaModel
 from specdecode.models.loader import resolve_model_dir
 from specdecode.models.shipped_draft import DEFAULT_DRAFTS
 
@@ -185,11 +185,8 @@ class LLM:
         self.draft_model = None
         if draft is not None and method == "draft":
             draft_dir = resolve_model_dir(draft)
-            self.draft_model = load_llama(draft_dir, device, DTYPES[dtype])
+            self.draft_model = load_draft(draft_dir, device, DTYPES[dtype], config.enforce_eager)
             _check_same_vocab(self.target, self.draft_model, self.tokenizer, draft_dir)
-            if (draft_dir / VOCAB_FILE).is_file():  # a --draft-vocab draft scores only its drafting vocabulary
-                subset = load_subset(draft_dir / VOCAB_FILE, self.draft_model.cfg.vocab_size)
-                SubsetLMHead.install(self.draft_model, subset)
         limit = self.target.cfg.context_limit
         self.max_model_len = min(max_model_len or DEFAULT_MAX_MODEL_LEN, limit)
         ctx = DrafterContext(self.target, self.draft_model, self.spec, self.engine_config, self.max_model_len, target)

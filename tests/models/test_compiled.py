@@ -5,11 +5,16 @@ the packages with the few-rows GEMM in their linears (models/few_rows.py)."""
 
 from __future__ import annotations
 
+import shutil
+
+import numpy as np
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
 from specdecode import LLM, SamplingParams
+from specdecode.drafters import draft_model
+from specdecode.drafters.subset_head import VOCAB_FILE
 from specdecode.models import compiled as compiled_module
 from specdecode.models import few_rows
 from specdecode.models.compiled import COMPILED_MAX_ROWS, compile_step, load_target
@@ -153,7 +158,7 @@ def test_compiled_engine_greedy_equals_eager_plain(method, tiny_target, tiny_dra
         max_num_seqs=4,
         enforce_eager=False,
     )
-    assert llm.target.step.compiled
+    assert llm.target.step.compiled and (method != "draft" or llm.draft_model.step.compiled)
     kernel = few_rows.available(torch.device("cpu"), torch.float32)  # then load_target installed it
     assert isinstance(llm.target.lm_head, few_rows.FewRowsLinear) is kernel
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_tokens
@@ -187,3 +192,30 @@ def test_with_the_few_rows_gemm_every_forward_is_compiled(tiny_target):
         with torch.inference_mode():
             got, want = model(tokens, meta, model.new_cache(1, 64)), eager(tokens, meta, eager.new_cache(1, 64))
         assert (got - want).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_a_compiled_draft_scores_only_its_drafting_vocabulary(fault, tiny_draft, tmp_path, monkeypatch):
+    """load_draft compiles the draft's step and keeps its drafting vocabulary: logits equal the eager draft's on
+    the subset and are -inf elsewhere, at one row and past COMPILED_MAX_ROWS. The fault, the compiled step's own
+    head left in place, scores the whole vocabulary, and the same check fails."""
+    shutil.copytree(tiny_draft, tmp_path / "d")
+    subset = np.arange(0, 90, 3)  # token ids the draft may propose (the tiny vocabulary is 96)
+    np.save(tmp_path / "d" / VOCAB_FILE, subset)
+    if fault:
+        monkeypatch.setattr(draft_model, "with_head", lambda step, head: step)
+    model = draft_model.load_draft(tmp_path / "d", "cpu", torch.float32, enforce_eager=False)
+    eager = draft_model.load_draft(tmp_path / "d", "cpu", torch.float32, enforce_eager=True)
+    assert model.step.compiled and not eager.step.compiled
+    outside = torch.ones(model.cfg.vocab_size, dtype=torch.bool)
+    outside[torch.from_numpy(subset)] = False
+    worst = 0.0
+    for rows in (1, COMPILED_MAX_ROWS + 1):
+        tokens = torch.randint(0, model.cfg.vocab_size, (1, rows))
+        meta = AttentionMetadata.build([0], [0], rows, "cpu")
+        with torch.inference_mode():
+            got, want = model(tokens, meta, model.new_cache(1, 64)), eager(tokens, meta, eager.new_cache(1, 64))
+        assert torch.isinf(want[..., outside]).all()
+        worst = max(worst, (got[..., ~outside] - want[..., ~outside]).abs().max().item())
+        worst = max(worst, float(torch.isfinite(got[..., outside]).any()))  # 1.0: a token outside is scored
+    assert (worst > 0.5) if fault else (worst < 1e-4), worst
