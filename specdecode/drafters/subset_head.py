@@ -2,11 +2,13 @@
 
 On a small target the LM head is a large share of a step (49k x 576 of SmolLM2-135M's weights, ~21%); scoring
 only the S most frequent tokens reads S / V of it. Drafts then stay inside the subset: a sampled draft has
-q = 0 outside it and a greedy or tree candidate is one-hot, so verification stays lossless either way.
+q = 0 outside it and a greedy or tree candidate is one-hot, so verification stays lossless either way. Where
+bf16 is native the subset's rows are kept and multiplied in bf16 (drafting_dtype): half the bytes again.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,28 @@ from specdecode.config import ConfigError
 from specdecode.models import packed_linear
 from specdecode.models.llama import LlamaModel
 
+DRAFTING_DTYPE_ENV = "SPECDECODE_DRAFTING_DTYPE"
+FORCED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 VOCAB_FILE = "vocab.npy"  # beside a draft model or EAGLE head: the token ids it drafts from
+
+
+def drafting_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype a drafting head multiplies in: an fp32 head in bf16 where bf16 is native (a CPU with
+    AVX512_BF16 or AMX, a CUDA GPU that has it), half the bytes of a step that mostly reads the weight; any other
+    head in its own dtype. A draft need not be exact: verification keeps the output the target's whatever it
+    proposes, and q is the distribution the drafts were drawn from, in whatever precision it was computed.
+    $SPECDECODE_DRAFTING_DTYPE=float32|bfloat16 forces it."""
+    forced = os.environ.get(DRAFTING_DTYPE_ENV)
+    if forced:
+        if forced not in FORCED_DTYPES:
+            raise ConfigError(f"${DRAFTING_DTYPE_ENV} must be float32 or bfloat16, got {forced!r}")
+        return FORCED_DTYPES[forced]
+    if weight.dtype != torch.float32:
+        return weight.dtype
+    if weight.device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return torch.bfloat16 if weight.device.type == "cpu" and native else torch.float32
 
 
 class SubsetHead:
@@ -25,16 +48,17 @@ class SubsetHead:
         weight = target.lm_head_weight()
         self.subset = subset.to(weight.device)  # [S] int64 token ids
         self.vocab_size = target.cfg.vocab_size
-        head = nn.Linear(weight.shape[1], len(self.subset), bias=False, device=weight.device, dtype=weight.dtype)
+        self.dtype = drafting_dtype(weight)
+        head = nn.Linear(weight.shape[1], len(self.subset), bias=False, device=weight.device, dtype=self.dtype)
         head.weight.data.copy_(weight[self.subset])  # [S, hidden]
         holder = nn.Sequential(head.requires_grad_(False))
-        if packed_linear.available(weight.device, weight.dtype):  # the same choice as for the target's own linears
+        if packed_linear.available(weight.device, self.dtype):  # the same choice as for the target's own linears
             packed_linear.pack_linears(holder)
         self.linear = holder[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> float logits [..., vocab], -inf outside the subset."""
-        small = self.linear(hidden).float()  # [..., S]
+        small = self.linear(hidden.to(self.dtype)).float()  # [..., S]
         full = torch.full((*small.shape[:-1], self.vocab_size), float("-inf"), device=small.device)
         return full.index_copy_(-1, self.subset, small)
 
