@@ -63,7 +63,11 @@ def _configure_inductor(device: torch.device) -> None:
 
 
 def compile_step(
-    model: LlamaModel, warm: bool = True, progress: bool = True, ahead_of_time: bool | None = None
+    model: LlamaModel,
+    warm: bool = True,
+    progress: bool = True,
+    ahead_of_time: bool | None = None,
+    role: str = "target",
 ) -> float:
     """Swap the model's eager step for compiled body and head; returns the seconds spent compiling or loading.
 
@@ -77,7 +81,7 @@ def compile_step(
     t0 = time.perf_counter()
     if device.type == "cpu" if ahead_of_time is None else ahead_of_time:
         try:
-            model.step = _packaged_step(model, progress)
+            model.step = _packaged_step(model, progress, role)
             return time.perf_counter() - t0
         except Exception as e:  # export or AOT compile refused this model: the in-process compiler still serves
             warnings.warn(
@@ -88,16 +92,16 @@ def compile_step(
         head=torch.compile(Head(model), dynamic=True, fullgraph=True),
         compiled=True,
     )
-    return warm_up(model, progress) if warm else time.perf_counter() - t0
+    return warm_up(model, progress, role) if warm else time.perf_counter() - t0
 
 
-def _packaged_step(model: LlamaModel, progress: bool) -> StepFunctions:
+def _packaged_step(model: LlamaModel, progress: bool, role: str) -> StepFunctions:
     """The step from AOTInductor packages, checked by one forward on a scratch cache."""
 
     def compiling() -> None:
-        bar.set_description("compiling the target step (first run on this machine; --enforce-eager skips it)")
+        bar.set_description(f"compiling the {role} step (first run on this machine; --enforce-eager skips it)")
 
-    with tqdm(total=1, desc="loading the compiled target step", disable=not progress) as bar:
+    with tqdm(total=1, desc=f"loading the compiled {role} step", disable=not progress) as bar:
         body, head = load_or_compile(model, on_compile=compiling)
         bar.update()
     step = StepFunctions(body=body, head=head, compiled=True)
@@ -105,10 +109,10 @@ def _packaged_step(model: LlamaModel, progress: bool) -> StepFunctions:
     return step
 
 
-def warm_up(model: LlamaModel, progress: bool = True) -> float:
+def warm_up(model: LlamaModel, progress: bool = True, role: str = "target") -> float:
     """Compile the body and head graphs with one forward on a scratch cache; returns the seconds taken."""
     t0 = time.perf_counter()
-    desc = "compiling the target step (once per process; --enforce-eager skips it)"
+    desc = f"compiling the {role} step (once per process; --enforce-eager skips it)"
     with tqdm(total=1, desc=desc, disable=not progress) as bar:
         _scratch_forward(model, model.step)
         bar.update()
@@ -136,9 +140,10 @@ def load_target(
     enforce_eager: bool,
     progress: bool = True,
     ahead_of_time: bool | None = None,
+    role: str = "target",
 ) -> LlamaModel:
     """The model as the engine runs it: compiled and warmed, or eager with packed linears (enforce_eager).
-    ahead_of_time: see compile_step.
+    ahead_of_time: see compile_step. role: what the progress bar calls the model ("target", "draft").
 
     On a CPU without the few-rows GEMM, forwards over more than COMPILED_MAX_ROWS tokens run on an eager twin
     with packed linears (a second copy of the weights, sharing the cache it is handed): inductor's GEMM streams
@@ -153,7 +158,7 @@ def load_target(
     kernel = few_rows.available(torch.device(device), dtype)  # or the few-rows GEMM its own (models/few_rows.py)
     if kernel:
         few_rows.install(model)
-    compile_step(model, progress=progress, ahead_of_time=ahead_of_time)
+    compile_step(model, progress=progress, ahead_of_time=ahead_of_time, role=role)
     if torch.device(device).type == "cpu" and not kernel:
         twin = load_llama(model_dir, device, dtype)
         large = StepFunctions(twin.body, twin.head)
