@@ -53,18 +53,29 @@ def run(a: argparse.Namespace) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def drafts_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags every per-draft bench command takes: --target, --drafts, --output."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--drafts", nargs="+", required=True, help="draft directories or built-in draft names")
-    p.add_argument("--data", required=True, help="held-out npz of prompt + target response tokens")
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--output", default=None, help="write the rows as JSON here")
+    return p
+
+
+def run_and_write(p: argparse.ArgumentParser, run, argv: list[str] | None) -> None:
+    """Parse argv, run, and write the result as JSON to --output if given."""
     a = p.parse_args(argv)
     result = run(a)
     if a.output:
         Path(a.output).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = drafts_parser(__doc__)
+    p.add_argument("--data", required=True, help="held-out npz of prompt + target response tokens")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=8)
+    run_and_write(p, run, argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ compiled step with an fp32 head, and the compiled step with the head in the prec
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from specdecode.bench.draft_agreement import drafts_parser, run_and_write
 from specdecode.bench.draft_tradeoff import decode_step_ms
 from specdecode.bench.specbench import provenance
 from specdecode.drafters.draft_model import load_draft
@@ -80,15 +80,9 @@ def run(a: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="smollm2-135m-instruct")
-    p.add_argument("--drafts", nargs="+", required=True, help="draft directories or built-in draft names")
+    p = drafts_parser(__doc__)
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; each times every arm once")
-    p.add_argument("--output", default=None, help="write the rows as JSON here")
-    a = p.parse_args(argv)
-    result = run(a)
-    if a.output:
-        Path(a.output).write_text(json.dumps(result, indent=2) + "\n")
+    run_and_write(p, run, argv)
 
 
 if __name__ == "__main__":
