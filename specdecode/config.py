@@ -28,6 +28,9 @@ class ConfigError(ValueError):
     """A user-facing configuration error; its message is shown as one line."""
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: the sampling arithmetic is fp32
+
+
 @dataclass(frozen=True)
 class StructuredOutputs:
     """Constrained output, as vLLM's StructuredOutputsParams: `json` (a JSON schema) or `json_object` (any object)."""
@@ -68,8 +71,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 <= self.temperature <= FLOAT32_MAX:  # sampling divides fp32 logits by it: inf would make NaN
+            raise ConfigError(f"temperature must be in [0, {FLOAT32_MAX:.4g}], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -64,7 +64,8 @@ def _filter_top_k_top_p(logits: torch.Tensor, st: SamplingTensors) -> torch.Tens
     if st.any_top_p:
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
         mass_before = probs.cumsum(-1) - probs  # mass of strictly better tokens
-        drop |= mass_before >= st.top_p[:, None, None]  # the top token always has mass_before 0: kept
+        drop |= mass_before >= st.top_p[:, None, None]
+        drop[..., 0] = False  # the most probable token stays, even where top_p rounds to 0 in fp32
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from specdecode.config import ConfigError, SpeculativeConfig
+from specdecode.config import ConfigError, SamplingParams, SpeculativeConfig
 from specdecode.control import CONTROLLERS
 
 
@@ -42,3 +42,12 @@ def test_suffix_corpus_list_becomes_a_tuple(tmp_path):
     path = tmp_path / "c.npz"
     path.write_bytes(b"")
     assert SpeculativeConfig(method="suffix_tree", suffix_corpus=[str(path)]).suffix_corpus == (str(path),)
+
+
+@pytest.mark.parametrize("temperature", [1e308, float("inf"), float("nan"), -1.0])
+def test_a_temperature_fp32_cannot_hold_is_refused(temperature):
+    """The logits are divided by it in fp32: 1e308 is inf there and made NaN probabilities (a schema fuzzer's
+    find). The largest finite float32 is still accepted."""
+    with pytest.raises(ConfigError, match="temperature must be in"):
+        SamplingParams(temperature=temperature)
+    assert SamplingParams(temperature=3.4e38).temperature == 3.4e38

@@ -236,3 +236,14 @@ def test_non_finite_logits_raise():
     st = SamplingTensors.from_params([SamplingParams()], "cpu")
     with pytest.raises(RuntimeError, match="NaN or inf"):
         verify(logits, torch.tensor([[1]]), torch.tensor([1]), None, st)
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-46, 0.3])
+def test_a_vanishing_top_p_keeps_the_top_token(top_p):
+    """top_p rounds to 0 in fp32 below ~1e-45: the filter must still keep the most probable token (a schema
+    fuzzer sent 1e-300, the row went all -inf, its NaN probabilities drew token 0 past a grammar's mask)."""
+    logits = torch.tensor([[[0.5, 3.0, -1.0, float("-inf"), 2.0]]])  # [1, 1, vocab]; token 3 masked
+    st = SamplingTensors.from_params([SamplingParams(temperature=0.7, top_p=top_p)], "cpu")
+    probs = process_logits(logits, st)[0, 0]
+    assert torch.isfinite(probs).all() and abs(probs.sum().item() - 1.0) < 1e-6
+    assert probs.argmax().item() == 1 and probs[3] == 0.0
