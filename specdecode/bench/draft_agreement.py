@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
 
@@ -27,12 +26,11 @@ from specdecode.train import data as D
 from specdecode.train.distill import DistillConfig, evaluate
 
 
-def agreement(draft: str, target, samples: D.Samples, cfg: DistillConfig) -> dict:
+def agreement(draft: str, target, samples: D.Samples, windows: np.ndarray, cfg: DistillConfig) -> dict:
     """{accuracy, kl, tokens} of the draft `draft` (a directory or built-in name) against `target`."""
     path = resolve_model_dir(draft)
     student = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     subset = load_subset(path / VOCAB_FILE, student.config.vocab_size) if (path / VOCAB_FILE).is_file() else None
-    windows = D.window_starts(samples, cfg.seq_len)
     return evaluate(student, target, samples, windows, cfg, torch.device("cpu"), subset)
 
 
@@ -41,12 +39,12 @@ def run(a: argparse.Namespace) -> dict:
     target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     samples = D.load_samples([a.data], target.config.vocab_size)
     cfg = DistillConfig(a.target, [a.data], "-", seq_len=a.seq_len, batch_size=a.batch_size, progress=False)
-    rows = {d: agreement(d, target, samples, cfg) for d in a.drafts}
+    windows = D.window_starts(samples, cfg.seq_len)  # the same windows for every draft
+    rows = {d: agreement(d, target, samples, windows, cfg) for d in a.drafts}
     for d, r in rows.items():
         print(f"{d}: agreement {r['accuracy']:.3f}, KL {r['kl']:.3f} over {r['tokens']} positions")
     return {
-        **provenance(),
-        "command": shlex.join(["python", "-m", __spec__.name, *sys.argv[1:]]),
+        **provenance(__spec__.name),
         "data": a.data,
         "seq_len": a.seq_len,
         "drafts": rows,

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
-import sys
 from pathlib import Path
 
 import torch
@@ -75,8 +73,7 @@ def run(a: argparse.Namespace) -> dict:
         rows.setdefault(draft, {})[name] = {"ms": ms, "c": ms / target_ms, "rounds_ms": ts}
         print(f"{draft} {name}: {ms:.2f} ms (c = {ms / target_ms:.3f})")
     print(f"target: {target_ms:.2f} ms")
-    command = shlex.join(["python", "-m", __spec__.name, *sys.argv[1:]])
-    return {**provenance(), "command": command, "target_ms": target_ms, "drafts": rows}
+    return {**provenance(__spec__.name), "target_ms": target_ms, "drafts": rows}
 
 
 def main(argv: list[str] | None = None) -> None:

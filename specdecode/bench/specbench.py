@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from collections import defaultdict
@@ -274,10 +275,12 @@ def machine() -> str:
     )
 
 
-def provenance() -> dict[str, str]:
-    """The command, machine and date every results file carries."""
+def provenance(module: str | None = None) -> dict[str, str]:
+    """The command, machine and date every results file carries; `module`: the command ran as `python -m module`
+    rather than as `specdecode`."""
+    args = sys.argv[1:]
     return {
-        "command": "specdecode " + " ".join(sys.argv[1:]),
+        "command": shlex.join(["python", "-m", module, *args]) if module else " ".join(["specdecode", *args]),
         "machine": machine(),
         "date": date.today().isoformat(),
     }
