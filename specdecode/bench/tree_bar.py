@@ -60,7 +60,7 @@ def run(a: argparse.Namespace) -> dict:
     )
     ratios = [r["cut"]["tokens_per_s"] / r["uncut"]["tokens_per_s"] for r in rows]
     return {
-        **provenance(),
+        **provenance(__spec__.name),
         "method": a.method,
         "draft": a.draft,
         "k": a.k,
