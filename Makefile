@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PIP := .venv/bin/pip
 STAMP := .venv/.installed
 
-.PHONY: setup demo test lint bench clean property-long soak peers
+.PHONY: setup demo test lint bench clean property-long soak peers gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv .venv
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(PY) -m specdecode.demo
 
 test: $(STAMP)
-	$(PY) -m ruff check specdecode tests
+	$(PY) -m ruff check specdecode tests tools
 	$(PY) -m pytest -q -x --durations=25
 
 # The long forms of the property-based engine tests (>20,000 examples, about an hour on 2 cores) and of the
@@ -39,7 +39,12 @@ peers: $(STAMP)
 	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" $(PIP) install --no-binary llama-cpp-python -e ".[peers]"
 
 lint: $(STAMP)
-	$(PY) -m ruff check specdecode tests
+	$(PY) -m ruff check specdecode tests tools
+
+# The GPU check (tools/gpu_check.py): exactness on CUDA, CUDA graphs, an 8B-shaped step-cost curve. On a GPU machine
+# with its own torch and no network, carry the gguf wheel and run `python3 -m tools.gpu_check` from the source tree.
+gpu-check:
+	python3 -m tools.gpu_check
 
 bench: $(STAMP)
 	$(PY) -m specdecode.cli bench --target smollm2-135m-instruct --method ngram \

@@ -64,7 +64,7 @@ def attend_eager(
     kv_len = mask.shape[-1]
     queries = q.transpose(1, 2)  # [num_seqs, heads, T, head_dim]
     if q.device.type != "cpu":  # an accelerator: gather the rows' caches rather than read slots on the host
-        out = _sdpa(queries, k_cache[slots, :, :kv_len], v_cache[slots, :, :kv_len], mask)
+        out = _sdpa_grouped(queries, k_cache[slots, :, :kv_len], v_cache[slots, :, :kv_len], mask)
     else:
         row_slots = slots.tolist()
         ends = (write_pos.amax(1) + 1).tolist()  # each row's attended length: its last real write + 1
@@ -133,6 +133,19 @@ def _attend_group(
 def _sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """q [n, heads, T, d], keys/values [n, kv_heads, L, d], mask [n, 1, T, L] -> [n, heads, T, d]."""
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+
+def _sdpa_grouped(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`_sdpa` with the query heads that share a key head folded into the query length, so the keys and values
+    are never repeated per query head (SDPA's `enable_gqa` fell back to a path that repeats them: at batch 32 on
+    an H200 that copy cost more than the weights' read). q [n, heads, T, d] -> [n, heads, T, d]."""
+    n, heads, t, d = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads  # query head i reads key head i // group
+    folded = q.reshape(n, kv_heads, group * t, d)  # [n, kv_heads, group * T, d]
+    m = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(n, 1, group * t, mask.shape[-1])
+    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=m)  # [n, kv_heads, group * T, d]
+    return out.reshape(n, heads, t, d)
 
 
 def _kernel_serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, mask: torch.Tensor) -> bool:

@@ -16,7 +16,9 @@ graph cache could not do this: it refuses graphs holding packed constants, so ev
 
 On CUDA, and on CPU if packaging fails, the step goes under torch.compile in the process (with duck sizing off
 and size-1 dimensions left unspecialised, so one graph still serves every shape); `warm_up` compiles it at
-load. No CUDA graphs: the attended length changes every step. `enforce_eager` (vLLM's name) skips all of this.
+load. On CUDA the compiled body is then replayed from CUDA graphs captured per bucket of batch x new tokens
+(models/cuda_graphs.py: the attended length is padded to the cache's, so no graph depends on the contexts).
+`enforce_eager` (vLLM's name) skips all of this.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from tqdm import tqdm
 
 from specdecode.models import few_rows
 from specdecode.models.aot_package import INDUCTOR_SETTINGS, Body, Head, load_or_compile
+from specdecode.models.cuda_graphs import GraphedBody
 from specdecode.models.disk_cache import cache_root
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama
 
@@ -92,7 +95,10 @@ def compile_step(
         head=torch.compile(Head(model), dynamic=True, fullgraph=True),
         compiled=True,
     )
-    return warm_up(model, progress, role) if warm else time.perf_counter() - t0
+    seconds = warm_up(model, progress, role) if warm else time.perf_counter() - t0
+    if device.type == "cuda":  # graphs are captured per bucket at first use, after the compile above
+        model.step = dataclasses.replace(model.step, body=GraphedBody(model.step.body))
+    return seconds
 
 
 def _packaged_step(model: LlamaModel, progress: bool, role: str) -> StepFunctions:
