@@ -9,6 +9,13 @@ blocked layout (`MkldnnLinear`). Which wins depends on the CPU (measured: on a 2
 than F.linear), so the choice is made per machine, once per process, by timing a stack of linears larger than
 the caches (the weights stream from DRAM as in a real step) every way at 1 and 9 rows.
 `SPECDECODE_PACKED_LINEAR=plain|mkl|onednn` forces it.
+
+oneDNN keeps a compiled primitive per input shape in two caches (its own primitive cache and ideep's LRU cache,
+1,024 entries each by default), so every new row count (each prompt length, each batch x K) adds JIT-compiled
+code until they fill: a server's resident memory rose by ~45 MiB over 150 mixed requests and would have kept
+rising far beyond. The oneDNN linear therefore pads its rows up to a bounded set of sizes (`row_bucket`: exact
+up to 16, then eight sizes per doubling, at most 12.5% padding), so a model's linears compile a few dozen
+primitives each, all met while a server warms up.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.mkldnn import MkldnnLinear
 
@@ -43,6 +51,39 @@ class PackedLinear(nn.Module):
         # (a different hint falls back to a plain sgemm).
         out = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, self.bias, rows.shape[0])  # [rows, out]
         return out.view(*x.shape[:-1], self.out_features)
+
+
+EXACT_ROWS = 16  # row counts up to this are their own bucket (decode and verify steps)
+
+
+def row_bucket(rows: int) -> int:
+    """`rows` rounded up to one of eight sizes per doubling past EXACT_ROWS (17-18 -> 18, 100 -> 104)."""
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 1 << (rows.bit_length() - 4)  # an eighth of the power of two at or below rows
+    return -(-rows // step) * step
+
+
+class OneDNNLinear(nn.Module):
+    """oneDNN's blocked-layout linear over rows padded to `row_bucket` sizes (a bounded set of shapes)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.inner = MkldnnLinear(linear, torch.float32)
+
+    @property
+    def weight(self) -> torch.Tensor:  # [out, in] oneDNN tensor: dense readers call .to_dense()
+        return self.inner.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # [n, in]
+        n = rows.shape[0]
+        padded = row_bucket(n)
+        if padded != n:
+            rows = F.pad(rows, (0, 0, 0, padded - n))  # [padded, in] zero rows, dropped below
+        out = self.inner(rows)[:n]  # [n, out]
+        return out.reshape(*x.shape[:-1], self.out_features)
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -71,7 +112,7 @@ def choice() -> str:
 
 
 def _packer(kind: str):
-    return {"mkl": PackedLinear, "onednn": lambda lin: MkldnnLinear(lin, torch.float32)}[kind]
+    return {"mkl": PackedLinear, "onednn": OneDNNLinear}[kind]
 
 
 def probe(num_layers: int = 32, hidden: int = 576, inner: int = 1536, trials: int = 5) -> dict[str, float]:
