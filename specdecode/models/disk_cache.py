@@ -47,8 +47,8 @@ def check_private(path: Path) -> None:
     if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeCacheError(
             f"refusing to use the cache entry {path}: it must be owned by this user and writable by no one else "
-            f"(owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}); remove it, or point $SPECDECODE_CACHE "
-            "at a private directory"
+            f"(owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}); remove it (or `chmod go-w` it if it is "
+            "yours and unchanged), or point $SPECDECODE_CACHE at a private directory"
         )
 
 
