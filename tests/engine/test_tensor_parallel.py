@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 from specdecode import LLM, SamplingParams
 from specdecode.config import METHODS, ConfigError
+from specdecode.engine.launch import WorkerWatch
 from specdecode.engine.tensor_parallel import WorkerLostError
 from specdecode.models import tensor_parallel as tp_models
 from tests.listeners import is_loopback, tcp_listeners
@@ -253,6 +255,23 @@ def test_a_killed_worker_fails_the_driver_with_what_happened(tiny_target, when, 
     assert worker.exitcode == -signal.SIGKILL
     assert not multiprocessing.active_children()
     assert not dist.is_initialized()
+
+
+def test_the_watch_stops_the_other_workers_when_one_dies():
+    """With more than one worker (the tiny model splits only two ways, so plain processes stand in): one killed,
+    the watch reports it and terminates the others, which would otherwise wait on it forever."""
+    spawn = multiprocessing.get_context("spawn")
+    workers = [spawn.Process(target=time.sleep, args=(600,), daemon=True) for _ in range(3)]
+    for p in workers:
+        p.start()
+    watch = WorkerWatch(workers)
+    _kill(workers[1])
+    failure = watch.lost(HANG_GUARD_S)
+    assert failure is not None and failure.startswith("tensor-parallel worker rank 2 (pid ")
+    assert "killed by SIGKILL" in failure
+    for p in workers:
+        p.join(HANG_GUARD_S)
+    assert [p.exitcode for p in workers] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGTERM]
 
 
 NO_GUARD = """
