@@ -5,12 +5,17 @@ One spawn serves many targets in a row (each a "session", announced to the worke
 test pays for starting a process once, and rank 0 reuses the test process's imports. A session may carry a
 fault, injected into the real code on every rank (or on rank 0 only, for the driver's own faults), for negative
 controls.
+
+The ranks meet as the engine's spawned ones do (engine/launch.py): a FileStore in a private temporary directory,
+connections on loopback, and nothing pickled between them (a session's fault is named in JSON bytes).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import socket
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -20,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from specdecode.engine import launch
 from specdecode.engine import tensor_parallel as tp_engine
 from specdecode.engine.tensor_parallel import TensorParallelGroup, TensorParallelTarget, serve
 from specdecode.kv import KVCache
@@ -67,32 +73,35 @@ DRIVER_FAULTS: dict[str, Callable[[], AbstractContextManager]] = {
 def run_on_ranks(case: Callable, *args, world: int = 2):
     """case(*args) in this process, as rank 0 of a gloo group whose other ranks are spawned workers; returns
     what it returns. The group lives for this call only."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    rendezvous = Path(tempfile.mkdtemp(prefix="specdecode-test-ranks-"))
+    store_path = str(rendezvous / "store")
     # The workers pack linears as this process does, without probing the machine again (seconds under load).
-    spawn_args = (world, port, packed_linear.choice())
+    spawn_args = (world, store_path, packed_linear.choice())
     workers = mp.start_processes(_worker_main, args=spawn_args, nprocs=world - 1, join=False, start_method="spawn")
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world)
-        try:
-            result = case(*args)
-            _announce(None)  # no more sessions
-        finally:
-            dist.destroy_process_group()
+        with launch._loopback():  # every group the case makes (each session's) stays on loopback
+            dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=0, world_size=world)
+            try:
+                result = case(*args)
+                _announce(None)  # no more sessions
+            finally:
+                dist.destroy_process_group()
     except BaseException:
         for p in workers.processes:
             p.terminate()
         raise
+    finally:
+        shutil.rmtree(rendezvous, ignore_errors=True)
     while not workers.join():  # re-raises a worker's exception
         pass
     return result
 
 
-def _worker_main(index: int, world: int, port: int, packed_kind: str) -> None:
+def _worker_main(index: int, world: int, store_path: str, packed_kind: str) -> None:
     os.environ[packed_linear.ENV] = packed_kind
+    os.environ.update(launch.LOOPBACK)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=index + 1, world_size=world)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=index + 1, world_size=world)
     try:
         _serve_sessions()
     finally:
@@ -100,17 +109,27 @@ def _worker_main(index: int, world: int, port: int, packed_kind: str) -> None:
 
 
 def _announce(fault: str | None | bool) -> None:
-    """Rank 0 tells the workers another session starts (with this fault, or none: False), or that none will."""
-    dist.broadcast_object_list([fault], src=0)
+    """Rank 0 tells the workers another session starts (with this fault, or none: False), or that none will:
+    JSON bytes in a uint8 tensor, length first."""
+    data = torch.frombuffer(bytearray(json.dumps(fault).encode()), dtype=torch.uint8)  # [n]
+    dist.broadcast(torch.tensor([len(data)]), src=0)
+    dist.broadcast(data, src=0)
+
+
+def _hear() -> str | None | bool:
+    size = torch.zeros(1, dtype=torch.long)
+    dist.broadcast(size, src=0)
+    data = torch.empty(int(size), dtype=torch.uint8)  # [n]
+    dist.broadcast(data, src=0)
+    return json.loads(bytes(data.tolist()))
 
 
 def _serve_sessions() -> None:
     while True:
-        msg = [None]
-        dist.broadcast_object_list(msg, src=0)
-        if msg[0] is None:
+        fault = _hear()
+        if fault is None:
             return
-        with FAULTS[msg[0]]() if msg[0] in FAULTS else nullcontext():
+        with FAULTS[fault]() if fault in FAULTS else nullcontext():
             tp = TensorParallelGroup.join(CPU)
             serve(tp)
             tp.close()

@@ -14,7 +14,11 @@ Workers (`serve`) take orders only from rank 0's broadcasts, in order, and decid
 nothing that differs between processes (timing-based controllers, drafters' state, random streams) can make
 ranks diverge. Orders are a fixed-size int64 header on a CPU (gloo) group, then the order's tensors on the
 device group (gloo on CPU, NCCL on CUDA): an idle worker waits on the CPU, not in a GPU kernel, and the control
-group's long timeout lets a server sit idle for days.
+group's long timeout lets a server sit idle for days. Nothing crossing ranks is pickled: the launch spec is
+JSON bytes in a uint8 tensor, so a worker never unpickles what it receives.
+
+A worker that dies (engine/launch.py watches them) fails rank 0's next order, or the collective it is in, with
+`WorkerLostError`, which says which worker and how.
 
 Drafting happens on rank 0 alone (vLLM's spirit): a forward over a subset of layers (layer skipping) is a target
 forward like any other, its layer ids carried in the order, so the workers run the same layers on their shards
@@ -29,7 +33,8 @@ import functools
 import itertools
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +51,15 @@ CONTROL_TIMEOUT = timedelta(days=365)  # a worker waits for the next order as lo
 HEADER = 8  # int64 slots of an order's header: [op, cache id, up to 6 arguments]
 ALL_LAYERS = -1  # a forward's layer count in its header when it runs every layer
 FORWARD, COMPACT, NEW_CACHE, FREE_CACHE, STOP, COPY_PREFIX = range(6)  # the orders
+NOTICE_S = 5.0  # how long a failed collective waits for the watch to say whether a worker died
+
+
+class WorkerLostError(RuntimeError):
+    """A tensor-parallel worker died: the group can't run any more."""
+
+
+def _nobody_lost(wait: float) -> str | None:
+    return None
 
 
 @dataclass
@@ -57,6 +71,23 @@ class TensorParallelGroup:
     device: torch.device
     control: dist.ProcessGroup  # gloo, CPU: headers and launch specs
     group: dist.ProcessGroup | None = None  # the device's collectives (None: the default group)
+    # Rank 0's word on dead workers (engine/launch.py's watch): how one died, waiting up to `wait` s to know.
+    lost: Callable[[float], str | None] = _nobody_lost
+
+    @contextmanager
+    def watched(self) -> Iterator[None]:
+        """Collectives of rank 0 that fail because a worker died raise `WorkerLostError` saying so; a worker
+        known dead fails the next one before it starts."""
+        if (failure := self.lost(0.0)) is not None:
+            raise WorkerLostError(failure)
+        try:
+            yield
+        except WorkerLostError:
+            raise
+        except RuntimeError as e:  # gloo: a peer's connection closed
+            if (failure := self.lost(NOTICE_S)) is not None:
+                raise WorkerLostError(failure) from e
+            raise
 
     @classmethod
     def join(cls, device: torch.device) -> TensorParallelGroup:
@@ -70,7 +101,8 @@ class TensorParallelGroup:
     def send_header(self, op: int, *args: int) -> None:
         header = torch.zeros(HEADER, dtype=torch.long)
         header[: 1 + len(args)] = torch.tensor([op, *args])
-        dist.broadcast(header, src=0, group=self.control)
+        with self.watched():
+            dist.broadcast(header, src=0, group=self.control)
 
     def receive_header(self) -> list[int]:
         header = torch.empty(HEADER, dtype=torch.long)
@@ -79,19 +111,35 @@ class TensorParallelGroup:
 
     def broadcast(self, flat: torch.Tensor) -> torch.Tensor:
         """An order's tensors, flattened into one int64 tensor on the device (rank 0 sends, the others fill)."""
-        dist.broadcast(flat, src=0, group=self.group)
+        with self.watched():
+            dist.broadcast(flat, src=0, group=self.group)
         return flat
+
+    def send_text(self, text: str) -> None:
+        """A string to every worker as UTF-8 bytes in a uint8 tensor, its length first (no pickle)."""
+        data = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)  # [n]
+        self.send_header(len(data))
+        with self.watched():
+            dist.broadcast(data, src=0, group=self.control)
+
+    def receive_text(self) -> str:
+        data = torch.empty(self.receive_header()[0], dtype=torch.uint8)  # [n]
+        dist.broadcast(data, src=0, group=self.control)
+        return bytes(data.tolist()).decode()
 
 
 def send_launch_spec(tp: TensorParallelGroup, model_dir: Path, dtype: torch.dtype) -> None:
     """Rank 0 names the checkpoint and dtype, so every rank loads the same shards whatever its own arguments."""
-    dist.broadcast_object_list([str(model_dir), str(dtype).removeprefix("torch.")], src=0, group=tp.control)
+    tp.send_text(json.dumps({"model_dir": str(model_dir), "dtype": str(dtype).removeprefix("torch.")}))
 
 
 def receive_launch_spec(tp: TensorParallelGroup) -> tuple[Path, torch.dtype]:
-    spec = [None, None]
-    dist.broadcast_object_list(spec, src=0, group=tp.control)
-    return Path(spec[0]), getattr(torch, spec[1])
+    """The launch spec as plain data: a path, and a dtype that must name one of torch's."""
+    spec = json.loads(tp.receive_text())
+    dtype = getattr(torch, str(spec["dtype"]), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"launch spec names no torch dtype: {spec['dtype']!r}")
+    return Path(spec["model_dir"]), dtype
 
 
 class MirroredCache(KVCache):
@@ -172,7 +220,8 @@ class TensorParallelTarget:
         """LlamaModel.forward over every rank's shard: logits [num_seqs, n or T, vocab] on rank 0 (and its hidden
         states, whole there: the workers never return them)."""
         self._announce_forward(tokens, meta, cache, logits_index, layer_ids)
-        return self.shard(tokens, meta, cache, logits_index, return_hidden, layer_ids)
+        with self.tp.watched():  # the layers' all-reduces and the head's gather
+            return self.shard(tokens, meta, cache, logits_index, return_hidden, layer_ids)
 
     def _announce_forward(
         self,

@@ -34,7 +34,7 @@ from torch.export import Dim
 
 from specdecode.hardware import cpu_model
 from specdecode.models import attention, few_rows, llama
-from specdecode.models.disk_cache import build_once, cache_root, remove_least_recent
+from specdecode.models.disk_cache import build_once, cache_root, check_tree, private_dir, remove_least_recent
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 
 FORMAT = 1  # bump when what a package holds, or how it is called, changes
@@ -75,10 +75,12 @@ def package_key(model: LlamaModel) -> str:
 def load_or_compile(model: LlamaModel, on_compile: Callable[[], None] | None = None) -> tuple[Callable, Callable]:
     """The body and head runners of `model`'s step: loaded from disk, else compiled and saved first
     (`on_compile` is called before a compile starts, e.g. to show a progress bar). A package that does not
-    load (truncated, say) is compiled again."""
-    root = cache_root() / "aoti"
+    load (truncated, say) is compiled again; one another user could have written is refused (UnsafeCacheError)."""
+    root = private_dir(cache_root() / "aoti")
     final = root / package_key(model)
     try:
+        if final.exists():
+            check_tree(final)  # the package holds a shared library: load only what this user alone wrote
         runners = _load(final / BODY), _load(final / HEAD)
     except (FileNotFoundError, RuntimeError):  # absent, or unreadable
         shutil.rmtree(final, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 A spec is a Hugging Face directory (used in place), a `.gguf` file, or a built-in name such as
 `smollm2-135m-instruct`. GGUF files are dequantized once to float32 safetensors under `cache_root()`;
-later calls find the finished directory by a key of the file's size and mtime and return at once.
+later calls find the finished directory by a key of the file's content (sha256) and return at once.
 Pickle checkpoints (pytorch_model.bin) are never loaded: unpickling runs arbitrary code.
 """
 
@@ -149,8 +149,8 @@ def _shipped_draft(name: str, root: Path, progress: bool) -> Path:
 
 def prune_versions(current: Path, keep: int = MAX_VERSIONS) -> Path:
     """Delete all but the `keep` most recently used versions of `current`'s conversion (`current` always
-    stays) and return `current`. A version is keyed by its source file's size and mtime, so every reinstall of
-    the package that holds a GGUF made another ~0.5 GB copy, and nothing deleted the old ones."""
+    stays) and return `current`. A version is keyed by its source file's content, so every new GGUF under a
+    name made another ~0.5 GB copy, and nothing deleted the old ones."""
     stem = current.name[: -(KEY_CHARS + 1)]
     pattern = re.compile(re.escape(stem) + rf"-[0-9a-f]{{{KEY_CHARS}}}")
     others = [p for p in current.parent.iterdir() if p != current and p.is_dir() and pattern.fullmatch(p.name)]
@@ -159,11 +159,13 @@ def prune_versions(current: Path, keep: int = MAX_VERSIONS) -> Path:
 
 
 def _file_key(path: Path, extra: str = "") -> str:
-    """Short key for one version of a file (and `extra`, what else the output depends on); hashing size and
-    mtime is instant, unlike hashing the content."""
-    st = path.stat()
-    text = f"{CONVERTER_VERSION}:{st.st_size}:{st.st_mtime_ns}" + (f":{extra}" if extra else "")
-    return hashlib.sha256(text.encode()).hexdigest()[:KEY_CHARS]
+    """Short key for one version of a file (and `extra`, what else the output depends on): a sha256 of its
+    content, since size and mtime can stay the same across a change (a GGUF of ~100 MB hashes in ~0.1 s)."""
+    h = hashlib.sha256(f"{CONVERTER_VERSION}:{extra}:".encode())
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()[:KEY_CHARS]
 
 
 # --- GGUF: conversion ----------------------------------------------------------------------------------

@@ -10,19 +10,25 @@ replica (`broadcast`); metrics carry a `replica` label.
 
 A replica that dies fails its in-flight requests with 503 (an error event if the stream had started), never a
 hang; Ray starts a replacement and the router stops choosing the dead one.
+
+The local cluster (no --ray-address) is this machine's alone: its processes (GCS, raylet, agents, workers)
+listen on loopback, and Ray's token authentication is on. The API key never travels in the job's environment.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
+import ray._private.ray_constants
 import torch
 from ray import serve
+from ray._raylet import AuthenticationTokenLoader, Config
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
@@ -38,6 +44,7 @@ from specdecode.server.protocol import OpenAIError
 from specdecode.server.ray_router import LeastWorkRouter
 
 APP_NAME = "specdecode"
+SECRETS = frozenset({"SPECDECODE_API_KEY"})  # settings that stay in this process (the ingress gets its config)
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,7 @@ def worker_env() -> dict[str, str]:
     source checkout (or a git worktree beside an editable install) that is another copy. PYTHONPATH puts the
     checkout first; an installed package (under site-packages) needs nothing.
     """
-    env = {k: v for k, v in os.environ.items() if k.startswith("SPECDECODE_")}
+    env = {k: v for k, v in os.environ.items() if k.startswith("SPECDECODE_") and k not in SECRETS}
     root = Path(specdecode.__file__).resolve().parent.parent
     if root.name not in ("site-packages", "dist-packages"):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
@@ -242,7 +249,26 @@ def connect(address: str | None, num_cpus: int | None = None) -> None:
         return
     env.setdefault(packed_linear.ENV, packed_linear.choice())
     os.environ.update(env)
-    ray.init(num_cpus=num_cpus, include_dashboard=False)
+    _private_cluster()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
+
+
+def _private_cluster() -> None:
+    """Settings for a local cluster that only this machine's user can reach, set before `ray.init` starts it.
+
+    Loopback: Ray's processes bind to all interfaces unless the node's address is 127.0.0.1, and on Linux
+    `ray.init` turns 127.0.0.1 into the machine's address unless its multi-node switch is off (as it is by
+    default on macOS and Windows); that switch is read when ray is imported, so it is set here too. Token
+    authentication: every RPC carries a token, the user's own if set (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH),
+    else a fresh one for this cluster; Ray reads its mode and token at import, hence the reloads.
+    """
+    os.environ[ray._private.ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def disconnect(joined: bool) -> None:

@@ -3,17 +3,32 @@ single process's plain greedy output for every method, drafts made: those that o
 and those that reach into the target (EAGLE, Medusa and MTP score its features with a whole LM head on rank 0,
 layer skipping forwards a subset of its layers on every rank, `self` drafts with the sharded target itself);
 `LLM(..., tensor_parallel_size=2)` spawns its worker, and closing it reaps the worker; what it can't run is
-refused before any process starts."""
+refused before any process starts. The spawned group exposes nothing: it listens on loopback only and pickles
+nothing between ranks. A worker that dies (SIGKILL mid-session, or a script without the main guard) fails the
+driver at once with a message that says what happened, instead of leaving it waiting forever."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch.distributed as dist
 
 from specdecode import LLM, SamplingParams
 from specdecode.config import METHODS, ConfigError
+from specdecode.engine.launch import WorkerWatch
+from specdecode.engine.tensor_parallel import WorkerLostError
+from specdecode.models import tensor_parallel as tp_models
+from tests.listeners import is_loopback, tcp_listeners
 from tests.ranks import run_on_ranks, session
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -148,3 +163,137 @@ def test_unsupported_setups_are_refused_before_spawning(tiny_target, kwargs, mes
         LLM(target=str(tiny_target), **kwargs)
     assert not multiprocessing.active_children()
     assert not dist.is_initialized()
+
+
+# ---- what a spawned group exposes, and how it fails ---------------------------------------------------------
+HANG_GUARD_S = 240  # only so a regression fails instead of hanging the suite; the fixed code takes seconds
+DEATH = "tensor-parallel worker rank 1 .*was killed by SIGKILL"
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("an object was pickled to cross ranks")
+
+
+def test_spawned_group_listens_on_loopback_only(tiny_target):
+    """Rank 0 and its worker listen on loopback alone, during a generation too: no TCP store on every
+    interface, and gloo's connections on the loopback interface."""
+    with LLM(target=str(tiny_target), method="none", tensor_parallel_size=2) as llm:
+        pids = [os.getpid(), *(p.pid for p in llm._tp.processes)]
+        llm.generate(PROMPTS, GREEDY)
+        listeners = tcp_listeners(pids)
+    assert {pid for pid, _ in listeners} == set(pids)  # gloo's own listeners: the check saw every rank's sockets
+    assert [a for _, a in listeners if not is_loopback(a)] == [], listeners
+
+
+def test_nothing_is_pickled_between_ranks(tiny_target):
+    """Rank 0 pickles nothing on the way to the workers (they only receive what it sends) for the whole
+    launch and a generation: the pickler torch.distributed sends objects with raises."""
+    c10d = dist.distributed_c10d
+    with mock.patch.object(c10d, "_pickler", _refuse), mock.patch.object(c10d, "_unpickler", _refuse):
+        with LLM(target=str(tiny_target), method="none", tensor_parallel_size=2) as llm:
+            outs = llm.generate(PROMPTS, GREEDY)
+    assert [len(o.token_ids) for o in outs] == [GREEDY.max_tokens] * len(PROMPTS)
+
+
+def test_address_parsing_sees_a_listener_on_every_interface():
+    """Control for the check above: a socket bound to 0.0.0.0 is found, and is not loopback."""
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        mine = [a for _, a in tcp_listeners([os.getpid()]) if a.endswith(f":{port}")]
+    assert mine == [f"0.0.0.0:{port}"] and not is_loopback(mine[0])
+
+
+def _generate_in_thread(llm: LLM) -> BaseException | None:
+    """What one generation raises, run beside the test so a hang fails the test instead of stalling it."""
+    raised: list[BaseException | None] = [None]
+
+    def run() -> None:
+        try:
+            llm.generate(PROMPTS, GREEDY)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            raised[0] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive(), "rank 0 still waiting on a dead worker"
+    return raised[0]
+
+
+def _kill(process) -> None:
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+
+
+@pytest.mark.parametrize("when", ["idle", "in_a_collective"])
+def test_a_killed_worker_fails_the_driver_with_what_happened(tiny_target, when, monkeypatch):
+    """SIGKILL (the OOM killer's signal) to the worker between generations, or while rank 0 is inside a
+    layer's all-reduce: the generation raises WorkerLostError naming the worker and the signal, and close()
+    leaves no process and no group behind."""
+    llm = LLM(target=str(tiny_target), method="ngram_tree", controller="fixed", tensor_parallel_size=2)
+    try:
+        llm.generate(PROMPTS[:1], GREEDY)
+        (worker,) = llm._tp.processes
+        if when == "idle":
+            _kill(worker)
+        else:
+            real = tp_models.RowParallelLinear.forward
+
+            def forward(self, x):
+                if worker.is_alive():
+                    _kill(worker)  # the all-reduce below then waits on a dead peer
+                return real(self, x)
+
+            monkeypatch.setattr(tp_models.RowParallelLinear, "forward", forward)
+        error = _generate_in_thread(llm)
+    finally:
+        llm.close()
+    assert isinstance(error, WorkerLostError), repr(error)
+    assert error.args[0].startswith("tensor-parallel worker rank 1 (pid ") and "killed by SIGKILL" in error.args[0]
+    assert worker.exitcode == -signal.SIGKILL
+    assert not multiprocessing.active_children()
+    assert not dist.is_initialized()
+
+
+def test_the_watch_stops_the_other_workers_when_one_dies():
+    """With more than one worker (the tiny model splits only two ways, so plain processes stand in): one killed,
+    the watch reports it and terminates the others, which would otherwise wait on it forever."""
+    spawn = multiprocessing.get_context("spawn")
+    workers = [spawn.Process(target=time.sleep, args=(600,), daemon=True) for _ in range(3)]
+    for p in workers:
+        p.start()
+    watch = WorkerWatch(workers)
+    _kill(workers[1])
+    failure = watch.lost(HANG_GUARD_S)
+    assert failure is not None and failure.startswith("tensor-parallel worker rank 2 (pid ")
+    assert "killed by SIGKILL" in failure
+    for p in workers:
+        p.join(HANG_GUARD_S)
+    assert [p.exitcode for p in workers] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGTERM]
+
+
+NO_GUARD = """
+from specdecode import LLM
+
+llm = LLM(target={target!r}, method="none", tensor_parallel_size=2)
+print("generated", llm.generate([[5, 6, 7]])[0].token_ids)
+"""
+
+
+def test_a_script_without_the_main_guard_fails_fast_and_says_how_to_fix_it(tiny_target, tmp_path):
+    """The spawned worker re-runs the script, builds an LLM at import and dies: rank 0 must not wait for it
+    (it waited past 150 s, for the rendezvous' 10 minutes), but fail saying the guard is missing."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(NO_GUARD.format(target=str(tiny_target)))
+    paths = [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH")]  # this checkout's specdecode
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=HANG_GUARD_S, env=env, cwd=tmp_path
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and "generated" not in done.stdout
+    assert last.startswith("specdecode.engine.tensor_parallel.WorkerLostError: tensor-parallel worker rank 1")
+    assert "before joining rank 0" in last and 'under `if __name__ == "__main__":`' in last
+    assert "a tensor-parallel worker, importing the main script" in done.stderr  # the worker's own error

@@ -144,12 +144,27 @@ def test_tiny_gguf_round_trip_is_exact(tmp_path, tie, no_tokenizer):
     assert {k: got_cfg[k] for k in CONFIG_KEYS} == {k: want_cfg[k] for k in CONFIG_KEYS}
 
 
+def _rewrite(gguf_path: Path, version: int) -> None:
+    """Another version of the file: one weight's lowest mantissa byte changed (the tensor data ends the file),
+    with its size and mtime kept, as a copy that preserves timestamps (cp -p, rsync -t) leaves them."""
+    st = gguf_path.stat()
+    data = bytearray(gguf_path.read_bytes())
+    data[-4] = (data[-4] + version + 1) % 256
+    gguf_path.write_bytes(data)
+    os.utime(gguf_path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (gguf_path.stat().st_size, gguf_path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
 def test_changed_gguf_is_converted_again(tiny_gguf, tmp_path, no_tokenizer):
+    """The key is the content: a changed file with the same size and mtime gets its own conversion (it was
+    keyed on size and mtime, and served the old weights)."""
     first = resolve_model_dir(str(tiny_gguf), cache_dir=tmp_path / "cache", progress=False)
-    st = tiny_gguf.stat()
-    os.utime(tiny_gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    _rewrite(tiny_gguf, 0)
     second = resolve_model_dir(str(tiny_gguf), cache_dir=tmp_path / "cache", progress=False)
     assert first != second and first.name.startswith("tiny-") and second.is_dir()
+    old, new = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert any(not torch.equal(old[k], new[k]) for k in old)  # the new conversion holds the new weights
+    assert resolve_model_dir(str(tiny_gguf), cache_dir=tmp_path / "cache", progress=False) == second
 
 
 def test_interrupted_conversion_leaves_no_directory(tiny_gguf, tmp_path, monkeypatch, no_tokenizer):
@@ -261,15 +276,14 @@ def test_builtin_without_its_package(monkeypatch, tmp_path):
 
 
 def test_superseded_conversions_are_pruned(tiny_gguf, tmp_path, no_tokenizer):
-    """Each new mtime of the GGUF (a reinstall) is a new conversion; only the newest MAX_VERSIONS stay, and
-    other models' conversions (another stem) are left alone."""
+    """Each new version of the GGUF is a new conversion; only the newest MAX_VERSIONS stay, and other models'
+    conversions (another stem) are left alone."""
     cache = tmp_path / "cache"
     other = cache / "tiny-draft-0123456789ab"
     other.mkdir(parents=True)
     made = []
     for i in range(4):
-        st = tiny_gguf.stat()
-        os.utime(tiny_gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        _rewrite(tiny_gguf, i)
         made.append(resolve_model_dir(str(tiny_gguf), cache_dir=cache, progress=False))
         os.utime(made[-1], ns=(10**18 + i * 10**9,) * 2)  # distinct use times whatever the clock's resolution
     assert len(set(made)) == 4
@@ -281,8 +295,7 @@ def test_the_prune_count_sees_unbounded_growth(tiny_gguf, tmp_path, monkeypatch,
     """Negative control: the same reinstalls with pruning switched off leave every copy behind."""
     monkeypatch.setattr(loader, "prune_versions", lambda current, keep=0: current)
     cache = tmp_path / "cache"
-    for _ in range(4):
-        st = tiny_gguf.stat()
-        os.utime(tiny_gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    for i in range(4):
+        _rewrite(tiny_gguf, i)
         resolve_model_dir(str(tiny_gguf), cache_dir=cache, progress=False)
     assert len(list(cache.iterdir())) == 4 > loader.MAX_VERSIONS
