@@ -34,7 +34,7 @@ from specdecode.models.few_rows import KernelBuildError
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_rows.cpp"
 # No -mavx512f: the AVX-512 functions carry their own target attribute and are chosen at run time.
-# -ffp-contract=off: a decoded weight is d * q + m rounded twice, as numpy rounds it, never one FMA.
+# -ffp-contract=off: the compiler fuses nothing; the only FMAs are the ones the defined order spells out.
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
 TYPES = (
     GGMLQuantizationType.Q4_1,

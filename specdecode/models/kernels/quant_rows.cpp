@@ -4,8 +4,9 @@
 // call for up to 12 activation rows, so a verify of several tokens reads the quantized bytes once.
 //
 // Exactness. A block decodes to exactly the fp32 values gguf.quants.dequantize gives (the same fp16 -> fp32
-// conversions, the same products and sums, each rounded to fp32, never contracted into an FMA: the file is
-// built with -ffp-contract=off). The dot product of a weight row with an activation row is then one fixed
+// conversions, the same products and sums in numpy's order, each rounded to fp32; every product there is exact
+// in fp32, an fp16 d times an 8-bit scale times a 6-bit quant at most, so only Q4_1's + m and Q4_K's - dmin * min
+// round). The dot product of a weight row with an activation row is then one fixed
 // order, whatever the path, the number of rows or the threads:
 //   lane j (0..15) accumulates acc_j = fma(x[k], w[k], acc_j) for k = j, j + 16, j + 32, ... in increasing k,
 //   starting from +0; then the 16 lanes are summed by the tree acc_i += acc_{i+8} (i < 8), acc_i += acc_{i+4}
