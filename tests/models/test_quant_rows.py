@@ -173,6 +173,8 @@ def test_quant_linear_adds_its_bias_and_refuses_what_it_cannot_hold():
         QuantLinear(blocks, Q.Q4_K, 512)
     with pytest.raises(RuntimeError, match="features"):
         layer(torch.randn(3, 128))
+    with pytest.raises(RuntimeError, match="unsupported GGML type"):
+        quant_rows.quant_rows_linear(x, blocks, Q.Q5_1, 256)
 
 
 def test_op_traces_with_its_fake():

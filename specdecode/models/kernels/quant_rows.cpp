@@ -18,7 +18,6 @@
 // activation row (in blocks of 12) meets them in 16-wide FMAs.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -26,6 +25,15 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+
+// The AVX-512 path needs x86-64 and GCC's target pragma; elsewhere (or with -DSPECDECODE_PORTABLE_ONLY) only the
+// portable path is built.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(SPECDECODE_PORTABLE_ONLY)
+#define QUANT_ROWS_AVX512 1
+#include <immintrin.h>
+#else
+#define QUANT_ROWS_AVX512 0
+#endif
 
 namespace {
 
@@ -195,7 +203,10 @@ void pair_portable(const Args& a, const int64_t* n, int64_t m0, int rows) {
     finish(a, acc, n, m0, rows);
 }
 
+using PairFn = void (*)(const Args&, const int64_t*, int64_t, int);  // a pair of weight rows x <= 12 rows
+
 // ---- the AVX-512 path: the same values and the same order, 16 lanes at a time ----
+#if QUANT_ROWS_AVX512
 
 #pragma GCC push_options
 #pragma GCC target("avx512f")
@@ -309,14 +320,18 @@ void pair_avx(const Args& a, const int64_t* n, int64_t m0, int) {
 
 #pragma GCC pop_options
 
-using PairFn = void (*)(const Args&, const int64_t*, int64_t, int);
-
 template <int64_t T, int... Rs>
 constexpr PairFn kAvxPairs[] = {nullptr, pair_avx<T, Rs>...};  // indexed by row count
 
+#endif  // QUANT_ROWS_AVX512
+
 template <int64_t T>
 void run(const Args& a, bool avx) {
+#if QUANT_ROWS_AVX512
     const PairFn* avx_pairs = kAvxPairs<T, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>;
+#else
+    const PairFn* avx_pairs = nullptr;  // never used: has_avx512() is false
+#endif
     const int64_t num_pairs = (a.N + 1) / kPair;
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < num_pairs; ++p) {
@@ -333,8 +348,12 @@ void run(const Args& a, bool avx) {
 }
 
 bool has_avx512() {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
+#if QUANT_ROWS_AVX512
+    static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f"));  // CPUID and the OS's XSAVE
+    return has;
+#else
+    return false;
+#endif
 }
 
 // (weights, bytes) per block of a supported type, or (0, 0).
