@@ -9,7 +9,11 @@ then a fixed tree; the .cpp's header defines it), the same on the AVX-512 path a
 where AVX-512 is missing, and the same whatever rows share the call.
 
 Like models/few_rows.py, the library is compiled on first use with the system C++ compiler against this torch,
-into the cache directory.
+into the cache directory. The AVX-512 path needs x86-64 and GCC; the portable path (one std::fma per weight and
+row, tens of times slower) keeps the results, not the speed, where it is missing.
+
+At several rows the AVX-512 path is bound by its fp32 FMAs (rows x out x in / 16 of them), not by the bytes:
+the exact fp32 product rules out llama.cpp's int8 dot products with quantized activations.
 """
 
 from __future__ import annotations
