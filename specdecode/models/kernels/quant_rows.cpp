@@ -1,0 +1,427 @@
+// specdecode::quant_rows_linear(x [..., K], blocks [N, bytes_per_row], qtype, K, bias?, path) -> [..., N]:
+// y = x @ dequant(W)^T (+ bias) for a few rows of fp32 activations, with W kept as the raw GGUF blocks of one
+// of Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (ggml's type numbers). Each block of each weight row is decoded once per
+// call for up to 12 activation rows, so a verify of several tokens reads the quantized bytes once.
+//
+// Exactness. A block decodes to exactly the fp32 values gguf.quants.dequantize gives (the same fp16 -> fp32
+// conversions, the same products and sums in numpy's order, each rounded to fp32; every product there is exact
+// in fp32, an fp16 d times an 8-bit scale times a 6-bit quant at most, so only Q4_1's + m and Q4_K's - dmin * min
+// round). The dot product of a weight row with an activation row is then one fixed
+// order, whatever the path, the number of rows or the threads:
+//   lane j (0..15) accumulates acc_j = fma(x[k], w[k], acc_j) for k = j, j + 16, j + 32, ... in increasing k,
+//   starting from +0; then the 16 lanes are summed by the tree acc_i += acc_{i+8} (i < 8), acc_i += acc_{i+4}
+//   (i < 4), acc_i += acc_{i+2} (i < 2), acc_0 + acc_1; then + bias[n] if there is a bias.
+// The AVX-512 path (chosen at run time) and the portable path (std::fma, for machines without AVX-512) both
+// follow it and give the same bits; a row's output does not depend on the rows beside it.
+//
+// Work: threads take pairs of weight rows; a pair's blocks are decoded into a small buffer, then every
+// activation row (in blocks of 12) meets them in 16-wide FMAs.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+
+// The AVX-512 path needs x86-64 and GCC's target pragma; elsewhere (or with -DSPECDECODE_PORTABLE_ONLY) only the
+// portable path is built.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(SPECDECODE_PORTABLE_ONLY)
+#define QUANT_ROWS_AVX512 1
+#include <immintrin.h>
+#else
+#define QUANT_ROWS_AVX512 0
+#endif
+
+namespace {
+
+enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+
+template <int64_t T>
+struct Layout;  // weights and bytes per block, as gguf.constants.GGML_QUANT_SIZES
+template <>
+struct Layout<kQ4_1> { static constexpr int kWeights = 32, kBytes = 20; };  // d, m fp16; 16 bytes of nibbles
+template <>
+struct Layout<kQ5_0> { static constexpr int kWeights = 32, kBytes = 22; };  // d fp16; 32 high bits; nibbles
+template <>
+struct Layout<kQ8_0> { static constexpr int kWeights = 32, kBytes = 34; };  // d fp16; 32 int8
+template <>
+struct Layout<kQ4_K> { static constexpr int kWeights = 256, kBytes = 144; };  // d, dmin; 12 scale bytes; nibbles
+template <>
+struct Layout<kQ6_K> { static constexpr int kWeights = 256, kBytes = 210; };  // ql 128, qh 64, 16 int8 scales, d
+
+constexpr int kLanes = 16;    // one AVX-512 register of fp32
+constexpr int kMaxRows = 12;  // 12 rows x 2 weight rows = 24 accumulators of the 32 registers
+constexpr int kPair = 2;      // weight rows per task: each activation load feeds two FMAs
+// The fault a negative control injects (specdecode_quant_rows_fault): one sub-block's scale is read from its
+// neighbour, sub-block 5 of each K-quant super-block or every block b with b % 8 == 5 of a 32-weight type.
+constexpr int kFaultSub = 5;
+int g_fault = 0;
+
+struct Args {
+    const float* x;         // [M, K]
+    const uint8_t* w;       // [N, row_bytes]
+    const float* bias;      // [N] or nullptr
+    float* out;             // [M, N]
+    int64_t M, K, N, row_bytes;
+    bool fault;
+};
+
+// Exact fp16 -> fp32 (normals, subnormals, infinities, NaN), read unaligned.
+float half_to_float(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        const float mag = float(mant) * 0x1p-24f;  // a subnormal half is mant * 2^-24, exact in fp32
+        std::memcpy(&bits, &mag, 4);
+        bits |= sign;
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// Q4_K's 6-bit scale and min of sub-block j (0..7) from its 12 packed bytes.
+void q4k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        mn = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// The byte offset of block b's scale (d) in a 32-weight row: its own, or under the fault its neighbour's.
+template <int64_t T>
+int64_t scale_block(int64_t b, bool fault) {
+    return (fault && b % 8 == kFaultSub ? b - 1 : b) * Layout<T>::kBytes;
+}
+
+// ---- the portable path: block b of a weight row -> its kWeights fp32 values, as numpy computes them ----
+
+template <int64_t T>
+void decode_portable(const uint8_t* row, int64_t b, bool fault, float* w);
+
+template <>
+void decode_portable<kQ8_0>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 34;
+    const float d = half_to_float(row + scale_block<kQ8_0>(b, fault));
+    for (int i = 0; i < 32; ++i) w[i] = float(int8_t(blk[2 + i])) * d;
+}
+
+template <>
+void decode_portable<kQ5_0>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 22;
+    const float d = half_to_float(row + scale_block<kQ5_0>(b, fault));
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    for (int j = 0; j < 16; ++j) {
+        const int lo = (blk[6 + j] & 0xf) | (((qh >> j) & 1) << 4);
+        const int hi = (blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        w[j] = d * float(lo - 16);
+        w[j + 16] = d * float(hi - 16);
+    }
+}
+
+template <>
+void decode_portable<kQ4_1>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 20;
+    const float d = half_to_float(row + scale_block<kQ4_1>(b, fault)), m = half_to_float(blk + 2);
+    for (int j = 0; j < 16; ++j) {
+        w[j] = d * float(blk[4 + j] & 0xf) + m;  // two roundings: -ffp-contract=off
+        w[j + 16] = d * float(blk[4 + j] >> 4) + m;
+    }
+}
+
+template <>
+void decode_portable<kQ4_K>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 144;
+    const float d = half_to_float(blk), dmin = half_to_float(blk + 2);
+    for (int j = 0; j < 8; ++j) {
+        int sc, mn, unused;
+        q4k_scale_min(blk + 4, j, sc, mn);
+        if (fault && j == kFaultSub) q4k_scale_min(blk + 4, j - 1, sc, unused);
+        const float ds = d * float(sc), dm = dmin * float(mn);
+        const uint8_t* q = blk + 16 + 32 * (j / 2);
+        const int shift = 4 * (j % 2);
+        for (int i = 0; i < 32; ++i) w[32 * j + i] = ds * float((q[i] >> shift) & 0xf) - dm;
+    }
+}
+
+template <>
+void decode_portable<kQ6_K>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 210;
+    const uint8_t *ql = blk, *qh = blk + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float d = half_to_float(blk + 208);
+    for (int l = 0; l < 256; ++l) {
+        const int h = l / 128, r = l % 128, s = l / 16;
+        const int lo = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0xf;
+        const int hi = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
+        const float ds = d * float(sc[fault && s == kFaultSub ? s - 1 : s]);
+        w[l] = ds * float((lo | (hi << 4)) - 32);
+    }
+}
+
+// The fixed reduction tree of the 16 lanes, then the bias: shared by both paths.
+void finish(const Args& a, float (*acc)[kMaxRows][kLanes], const int64_t* n, int64_t m0, int rows) {
+    for (int g = 0; g < kPair; ++g) {
+        for (int m = 0; m < rows; ++m) {
+            float v[kLanes];
+            std::memcpy(v, acc[g][m], sizeof v);
+            for (int width = kLanes / 2; width >= 1; width /= 2)
+                for (int i = 0; i < width; ++i) v[i] = v[i] + v[i + width];
+            a.out[(m0 + m) * a.N + n[g]] = a.bias ? v[0] + a.bias[n[g]] : v[0];
+        }
+    }
+}
+
+template <int64_t T>
+void pair_portable(const Args& a, const int64_t* n, int64_t m0, int rows) {
+    constexpr int kW = Layout<T>::kWeights;
+    float acc[kPair][kMaxRows][kLanes] = {};
+    float w[kPair][kW];
+    for (int64_t b = 0; b < a.K / kW; ++b) {
+        for (int g = 0; g < kPair; ++g) decode_portable<T>(a.w + n[g] * a.row_bytes, b, a.fault, w[g]);
+        for (int c = 0; c < kW; c += kLanes) {
+            for (int m = 0; m < rows; ++m) {
+                const float* xm = a.x + (m0 + m) * a.K + b * kW + c;
+                for (int g = 0; g < kPair; ++g)
+                    for (int j = 0; j < kLanes; ++j) acc[g][m][j] = std::fma(xm[j], w[g][c + j], acc[g][m][j]);
+            }
+        }
+    }
+    finish(a, acc, n, m0, rows);
+}
+
+using PairFn = void (*)(const Args&, const int64_t*, int64_t, int);  // a pair of weight rows x <= 12 rows
+
+// ---- the AVX-512 path: the same values and the same order, 16 lanes at a time ----
+#if QUANT_ROWS_AVX512
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+
+__m512 nibbles_lo(__m512i bytes) { return _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0xf))); }
+__m512 nibbles_hi(__m512i bytes) { return _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)); }
+__m512i load16_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+template <int64_t T>
+void decode_avx(const uint8_t* row, int64_t b, bool fault, float* w);
+
+template <>
+void decode_avx<kQ8_0>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 34;
+    const __m512 d = _mm512_set1_ps(half_to_float(row + scale_block<kQ8_0>(b, fault)));
+    for (int h = 0; h < 2; ++h) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + 16 * h));
+        _mm512_store_ps(w + 16 * h, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d));
+    }
+}
+
+template <>
+void decode_avx<kQ5_0>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 22;
+    const __m512 d = _mm512_set1_ps(half_to_float(row + scale_block<kQ5_0>(b, fault)));
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    const __m512i bytes = load16_u8(blk + 6), bit4 = _mm512_set1_epi32(16);
+    __m512i lo = _mm512_and_si512(bytes, _mm512_set1_epi32(0xf)), hi = _mm512_srli_epi32(bytes, 4);
+    lo = _mm512_mask_or_epi32(lo, __mmask16(qh & 0xffff), lo, bit4);  // weight j's fifth bit is qh bit j
+    hi = _mm512_mask_or_epi32(hi, __mmask16(qh >> 16), hi, bit4);
+    _mm512_store_ps(w, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, bit4))));
+    _mm512_store_ps(w + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, bit4))));
+}
+
+template <>
+void decode_avx<kQ4_1>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 20;
+    const __m512 d = _mm512_set1_ps(half_to_float(row + scale_block<kQ4_1>(b, fault)));
+    const __m512 m = _mm512_set1_ps(half_to_float(blk + 2));
+    const __m512i bytes = load16_u8(blk + 4);
+    _mm512_store_ps(w, _mm512_add_ps(_mm512_mul_ps(d, nibbles_lo(bytes)), m));
+    _mm512_store_ps(w + 16, _mm512_add_ps(_mm512_mul_ps(d, nibbles_hi(bytes)), m));
+}
+
+template <>
+void decode_avx<kQ4_K>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 144;
+    const float d = half_to_float(blk), dmin = half_to_float(blk + 2);
+    __m512 ds[8], dm[8];
+    for (int j = 0; j < 8; ++j) {
+        int sc, mn, unused;
+        q4k_scale_min(blk + 4, j, sc, mn);
+        if (fault && j == kFaultSub) q4k_scale_min(blk + 4, j - 1, sc, unused);
+        ds[j] = _mm512_set1_ps(d * float(sc));
+        dm[j] = _mm512_set1_ps(dmin * float(mn));
+    }
+    for (int i = 0; i < 4; ++i) {  // 32 bytes: low nibbles are sub-block 2i, high nibbles 2i + 1
+        for (int c = 0; c < 2; ++c) {
+            const __m512i bytes = load16_u8(blk + 16 + 32 * i + 16 * c);
+            const int j = 2 * i;
+            _mm512_store_ps(w + 32 * j + 16 * c, _mm512_sub_ps(_mm512_mul_ps(ds[j], nibbles_lo(bytes)), dm[j]));
+            _mm512_store_ps(w + 32 * (j + 1) + 16 * c,
+                            _mm512_sub_ps(_mm512_mul_ps(ds[j + 1], nibbles_hi(bytes)), dm[j + 1]));
+        }
+    }
+}
+
+template <>
+void decode_avx<kQ6_K>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 210;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float d = half_to_float(blk + 208);
+    const __m512i low4 = _mm512_set1_epi32(0xf), low2 = _mm512_set1_epi32(3), offset = _mm512_set1_epi32(32);
+    for (int h = 0; h < 2; ++h) {
+        for (int r = 0; r < 128; r += 16) {  // weights 128h + r .. + 15: one scale
+            const __m512i ql = _mm512_srlv_epi32(load16_u8(blk + 64 * h + r % 64), _mm512_set1_epi32(4 * (r / 64)));
+            const __m512i qh = _mm512_srlv_epi32(load16_u8(blk + 128 + 32 * h + r % 32), _mm512_set1_epi32(2 * (r / 32)));
+            const __m512i q = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_slli_epi32(_mm512_and_si512(qh, low2), 4));
+            const int s = (128 * h + r) / 16;
+            const __m512 ds = _mm512_set1_ps(d * float(sc[fault && s == kFaultSub ? s - 1 : s]));
+            _mm512_store_ps(w + 128 * h + r, _mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, offset))));
+        }
+    }
+}
+
+template <int64_t T, int R>
+void pair_avx(const Args& a, const int64_t* n, int64_t m0, int) {
+    constexpr int kW = Layout<T>::kWeights;
+    __m512 acc[kPair][R];
+    for (int g = 0; g < kPair; ++g)
+        for (int m = 0; m < R; ++m) acc[g][m] = _mm512_setzero_ps();
+    alignas(64) float w[kPair][kW];
+    for (int64_t b = 0; b < a.K / kW; ++b) {
+        for (int g = 0; g < kPair; ++g) decode_avx<T>(a.w + n[g] * a.row_bytes, b, a.fault, w[g]);
+        for (int c = 0; c < kW; c += kLanes) {
+            const __m512 w0 = _mm512_load_ps(w[0] + c), w1 = _mm512_load_ps(w[1] + c);
+#pragma GCC unroll 12
+            for (int m = 0; m < R; ++m) {
+                const __m512 xm = _mm512_loadu_ps(a.x + (m0 + m) * a.K + b * kW + c);
+                acc[0][m] = _mm512_fmadd_ps(xm, w0, acc[0][m]);
+                acc[1][m] = _mm512_fmadd_ps(xm, w1, acc[1][m]);
+            }
+        }
+    }
+    float lanes[kPair][kMaxRows][kLanes];
+    for (int g = 0; g < kPair; ++g)
+        for (int m = 0; m < R; ++m) _mm512_storeu_ps(lanes[g][m], acc[g][m]);
+    finish(a, lanes, n, m0, R);
+}
+
+#pragma GCC pop_options
+
+template <int64_t T, int... Rs>
+constexpr PairFn kAvxPairs[] = {nullptr, pair_avx<T, Rs>...};  // indexed by row count
+
+#endif  // QUANT_ROWS_AVX512
+
+template <int64_t T>
+void run(const Args& a, bool avx) {
+#if QUANT_ROWS_AVX512
+    const PairFn* avx_pairs = kAvxPairs<T, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>;
+#else
+    const PairFn* avx_pairs = nullptr;  // never used: has_avx512() is false
+#endif
+    const int64_t num_pairs = (a.N + 1) / kPair;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < num_pairs; ++p) {
+        // An odd N's last pair computes its one weight row twice: same work, one code path.
+        const int64_t n[kPair] = {kPair * p, std::min(kPair * p + 1, a.N - 1)};
+        for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
+            const int rows = int(std::min<int64_t>(kMaxRows, a.M - m0));
+            if (avx)
+                avx_pairs[rows](a, n, m0, rows);
+            else
+                pair_portable<T>(a, n, m0, rows);
+        }
+    }
+}
+
+bool has_avx512() {
+#if QUANT_ROWS_AVX512
+    static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f"));  // CPUID and the OS's XSAVE
+    return has;
+#else
+    return false;
+#endif
+}
+
+// (weights, bytes) per block of a supported type, or (0, 0).
+std::pair<int64_t, int64_t> layout(int64_t qtype) {
+    switch (qtype) {
+        case kQ4_1: return {Layout<kQ4_1>::kWeights, Layout<kQ4_1>::kBytes};
+        case kQ5_0: return {Layout<kQ5_0>::kWeights, Layout<kQ5_0>::kBytes};
+        case kQ8_0: return {Layout<kQ8_0>::kWeights, Layout<kQ8_0>::kBytes};
+        case kQ4_K: return {Layout<kQ4_K>::kWeights, Layout<kQ4_K>::kBytes};
+        case kQ6_K: return {Layout<kQ6_K>::kWeights, Layout<kQ6_K>::kBytes};
+        default: return {0, 0};
+    }
+}
+
+// path: 0 = AVX-512 where the CPU has it, else portable; 1 = AVX-512 (an error without it); 2 = portable.
+at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t in_features,
+                             const std::optional<at::Tensor>& bias, int64_t path) {
+    const auto [weights, bytes] = layout(qtype);
+    TORCH_CHECK(weights > 0, "quant_rows_linear: unsupported GGML type ", qtype);
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "quant_rows_linear: x must be fp32 on the CPU");
+    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() &&
+                    blocks.device().is_cpu(),
+                "quant_rows_linear: blocks must be a contiguous uint8 [out, bytes_per_row] CPU tensor");
+    TORCH_CHECK(in_features > 0 && in_features % weights == 0, "quant_rows_linear: in_features ", in_features,
+                " is not a multiple of the block size ", weights);
+    TORCH_CHECK(blocks.size(1) == in_features / weights * bytes, "quant_rows_linear: ", blocks.size(1),
+                " bytes per row, the type needs ", in_features / weights * bytes);
+    TORCH_CHECK(x.size(-1) == in_features, "quant_rows_linear: x has ", x.size(-1), " features, the weight ",
+                in_features);
+    const int64_t n = blocks.size(0);
+    if (bias) {
+        TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == n &&
+                        bias->is_contiguous() && bias->device().is_cpu(),
+                    "quant_rows_linear: bias must be a contiguous fp32 [out] CPU tensor");
+    }
+    TORCH_CHECK(path >= 0 && path <= 2, "quant_rows_linear: path is 0 (auto), 1 (AVX-512) or 2 (portable)");
+    TORCH_CHECK(path != 1 || has_avx512(), "quant_rows_linear: this CPU has no AVX-512");
+    const bool avx = path == 1 || (path == 0 && has_avx512());
+
+    const at::Tensor rows = x.reshape({-1, in_features}).contiguous();  // [M, K]
+    at::Tensor out = at::empty({rows.size(0), n}, x.options());        // [M, N]
+    const Args a{rows.data_ptr<float>(), blocks.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr,
+                 out.data_ptr<float>(), rows.size(0), in_features, n, blocks.size(1), g_fault != 0};
+    if (a.M > 0 && n > 0) {
+        switch (qtype) {
+            case kQ4_1: run<kQ4_1>(a, avx); break;
+            case kQ5_0: run<kQ5_0>(a, avx); break;
+            case kQ8_0: run<kQ8_0>(a, avx); break;
+            case kQ4_K: run<kQ4_K>(a, avx); break;
+            case kQ6_K: run<kQ6_K>(a, avx); break;
+        }
+    }
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = n;
+    return out.view(sizes);
+}
+
+}  // namespace
+
+extern "C" {
+// For the tests' negative control only: nonzero makes every later call misread one sub-block scale.
+void specdecode_quant_rows_fault(int on) { g_fault = on; }
+}
+
+TORCH_LIBRARY_FRAGMENT(specdecode, m) {
+    m.def("quant_rows_linear(Tensor x, Tensor blocks, int qtype, int in_features, Tensor? bias=None, int path=0)"
+          " -> Tensor");
+    m.def("quant_rows_avx512() -> bool", &has_avx512);  // no tensor to dispatch on: one kernel for all
+}
+
+TORCH_LIBRARY_IMPL(specdecode, CPU, m) { m.impl("quant_rows_linear", &quant_rows_linear); }

@@ -1,0 +1,150 @@
+"""Linears over GGUF weights kept quantized: each block is decoded once per call for all the rows multiplied.
+
+Dequantizing a GGUF file to fp32 (models/loader.py) makes a decode step stream ~5.5x the bytes llama.cpp
+reads. The op here (kernels/quant_rows.cpp, `specdecode::quant_rows_linear`) keeps each weight as the file's
+raw blocks, a uint8 tensor [out, bytes_per_row] of type Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and computes
+y = x @ dequant(W)^T (+ bias) with fp32 activations. It is exact in this sense: every weight decodes to the
+fp32 value `gguf.quants.dequantize` gives, and each output is one fixed-order fp32 sum (16 lanes of FMAs over k,
+then a fixed tree; the .cpp's header defines it), the same on the AVX-512 path and on the portable path used
+where AVX-512 is missing, and the same whatever rows share the call.
+
+Like models/few_rows.py, the library is compiled on first use with the system C++ compiler against this torch,
+into the cache directory. The AVX-512 path needs x86-64 and GCC; the portable path (one std::fma per weight and
+row, tens of times slower) keeps the results, not the speed, where it is missing.
+
+At several rows the AVX-512 path is bound by its fp32 FMAs (rows x out x in / 16 of them), not by the bytes:
+the exact fp32 product rules out llama.cpp's int8 dot products with quantized activations.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from torch import nn
+from torch.utils import cpp_extension
+
+from specdecode.models.disk_cache import build_once, cache_root
+from specdecode.models.few_rows import KernelBuildError
+
+SOURCE = Path(__file__).parent / "kernels" / "quant_rows.cpp"
+# No -mavx512f: the AVX-512 functions carry their own target attribute and are chosen at run time.
+# -ffp-contract=off: the compiler fuses nothing; the only FMAs are the ones the defined order spells out.
+FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
+TYPES = (
+    GGMLQuantizationType.Q4_1,
+    GGMLQuantizationType.Q5_0,
+    GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q6_K,
+)
+AUTO, AVX512, PORTABLE = 0, 1, 2  # the op's `path`
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _build(out: Path, cxx: str) -> None:
+    lib = Path(torch.__file__).parent / "lib"
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    links = [f"-L{lib}", f"-Wl,-rpath,{lib}", "-ltorch_cpu", "-lc10"]
+    cmd = [cxx, *FLAGS, abi, *includes, str(SOURCE), *links, "-o", str(out / "quant_rows.so")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise KernelBuildError(f"{cxx} failed to build the quantized few-rows kernel: {done.stderr.strip()[-500:]}")
+
+
+@functools.cache
+def library() -> Path:
+    """Build the op into the cache (keyed by source, flags, compiler and torch) the first time and load it into
+    this process; returns the library's path."""
+    cxx = compiler()
+    if cxx is None:
+        raise KernelBuildError("no C++ compiler (g++ or $CXX) to build the quantized few-rows kernel")
+    h = hashlib.blake2b(digest_size=8)
+    h.update(SOURCE.read_bytes())
+    h.update(" ".join([cxx, *FLAGS, torch.__version__]).encode())
+    final = build_once(cache_root() / "kernels" / f"quant_rows-{h.hexdigest()}", lambda tmp: _build(tmp, cxx))
+    _load(final / "quant_rows.so")
+    return final / "quant_rows.so"
+
+
+@functools.cache
+def _load(path: Path) -> None:
+    torch.ops.load_library(str(path))
+    if not hasattr(torch.ops.specdecode, "quant_rows_linear"):
+        raise KernelBuildError(f"{path} does not define specdecode::quant_rows_linear")
+    torch.library.register_fake("specdecode::quant_rows_linear", _fake_quant_rows_linear)
+
+
+def _fake_quant_rows_linear(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None = None, path: int = 0
+) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], blocks.shape[0])
+
+
+def has_avx512() -> bool:
+    """Whether the kernel's AVX-512 path runs on this CPU (it asks the CPU, as the op's automatic choice does)."""
+    library()
+    return bool(torch.ops.specdecode.quant_rows_avx512())
+
+
+def set_fault(on: bool) -> None:
+    """Tests only: make the kernel misread one sub-block scale (sub-block 5 of a K-quant super-block, or every
+    32-weight block b with b % 8 == 5, takes its neighbour's scale), for negative controls."""
+    ctypes.CDLL(str(library())).specdecode_quant_rows_fault(int(on))
+
+
+def quant_rows_linear(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    qtype: GGMLQuantizationType,
+    in_features: int,
+    bias: torch.Tensor | None = None,
+    path: int = AUTO,
+) -> torch.Tensor:
+    """x [..., in] @ dequant(blocks)^T (+ bias [out]) -> [..., out], blocks the raw GGUF rows [out, bytes_per_row]."""
+    library()
+    return torch.ops.specdecode.quant_rows_linear.default(x, blocks, int(qtype), in_features, bias, path)
+
+
+class QuantLinear(nn.Module):
+    """An inference-only linear whose weight stays in GGUF blocks: `blocks` [out, bytes_per_row] uint8."""
+
+    def __init__(
+        self, blocks: torch.Tensor, qtype: GGMLQuantizationType, in_features: int, bias: torch.Tensor | None = None
+    ) -> None:
+        super().__init__()
+        qtype = GGMLQuantizationType(qtype)
+        if qtype not in TYPES:
+            raise ValueError(f"QuantLinear supports {', '.join(t.name for t in TYPES)}, not {qtype.name}")
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        if in_features % block_size or blocks.dtype != torch.uint8 or blocks.dim() != 2:
+            raise ValueError(f"{qtype.name} needs uint8 [out, bytes] blocks and in_features a multiple of {block_size}")
+        if blocks.shape[1] != in_features // block_size * type_size:
+            raise ValueError(f"{blocks.shape[1]} bytes per row do not hold {in_features} {qtype.name} weights")
+        self.qtype, self.in_features, self.out_features = qtype, in_features, blocks.shape[0]
+        self.register_buffer("blocks", blocks.contiguous())  # [out, bytes_per_row]
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())  # [out] or None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant_rows_linear(x, self.blocks, self.qtype, self.in_features, self.bias)  # [..., out]
+
+    def dequantized(self) -> torch.Tensor:
+        """The fp32 weight [out, in] by gguf.quants.dequantize: the values the kernel multiplies by."""
+        weight = gguf.quants.dequantize(self.blocks.numpy(), self.qtype)
+        return torch.from_numpy(np.ascontiguousarray(weight, dtype=np.float32))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype.name}"
