@@ -250,14 +250,21 @@ class LLM:
         if len(params_list) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         encoded = [p if isinstance(p, list) else self.encode(p) for p in prompts]
-        groups = [
-            self.engine.add_samples(f"req-{next(self._ids)}", ids, sp)
-            for ids, sp in zip(encoded, params_list, strict=True)
-        ]
-        bar = tqdm(total=sum(len(g) for g in groups), desc="generate", disable=not use_tqdm)
-        while self.engine.has_work():
-            bar.update(sum(u.finished for u in self.engine.step()))
-        bar.close()
+        groups: list[list[Sequence]] = []
+        bar = tqdm(total=sum(sp.n for sp in params_list), desc="generate", disable=not use_tqdm)
+        try:
+            for ids, sp in zip(encoded, params_list, strict=True):
+                groups.append(self.engine.add_samples(f"req-{next(self._ids)}", ids, sp))
+            while self.engine.has_work():
+                bar.update(sum(u.finished for u in self.engine.step()))
+        except BaseException:
+            # Nothing of this call stays queued or running (slots, drafter and controller state are released):
+            # the next call on this LLM starts from a clean engine.
+            for group in groups:
+                self.engine.abort(group[0].group)
+            raise
+        finally:
+            bar.close()
         return [
             RequestOutput.from_samples(g, p if isinstance(p, str) else None)
             for g, p in zip(groups, prompts, strict=True)
