@@ -38,10 +38,13 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[TokenLogprob] | None
     metrics: dict[str, float | int]
+    error: str | None = None  # why this sample failed alone (finish_reason "error"); the others were served
 
     @classmethod
     def from_seq(cls, seq: Sequence) -> CompletionOutput:
-        return cls(seq.index, seq.text, seq.output_ids, seq.finish_reason, seq.logprobs, seq.metrics.as_dict())
+        return cls(
+            seq.index, seq.text, seq.output_ids, seq.finish_reason, seq.logprobs, seq.metrics.as_dict(), seq.error
+        )
 
 
 @dataclass
@@ -57,6 +60,8 @@ class RequestOutput:
     metrics: dict[str, float | int]
     outputs: list[CompletionOutput]
     logprobs: list[TokenLogprob] | None = None
+    error: str | None = None  # the first failed sample's error: this request failed alone
+
 
     @classmethod
     def from_samples(cls, seqs: list[Sequence], prompt: str | None) -> RequestOutput:
@@ -72,6 +77,7 @@ class RequestOutput:
             first.metrics,
             outs,
             first.logprobs,
+            next((o.error for o in outs if o.error is not None), None),
         )
 
 

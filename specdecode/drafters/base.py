@@ -76,7 +76,15 @@ class Proposal:
 
 
 class Drafter(Protocol):
-    """Proposes up to k tokens per sequence. Lossless verification only needs the drafts and their q."""
+    """Proposes up to k tokens per sequence. Lossless verification only needs the drafts and their q.
+
+    A drafter whose `propose` depends only on committed state (calling it again before `commit`, on any subset of
+    the rows, proposes what it would have) sets `retryable_propose = True`: when a batch's proposal raises, the
+    engine then finds the rows it raises for by proposing for each row alone, and fails those rows only. Other
+    drafters (EAGLE consumes the features it is handed) leave a raising proposal to fail the step.
+    """
+
+    retryable_propose: bool = False
 
     def add_sequence(self, seq: Sequence) -> None:
         """A sequence joined (its prompt is known); build any per-sequence state."""

@@ -50,6 +50,8 @@ def with_head(step: StepFunctions, head) -> StepFunctions:
 class DraftModelDrafter:
     """Proposes k tokens by sampling the draft's processed distribution q (argmax for greedy rows)."""
 
+    retryable_propose = True  # propose starts from the committed cache (drafters/base.py)
+
     def __init__(self, model: LlamaModel, max_num_seqs: int, max_len: int, prefill_chunk: int = 512) -> None:
         self.model = model
         self.cache = model.new_cache(max_num_seqs, max_len)
@@ -106,6 +108,7 @@ class DraftModelDrafter:
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
         device = self.model.embed.weight.device
         slots = [self.slots[s.request_id] for s in seqs]
+        self.commit(seqs)  # drafts of a proposal never committed (the engine retried the step) are forgotten
         logits, num_tokens = self._catch_up(seqs, slots, num_tokens)  # [num_seqs, 1, vocab]
         k = max(num_tokens, default=0)
         if k == 0:

@@ -55,6 +55,8 @@ def _continuation_agreement(tokens: np.ndarray, starts: np.ndarray, draft: np.nd
 
 
 class NgramDrafter:
+    retryable_propose = True  # drafts depend on committed state only (drafters/base.py)
+
     def __init__(self, n_min: int = 1, n_max: int = 4, device: str = "cpu") -> None:
         self.n_min, self.n_max, self.device = n_min, n_max, device
         self.histories: dict[str, RequestHistory] = {}  # each request's tokens as an array, grown as it commits

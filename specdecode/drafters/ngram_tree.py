@@ -47,6 +47,8 @@ def best_subtree(nodes: list[tuple[int, int, int, int]], budget: int) -> list[in
 
 
 class NgramTreeDrafter:
+    retryable_propose = True  # drafts depend on committed state only (drafters/base.py)
+
     def __init__(self, n_min: int = 1, n_max: int = 4, device: str = "cpu", max_hits: int = 32) -> None:
         self.n_min, self.n_max, self.device, self.max_hits = n_min, n_max, device, max_hits
 

@@ -150,6 +150,8 @@ def corpus_index(paths: tuple[str, ...], vocab_size: int, depth: int) -> SuffixA
 
 
 class SuffixDrafter:
+    retryable_propose = True  # drafts depend on committed state only (drafters/base.py)
+
     def __init__(
         self,
         corpus: SuffixArray | None,

@@ -3,6 +3,14 @@
 Requests wait in a queue, take a cache slot when one is free, are prefilled one bounded chunk per step (so a
 long prompt never freezes the others' decoding for more than a chunk), then decode together in a ragged
 batch and leave as they finish. K = 0 is plain autoregressive decoding through the same path.
+
+A failure that belongs to one request fails that request alone (finish reason "error", the message on
+`Sequence.error`) and releases its state; the others of the step go on with the tokens they would have had
+without it. The stages a request can break on its own (its sampling parameters and logit adjustments, its
+drafts, its scoring and verification, its commit: grammar, stop strings, detokenization, and non-finite
+values in its own rows of logits) run for the batch, and when a batched stage raises it is run again row by
+row to find the rows it fails for. Only an error that every row hits alone (the shared forward itself)
+leaves the step, and then the caller fails the batch (server/async_engine.py) or aborts its requests (llm.py).
 """
 
 from __future__ import annotations
@@ -37,6 +45,17 @@ class Verified:
     starts: list[int]  # target-cache length of each row before the step
     hidden: torch.Tensor | None  # [num_seqs, k + 1, hidden] post-norm features, when the drafter reads them
     logprobs: list[list[TokenLogprob] | None]  # per row, of each emitted token, when the request asked
+    broken: torch.Tensor  # [num_seqs] bool: the row's own logits held NaN or +inf (verified as zeros, not kept)
+
+
+def quarantine(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [num_seqs, n, vocab] with every row that holds NaN or +inf set to zeros, and those rows [num_seqs].
+
+    Such a row is one request's failure (its own logit bias, say), not the batch's: the others verify as they
+    would have, and the engine fails that request alone. -inf is a token that may not follow (a grammar's mask).
+    """
+    broken = (torch.isnan(logits) | torch.isposinf(logits)).flatten(1).any(1)  # [num_seqs]
+    return logits.masked_fill(broken[:, None, None], 0.0), broken
 
 
 @dataclass
@@ -173,12 +192,36 @@ class Engine:
     # ---- the step -------------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[SeqUpdate]:
+        self._failed: list[SeqUpdate] = []
         self._admit()
         self._prefill_chunks()
         decoding = [s for s in self.running if s.status is Status.RUNNING]
         updates = self._decode(decoding) if decoding else []
         self._retire_finished()  # after the controller observed the step, so nothing re-creates their state
-        return updates
+        return self._failed + updates
+
+    def _fail(self, seq: Sequence, error: BaseException | str) -> None:
+        """Fail one request alone: finished with reason "error"; its state is released with the step's others."""
+        seq.error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self._finish(seq, "error")
+        self._failed.append(SeqUpdate(seq, [], "", True))
+
+    def _isolated(self, seqs: list[Sequence], stage):
+        """`stage(seqs)`, or when it raises: the rows it raises for alone are failed, and it runs again for the
+        rest. Returns (the rows kept, its result for them); an error every row hits alone is raised."""
+        try:
+            return seqs, stage(seqs)
+        except Exception as batch_error:  # noqa: BLE001 - attributed below, or raised
+            kept = []
+            for seq in seqs:
+                try:
+                    stage([seq])
+                    kept.append(seq)
+                except Exception as e:  # noqa: BLE001 - this row's own failure
+                    self._fail(seq, e)
+            if not kept:
+                raise batch_error from None if len(seqs) > 1 else batch_error
+            return kept, stage(kept)
 
     def _admit(self) -> None:
         """Take waiting sequences into free slots, in order. A later sample of a request waits for sample 0's
@@ -240,13 +283,29 @@ class Engine:
             self.cache.set_length(seq.slot, seq.num_prefilled)
             if seq.num_prefilled == seq.num_cached:
                 seq.status = Status.RUNNING
-                self.drafter.add_sequence(seq)
+                try:
+                    self.drafter.add_sequence(seq)
+                except Exception as e:  # noqa: BLE001 - its drafter state: this request alone
+                    self._fail(seq, e)
 
     def _decode(self, seqs: list[Sequence]) -> list[SeqUpdate]:
         t0 = time.perf_counter()
-        ks = self._clamp_k(seqs, self.controller.choose(seqs, self.k_max))
-        st = sampling_tensors(seqs, self.device, self.target.cfg.vocab_size)
-        proposal = self.drafter.propose(seqs, ks, st)  # propose
+        vocab = self.target.cfg.vocab_size
+        seqs, st = self._isolated(seqs, lambda rows: sampling_tensors(rows, self.device, vocab))
+        chosen = self._clamp_k(seqs, self.controller.choose(seqs, self.k_max))
+        ks = {id(s): k for s, k in zip(seqs, chosen, strict=True)}
+        batch = seqs
+
+        def propose(rows: list[Sequence]) -> Proposal:
+            rows_st = st if rows is batch else sampling_tensors(rows, self.device, vocab)  # seeded rows draw alike
+            return self.drafter.propose(rows, [ks[id(s)] for s in rows], rows_st)
+
+        if getattr(self.drafter, "retryable_propose", False):  # propose
+            seqs, proposal = self._isolated(seqs, propose)
+        else:
+            proposal = propose(seqs)
+        if seqs is not batch:  # a row failed: the survivors' sampling tensors, without it
+            st = sampling_tensors(seqs, self.device, vocab)
         truncate = getattr(self.controller, "truncate", None)  # optional hook (control.base.Truncating)
         if truncate is not None:
             proposal = truncate(seqs, proposal)
@@ -256,15 +315,22 @@ class Engine:
         num_proposed = proposal.num_tokens.tolist()
         num_accepted = result.num_accepted.tolist()
         rows = result.output_token_ids.tolist()
+        broken = verified.broken.tolist()  # rows whose own logits were not finite
         t2 = time.perf_counter()  # after the .tolist() syncs, so queued device work is counted
         context = sum(s.num_cached for s in seqs) / len(seqs)
         updates = []
         for b, (seq, row, k, a) in enumerate(zip(seqs, rows, num_proposed, num_accepted, strict=True)):  # commit
+            if broken[b]:
+                self._fail(seq, "the model's logits for this request were not finite (NaN or +inf)")
+                continue
             seq.metrics.num_drafted += k
             seq.metrics.trees |= k > 0 and proposal.parents is not None
             seq.metrics.num_accepted += a
             seq.metrics.num_target_forwards += 1
-            updates.append(self._append(seq, row[: a + 1], verified.logprobs[b]))
+            try:
+                updates.append(self._append(seq, row[: a + 1], verified.logprobs[b]))
+            except Exception as e:  # noqa: BLE001 - its grammar, stop strings or detokenizer: this request alone
+                self._fail(seq, e)
         self._after_commit(seqs, verified)
         self.last_step = StepStats(
             seqs,
@@ -305,6 +371,7 @@ class Engine:
         logits, hidden = out if self._needs_features else (out, None)  # [num_seqs, k + 1, vocab], [.., hidden]
         if st.adjust is not None:
             logits = st.adjust(logits, paths, allowed)  # [num_seqs, k + 1, vocab]
+        logits, broken = quarantine(logits)
         if proposal.parents is None:
             result = verify(logits, proposal.token_ids, proposal.num_tokens, proposal.probs, st)
         else:
@@ -313,7 +380,7 @@ class Engine:
         logprobs = [None] * len(seqs)
         if any(n is not None for n in wanted):
             logprobs = emitted_logprobs(processed_logprobs(logits, st), result, wanted)
-        return Verified(result, starts, hidden, logprobs)
+        return Verified(result, starts, hidden, logprobs, broken)
 
     def _paths(
         self, proposal: Proposal, tree_mask: torch.Tensor | None, st: SamplingTensors

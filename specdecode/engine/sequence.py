@@ -76,6 +76,7 @@ class Sequence:
     parent: Sequence | None = None  # sample 0 of the request, whose prompt K/V this one copies (n > 1)
     grammar: Any = None  # a structured output's grammar state (specdecode/grammar.py), advanced at commit
     logprobs: list[TokenLogprob] | None = None  # per output token, when params.logprobs is set
+    error: str | None = None  # why this request failed alone (finish_reason "error"); the others went on
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -293,7 +293,8 @@ class Server:
     async def health(self) -> dict | JSONResponse:
         if not self.engine.alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
-        return {"status": "ok"}
+        failure = self.engine.last_step_failure  # a whole batch failed once; the engine serves on
+        return {"status": "ok"} if failure is None else {"status": "ok", "last_step_failure": failure}
 
     async def prometheus(self) -> bytes:
         return self.metrics.render()

@@ -117,6 +117,7 @@ class AsyncEngine:
         self._stopping = False
         self._running = False
         self._thread: threading.Thread | None = None
+        self.last_step_failure: str | None = None  # the last whole-batch failure, shown by /health
 
     # ---- the HTTP side --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -214,6 +215,9 @@ class AsyncEngine:
             self.metrics.observe_step(stats)
         for u in updates:
             rid = u.seq.group
+            if u.seq.error is not None:  # this request failed alone: its other samples stop, the others go on
+                self._fail_request(rid, u.seq.error)
+                continue
             first = u.seq.metrics.num_generated == len(u.new_token_ids)
             if first:
                 self.metrics.observe_first_token(u.seq)
@@ -240,9 +244,21 @@ class AsyncEngine:
         if stream is not None:
             stream.put(out)
 
+    def _fail_request(self, request_id: str, error: str) -> None:
+        """One request's own failure: an OpenAI error body (or an error event in its stream) for it alone."""
+        if request_id not in self._seqs:
+            return  # already ended (another of its samples failed first)
+        self._seqs.pop(request_id)
+        self._unfinished.pop(request_id, None)
+        self.engine.abort(request_id)
+        self.metrics.request_failures.inc()
+        self._end(request_id, Output(error=OpenAIError(500, f"request failed: {error}", "server_error")))
+
     def _fail_all(self, exc: Exception) -> None:
         """Abort the requests of the failed batch with a 500; queued ones and new ones are served as usual."""
         err = OpenAIError(500, f"internal error while decoding: {type(exc).__name__}: {exc}", "server_error")
+        self.metrics.step_failures.inc()
+        self.last_step_failure = f"{type(exc).__name__}: {exc}"
         for rid, samples in list(self._seqs.items()):
             if all(s.status is Status.WAITING for s in samples):
                 continue

@@ -55,6 +55,12 @@ class ServerMetrics:
         self.requests = Counter(
             "specdecode_http_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
         )
+        self.request_failures = Counter(
+            "specdecode_request_failures", "Requests that failed alone; the others of their step went on", registry=r
+        )
+        self.step_failures = Counter(
+            "specdecode_step_failures", "Engine steps that failed as a whole (every request of the batch)", registry=r
+        )
 
     def observe_step(self, stats: StepStats) -> None:
         for k, a in zip(stats.num_proposed, stats.num_accepted, strict=True):

@@ -8,6 +8,7 @@ import pytest
 
 from specdecode import LLM, SamplingParams
 from specdecode.engine.engine import Engine
+from specdecode.models.llama import LlamaModel
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 5, 6], [11, 12, 13], [20, 21, 22, 20, 21], [3, 4]]
@@ -19,19 +20,21 @@ def reference(tiny_target) -> list[list[int]]:
     return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
-POISON = [9, 9, 9]  # a request whose every commit raises (as a request whose grammar rejects its own row would)
+POISON = [9, 9, 9]  # a request in whose presence the shared forward raises, every time it is tried
 
 
-def poison_commits(monkeypatch) -> None:
-    """Fault: committing tokens of the POISON request raises, every time it is tried."""
-    append = Engine._append
+def poison_forwards(monkeypatch, llm: LLM) -> None:
+    """Fault: the target's forward raises whenever the POISON request's slot is in its batch (a failure of the
+    shared forward, which the engine cannot pin on one request: the whole call fails)."""
+    forward = LlamaModel.forward
 
-    def failing(self, seq, *args, **kwargs):
-        if seq.prompt_ids == POISON:
+    def failing(self, tokens, meta, *args, **kwargs):
+        slots = meta.slots.tolist()
+        if self is llm.target and any(s.prompt_ids == POISON and s.slot in slots for s in llm.engine.running):
             raise RuntimeError("injected fault")
-        return append(self, seq, *args, **kwargs)
+        return forward(self, tokens, meta, *args, **kwargs)
 
-    monkeypatch.setattr(Engine, "_append", failing)
+    monkeypatch.setattr(LlamaModel, "forward", failing)
 
 
 def recovers(llm: LLM, reference: list[list[int]]) -> bool:
@@ -49,7 +52,7 @@ def recovers(llm: LLM, reference: list[list[int]]) -> bool:
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_llm_recovers_after_a_call_that_raised(tiny_target, tiny_draft, reference, monkeypatch, method):
     llm = LLM(target=str(tiny_target), draft=str(tiny_draft), method=method, max_num_seqs=2)  # 4 prompts, 2 slots
-    poison_commits(monkeypatch)
+    poison_forwards(monkeypatch, llm)
     with pytest.raises(RuntimeError, match="injected fault"):
         llm.generate([*PROMPTS[:2], POISON, *PROMPTS[2:]], GREEDY)
     assert recovers(llm, reference)
@@ -66,7 +69,7 @@ def test_control_without_the_clean_up_later_calls_go_wrong(tiny_target, referenc
     """Fault: the failed call's requests are not aborted (as before): later calls inherit its sequences."""
     llm = LLM(target=str(tiny_target), method="ngram", max_num_seqs=2)
     monkeypatch.setattr(Engine, "abort", lambda self, request_id: None)
-    poison_commits(monkeypatch)
+    poison_forwards(monkeypatch, llm)
     with pytest.raises(RuntimeError, match="injected fault"):
         llm.generate([*PROMPTS[:2], POISON, *PROMPTS[2:]], GREEDY)
     assert not recovers(llm, reference)
