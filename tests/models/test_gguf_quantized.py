@@ -9,6 +9,7 @@ mapping here (rope row order, fusing, the tied head) is checked against code it 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import gguf
@@ -22,6 +23,7 @@ from torch import nn
 from specdecode.config import SamplingParams
 from specdecode.llm import LLM
 from specdecode.models import gguf_quantized, quant_rows
+from specdecode.models.compiled import load_target
 from specdecode.models.gguf_quantized import WEIGHTS_ENV, ConcatLinear, gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 from specdecode.models.loader import _hf_config, _hf_tensors
@@ -128,24 +130,26 @@ def test_smollm2_dense_head_and_bytes(quantized, dequantized, smollm2_gguf):
     assert model_bytes(quantized) < 2.2 * size < 0.5 * model_bytes(dequantized)  # fp32: ~5.5x
 
 
-def test_greedy_decoding_through_llm_equals_the_dequantized_models(monkeypatch):
-    """SPECDECODE_WEIGHTS=quantized makes LLM's eager target the quantized model; 24 greedy tokens are the same."""
-    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outputs = {}
-    for weights in ("fp32", "quantized"):
-        monkeypatch.setenv(WEIGHTS_ENV, weights)
-        llm = LLM(target=SMOLLM2, method="none", max_num_seqs=1, enforce_eager=True)
-        quantized_head = isinstance(llm.target.lm_head, QuantLinear)
-        assert quantized_head == (weights == "quantized")
-        outputs[weights] = llm.chat([CHAT], greedy)[0].token_ids
-        llm.close()
-    assert len(outputs["fp32"]) == 24 and outputs["quantized"] == outputs["fp32"]
+def greedy(model: LlamaModel, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens by a plain loop: prefill, then one token per forward."""
+    cache, out = model.new_cache(1, len(prompt) + n), []
+    tokens, start = prompt, 0
+    with torch.inference_mode():
+        for _ in range(n):
+            meta = AttentionMetadata.build([0], [start], len(tokens), "cpu")
+            out.append(int(model(torch.tensor([tokens]), meta, cache)[0, -1].argmax()))
+            start, tokens = start + len(tokens), out[-1:]
+    return out
 
 
-def test_weights_switch_refuses_unknown_values(monkeypatch):
-    monkeypatch.setenv(WEIGHTS_ENV, "int4")
-    with pytest.raises(ValueError, match="expected 'quantized' or 'fp32'"):
-        gguf_quantized.quantized_weights_requested()
+def test_greedy_decoding_through_llm_equals_the_dequantized_models(dequantized, prompt, monkeypatch):
+    """SPECDECODE_WEIGHTS=quantized makes LLM's eager target the quantized model; its 24 greedy tokens are the
+    fp32 dequantized model's."""
+    monkeypatch.setenv(WEIGHTS_ENV, "quantized")
+    llm = LLM(target=SMOLLM2, method="none", controller="fixed", max_num_seqs=1, enforce_eager=True)  # no calibration
+    assert isinstance(llm.target.lm_head, QuantLinear)
+    got = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0].token_ids
+    assert got == greedy(dequantized, prompt, 24)
 
 
 # --- tiny GGUFs of mixed types ---------------------------------------------------------------------------
@@ -252,3 +256,25 @@ def test_tiny_control_concat_order_swapped_fails(tmp_path, monkeypatch):
 def test_refuses_a_gpu_device(smollm2_gguf):
     with pytest.raises(ValueError, match="CPU kernel only"):
         load_gguf_quantized(smollm2_gguf, device="cuda")
+
+
+def test_weights_switch_in_load_target(tmp_path, monkeypatch):
+    """The quantized model only where asked for, eager, and the GGUF is known; unknown values are refused."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tie=True)
+    fp32_dir = tmp_path / "fp32"
+    loader_fp32_model(path, fp32_dir)
+
+    def head(env: str | None, gguf: Path | None) -> type:
+        if env is None:
+            monkeypatch.delenv(WEIGHTS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(WEIGHTS_ENV, env)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tiny file's dense linears
+            return type(load_target(fp32_dir, "cpu", torch.float32, enforce_eager=True, gguf=gguf).lm_head)
+
+    assert head("quantized", path) is QuantLinear
+    assert head(None, path) is not QuantLinear and head("fp32", path) is not QuantLinear
+    assert head("quantized", None) is not QuantLinear  # a Hugging Face directory: nothing to keep quantized
+    with pytest.raises(ValueError, match="expected 'quantized' or 'fp32'"):
+        head("int4", path)
