@@ -20,6 +20,7 @@ from specdecode.engine.engine import Engine
 from specdecode.engine.launch import TensorParallelRuntime, check_tensor_parallel
 from specdecode.engine.sequence import Sequence, TokenLogprob
 from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
+from specdecode.models.gguf_quantized import gguf_file
 from specdecode.models.llama import LlamaModel
 from specdecode.models.loader import resolve_model_dir
 from specdecode.models.shipped_draft import DEFAULT_DRAFTS
@@ -162,7 +163,7 @@ class LLM:
             self._close_tp = weakref.finalize(self, self._tp.close)  # also when collected, and at exit
             self.target = self._tp.target
         else:
-            self.target = load_target(target_dir, device, DTYPES[dtype], enforce_eager)
+            self.target = load_target(target_dir, device, DTYPES[dtype], enforce_eager, gguf=gguf_file(target))
         try:
             self._build_engine(target, target_dir)
         except BaseException:

@@ -38,6 +38,7 @@ from specdecode.models import few_rows
 from specdecode.models.aot_package import INDUCTOR_SETTINGS, Body, Head, load_or_compile
 from specdecode.models.cuda_graphs import GraphedBody
 from specdecode.models.disk_cache import cache_root
+from specdecode.models.gguf_quantized import load_gguf_quantized, quantized_weights_requested
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama
 
 ENFORCE_EAGER_ENV = "SPECDECODE_ENFORCE_EAGER"  # "1": LLM and the commands default to the eager step
@@ -147,6 +148,7 @@ def load_target(
     progress: bool = True,
     ahead_of_time: bool | None = None,
     role: str = "target",
+    gguf: Path | None = None,
 ) -> LlamaModel:
     """The model as the engine runs it: compiled and warmed, or eager with packed linears (enforce_eager).
     ahead_of_time: see compile_step. role: what the progress bar calls the model ("target", "draft").
@@ -157,7 +159,10 @@ def load_target(
     than oneDNN's (2-core AMD EPYC, 2026-11-24: 4 x 9 tokens 152 ms compiled, 130 ms eager). The few-rows GEMM
     was faster than oneDNN at every row count measured on that machine (results/cost.md), so with it the
     compiled step serves every forward and no twin is loaded.
+    gguf: the file model_dir was converted from; with SPECDECODE_WEIGHTS=quantized the eager model keeps its blocks.
     """
+    if enforce_eager and gguf is not None and quantized_weights_requested():
+        return load_gguf_quantized(gguf, device)  # fp32 only: the kernel's activations are fp32
     if enforce_eager:
         return load_llama(model_dir, device, dtype)
     model = load_llama(model_dir, device, dtype, inference=False)  # inductor packs the weights itself

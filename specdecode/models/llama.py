@@ -298,6 +298,8 @@ class LlamaModel(nn.Module):
 
     def lm_head_weight(self) -> torch.Tensor:
         """[vocab, hidden] the LM head as a dense tensor (on CPU the runtime may also keep a packed copy)."""
+        if hasattr(self.lm_head, "dequantized"):  # GGUF blocks (models/gguf_quantized.py): dense on demand
+            return self.lm_head.dequantized()
         w = self.lm_head.weight
         return w.to_dense() if w.is_mkldnn else w
 

@@ -1,0 +1,160 @@
+"""A Llama model straight from a GGUF file, its linears kept in the file's quantized blocks (eager step).
+
+models/loader.py dequantizes a GGUF file to fp32 safetensors: SmolLM2-135M's 92 MiB Q4_1 file becomes ~540 MB
+read per decode step. Here every linear whose tensor is one of the types models/quant_rows.py multiplies
+(Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) keeps the raw blocks in a `QuantLinear`; F32/F16/BF16 tensors and other
+quant types are dequantized to fp32 (`load_gguf_quantized` returns which). The model is the loader's
+`LlamaModel`, and its logits are the dequantized model's up to fp32 summation order: every weight decodes to
+the value `gguf.quants.dequantize` gives, which is what the loader writes.
+
+Three things the fp32 path does to whole tensors are done to rows of blocks (a row is a whole number of blocks):
+llama.cpp's rope order of the Q and K rows is undone by reordering rows; q/k/v and gate/up are fused into
+`wqkv` and `w13` by concatenating rows where their types match, by `ConcatLinear` where they differ (a Q4_K_M
+file mixes them); a tied LM head multiplies by the embedding's blocks. The embedding table itself is
+dequantized to fp32 once: readers across the engine take `embed.weight` as a dense table (its device, its rows).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from torch import nn
+
+from specdecode.models.llama import LlamaConfig, LlamaModel, rope_inv_freq
+from specdecode.models.loader import BUILTIN_MODELS, ModelLoadError, _hf_config, _open_gguf, _unpermute_rope_rows
+from specdecode.models.quant_rows import TYPES, QuantLinear
+
+WEIGHTS_ENV = "SPECDECODE_WEIGHTS"  # "quantized": an eager target from a GGUF keeps its blocks; "fp32" (default)
+
+
+def quantized_weights_requested() -> bool:
+    value = os.environ.get(WEIGHTS_ENV, "fp32")
+    if value not in ("quantized", "fp32"):
+        raise ValueError(f"{WEIGHTS_ENV}={value!r}: expected 'quantized' or 'fp32'")
+    return value == "quantized"
+
+
+def gguf_file(spec: str) -> Path | None:
+    """The GGUF file behind a model spec (a built-in name or a .gguf path), or None for a Hugging Face dir."""
+    if spec in BUILTIN_MODELS:
+        return BUILTIN_MODELS[spec].gguf_path(spec)
+    path = Path(spec).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
+class ConcatLinear(nn.Module):
+    """Several linears over the same input, outputs concatenated along the last dim: [..., sum of outs]."""
+
+    def __init__(self, parts: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.out_features = sum(p.out_features for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)  # [..., out_features]
+
+    def dequantized(self) -> torch.Tensor:
+        """The fp32 weight [out, in], for readers that need it dense."""
+        return torch.cat([dense_weight(p) for p in self.parts])
+
+
+def dense_weight(linear: nn.Module) -> torch.Tensor:
+    """[out, in] fp32 of a QuantLinear, ConcatLinear or nn.Linear."""
+    return linear.dequantized() if hasattr(linear, "dequantized") else linear.weight.detach()
+
+
+class _Part:
+    """Rows of one GGUF tensor on their way into a fused linear: raw blocks (quantized) or fp32 values."""
+
+    def __init__(self, t: gguf.ReaderTensor, rope_heads: int | None, path: Path) -> None:
+        self.qtype = t.tensor_type if t.tensor_type in TYPES else None
+        self.in_features = int(t.shape[0])  # GGUF lists the fastest-varying dim first
+        if self.qtype is not None:
+            rows = torch.from_numpy(np.array(t.data))  # [out, bytes_per_row] uint8, copied out of the mmap
+        else:
+            rows = _dequantize(t, path)  # [out, in] fp32
+        # llama.cpp's rope order, undone per row: a byte row is whole blocks, so reordering rows is exact.
+        self.rows = rows if rope_heads is None else _unpermute_rope_rows(rows, rope_heads).contiguous()
+
+
+def _dequantize(t: gguf.ReaderTensor, path: Path) -> torch.Tensor:
+    shape = tuple(int(d) for d in reversed(t.shape))
+    try:
+        values = gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError:
+        raise ModelLoadError(f"unsupported GGUF tensor type {t.tensor_type.name} in {path}") from None
+    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+
+
+def _fused(parts: Sequence[_Part]) -> nn.Module:
+    """One linear for the row-concatenation of `parts`: neighbours of one type share a module."""
+    groups: list[list[_Part]] = []
+    for p in parts:
+        if groups and groups[-1][0].qtype == p.qtype:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    modules = []
+    for g in groups:
+        rows = torch.cat([p.rows for p in g])  # [sum of outs, bytes_per_row or in]
+        if g[0].qtype is not None:
+            modules.append(QuantLinear(rows, g[0].qtype, g[0].in_features))
+        else:
+            linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False)
+            linear.weight = nn.Parameter(rows, requires_grad=False)
+            modules.append(linear)
+    return modules[0] if len(modules) == 1 else ConcatLinear(modules)
+
+
+def dequantized_linears(reader: gguf.GGUFReader) -> list[str]:
+    """The file's matrices (the embedding table aside) that load as fp32: F32/F16/BF16 or a type without a kernel
+    path. A tied LM head is the embedding's blocks, so it is listed as `token_embd.weight` if it is one."""
+    tied = "output.weight" not in {t.name for t in reader.tensors}
+    return [
+        f"{t.name} ({t.tensor_type.name})"
+        for t in reader.tensors
+        if len(t.shape) == 2 and t.tensor_type not in TYPES and (t.name != "token_embd.weight" or tied)
+    ]
+
+
+def load_gguf_quantized(path: str | Path, device: str | torch.device = "cpu") -> LlamaModel:
+    """The `LlamaModel` of a Llama GGUF file with quantized linears kept in blocks; eval mode, no grads.
+    Linears of a type the kernel lacks are dequantized to fp32, with a warning that names them."""
+    path = Path(path)
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"quantized GGUF weights run on the CPU kernel only, not on {device}")
+    reader = _open_gguf(path)
+    cfg = LlamaConfig.from_hf(_hf_config(reader, path))
+    tensors = {t.name: t for t in reader.tensors}
+
+    def part(name: str, rope_heads: int | None = None) -> _Part:
+        if name not in tensors:
+            raise ModelLoadError(f"GGUF file {path} lacks the tensor {name!r}")
+        return _Part(tensors[name], rope_heads, path)
+
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    embed = _dequantize(tensors["token_embd.weight"], path)  # [vocab, hidden], read one row per token
+    model.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=embed)
+    model.norm.weight = nn.Parameter(part("output_norm.weight").rows)
+    model.lm_head = _fused([part("token_embd.weight" if cfg.tie_embeddings else "output.weight")])
+    for i, block in enumerate(model.layers):
+        p = f"blk.{i}."
+        qkv = [part(p + "attn_q.weight", cfg.num_heads), part(p + "attn_k.weight", cfg.num_kv_heads)]
+        block.attn.wqkv = _fused([*qkv, part(p + "attn_v.weight")])
+        block.attn.wo = _fused([part(p + "attn_output.weight")])
+        block.mlp.w13 = _fused([part(p + "ffn_gate.weight"), part(p + "ffn_up.weight")])
+        block.mlp.w2 = _fused([part(p + "ffn_down.weight")])
+        block.attn_norm.weight = nn.Parameter(part(p + "attn_norm.weight").rows)
+        block.mlp_norm.weight = nn.Parameter(part(p + "ffn_norm.weight").rows)
+    model.inv_freq = rope_inv_freq(cfg)  # [head_dim / 2] fp32 (the meta one cannot hold values)
+    dense = dequantized_linears(reader)
+    if dense:
+        warnings.warn(f"{path.name}: no quantized kernel for {', '.join(dense)}; those are fp32", stacklevel=2)
+    return model.requires_grad_(False).eval()
