@@ -97,7 +97,9 @@ class Server:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), self.config.api_key):
+        # Bytes: compare_digest refuses str with non-ASCII characters (a TypeError, so a 500, not a 401).
+        given, expected = token.strip().encode(), self.config.api_key.encode()
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given, expected):
             raise OpenAIError(401, "invalid or missing API key", "invalid_request_error", code="invalid_api_key")
 
     def check_model(self, req: _Common) -> None:
