@@ -32,3 +32,28 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         self.text += delta
         return delta
+
+
+def find_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Where the earliest stop string begins in text[start:] (as an index of text), or None.
+
+    `start` is the length of the text already sent: no stop string can begin before it, because text that could
+    still begin one is never sent (`stop_holdback`).
+    """
+    hits = [at for at in (text.find(s, start) for s in stops) if at != -1]
+    return min(hits) if hits else None
+
+
+def stop_holdback(text: str, stops: list[str]) -> int:
+    """How many characters at the end of `text` could be the start of a stop string, so must not be sent yet.
+
+    The longest suffix of the text that is a proper prefix of some stop string (vLLM holds text back the same way):
+    once a stop string completes, the text is cut before it, and text already sent cannot be taken back.
+    """
+    held = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:n]):
+                held = n
+                break
+    return held

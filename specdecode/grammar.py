@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -34,6 +35,9 @@ ANY_OBJECT = '{"type": "object"}'  # json_object mode: an object with any member
 # ~7 µs per mask (xgrammar caches fewer masks for counted whitespace): ~90 µs per step for a chain of K = 8.
 MAX_WHITESPACE = 20
 CACHE_SIZE = 256  # compiled schemas kept per compiler; requests reusing a schema skip compilation
+# Memory that compiled grammars may hold per compiler, in our cache and in xgrammar's own (unbounded by default:
+# GHSA-389x-67px-mjg3). A JSON grammar over SmolLM2's vocabulary takes ~2.6-3 MB.
+CACHE_BYTES = 256 * 1024 * 1024
 _NATIVE_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (?:Check failed: .*? is false: )?")  # "[01:46:05] a.cc:12: "
 
 
@@ -61,8 +65,11 @@ class GrammarCompiler:
             raise ValueError("a grammar needs at least one stop token id")
         self.vocab_size = vocab_size
         self.max_whitespace = max_whitespace
-        self._compiler = xgr.GrammarCompiler(_tokenizer_info(tokenizer, vocab_size, stop_token_ids))
+        info = _tokenizer_info(tokenizer, vocab_size, stop_token_ids)
+        self._compiler = xgr.GrammarCompiler(info, cache_limit_bytes=CACHE_BYTES)
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._cache_bytes = 0
+        self._lock = threading.Lock()  # a server compiles in worker threads while the engine thread reads the cache
 
     def compile_json(self, schema: dict | None) -> CompiledGrammar:
         """schema None = any JSON object (`json_object` mode). An invalid schema raises ConfigError.
@@ -74,17 +81,23 @@ class GrammarCompiler:
         between elements is free up to max_whitespace characters, so a model that pretty-prints keeps its habit.
         """
         key = _schema_key(schema)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
         try:
             schema_text = json.dumps(_bounded_strings_as_patterns(schema)) if schema is not None else ANY_OBJECT
             compiled = self._compiler.compile_json_schema(schema_text, max_whitespace_cnt=self.max_whitespace)
         except RuntimeError as e:  # xgrammar reports every schema problem as a RuntimeError with a C++ prefix
             raise ConfigError(f"invalid JSON schema: {_one_line(e)}") from None
-        grammar = self._cache[key] = CompiledGrammar(key, compiled)
-        if len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
+        grammar = CompiledGrammar(key, compiled)
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = grammar
+                self._cache_bytes += compiled.memory_size_bytes
+            while len(self._cache) > CACHE_SIZE or (self._cache_bytes > CACHE_BYTES and len(self._cache) > 1):
+                _, old = self._cache.popitem(last=False)
+                self._cache_bytes -= old.compiled.memory_size_bytes
         return grammar
 
     def matcher(self, grammar: CompiledGrammar) -> GrammarMatcher:
@@ -171,6 +184,46 @@ def _tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: list[int]) -> xg
         stop_token_ids=list(stop_token_ids),
         add_prefix_space=detected.add_prefix_space,
     )
+
+
+_QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # a regex's counted repetition: {n}, {n,} or {n,m}
+
+
+def check_schema(schema: dict, max_bytes: int, max_depth: int, max_enum: int, max_repeat: int) -> None:
+    """Refuse (ConfigError) a schema whose compilation could take unbounded time or memory: larger than max_bytes as
+    JSON, nested deeper than max_depth, an enum of more than max_enum values, or a string length bound (which
+    becomes a regex of that many characters, compiled in time that grows with it) or a pattern's counted
+    repetition over max_repeat."""
+    _check_node(schema, 1, max_depth, max_enum, max_repeat)  # depth first: json.dumps recurses
+    size = len(_schema_key(schema).encode())
+    if size > max_bytes:
+        raise ConfigError(f"JSON schema is {size} bytes; at most {max_bytes} are allowed")
+
+
+def _check_node(node, depth: int, max_depth: int, max_enum: int, max_repeat: int) -> None:
+    """`node` is an object or array `depth` levels deep (the schema itself is level 1)."""
+    if isinstance(node, (dict, list)) and depth > max_depth:
+        raise ConfigError(f"JSON schema nests deeper than {max_depth} levels")
+    if isinstance(node, list):
+        for v in node:
+            _check_node(v, depth + 1, max_depth, max_enum, max_repeat)
+        return
+    if not isinstance(node, dict):
+        return
+    enum = node.get("enum")
+    if isinstance(enum, list) and len(enum) > max_enum:
+        raise ConfigError(f"JSON schema enum has {len(enum)} values; at most {max_enum} are allowed")
+    for bound in ("minLength", "maxLength"):
+        n = node.get(bound)
+        if isinstance(n, int) and n > max_repeat:
+            raise ConfigError(f"JSON schema {bound} is {n}; at most {max_repeat} is allowed")
+    pattern = node.get("pattern")
+    if isinstance(pattern, str):
+        for m in _QUANTIFIER.finditer(pattern):
+            if max(int(g) for g in m.groups() if g) > max_repeat:
+                raise ConfigError(f"JSON schema pattern repeats {m.group(0)}; at most {max_repeat} times is allowed")
+    for v in node.values():
+        _check_node(v, depth + 1, max_depth, max_enum, max_repeat)
 
 
 def _schema_key(schema: dict | None) -> str:

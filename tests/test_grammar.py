@@ -10,8 +10,9 @@ import pytest
 import torch
 import xgrammar as xgr
 
+from specdecode import grammar
 from specdecode.config import ConfigError
-from specdecode.grammar import GrammarCompiler, GrammarViolationError
+from specdecode.grammar import GrammarCompiler, GrammarViolationError, check_schema
 
 PADDING = 45  # model vocab = tokenizer + padding, not a multiple of 32: the mask's last word is partly unused
 
@@ -352,3 +353,50 @@ def is_json_prefix(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def test_compiled_grammars_are_bounded_in_memory(tok, stops, monkeypatch):
+    """xgrammar's own cache is unbounded by default (cache_limit_bytes=-1, GHSA-389x-67px-mjg3); ours held 256
+    grammars whatever their size. Both are bounded by CACHE_BYTES: here, room for about one grammar."""
+    monkeypatch.setattr(grammar, "CACHE_BYTES", 4 * 1024 * 1024)
+    small = GrammarCompiler(tok, len(tok) + PADDING, stops)
+    assert small._compiler.cache_limit_bytes == 4 * 1024 * 1024
+    for i in range(3):
+        small.compile_json({"type": "object", "properties": {f"p{i}": {"type": "integer"}}})
+    assert len(small._cache) == 1 and 0 < small._cache_bytes <= 4 * 1024 * 1024
+    assert GrammarCompiler(tok, len(tok) + PADDING, stops)._compiler.cache_limit_bytes == grammar.CACHE_BYTES > 0
+
+
+LIMITS = dict(max_bytes=1000, max_depth=4, max_enum=3, max_repeat=8)
+
+
+@pytest.mark.parametrize(
+    ("schema", "words"),
+    [
+        ({"type": "object", "description": "x" * 1000}, "bytes"),
+        ({"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"enum": [[1]]}}}}, "deeper"),
+        ({"enum": [1, 2, 3, 4]}, "enum"),
+        ({"type": "string", "maxLength": 9}, "maxLength"),
+        ({"type": "string", "minLength": 9}, "minLength"),
+        ({"type": "string", "pattern": "^(ab){2,9}$"}, "pattern"),
+        ({"type": "string", "pattern": "^a{10,}$"}, "pattern"),
+        ({"properties": {"a": {"type": "string", "maxLength": 100}}}, "maxLength"),  # found inside properties
+    ],
+)
+def test_check_schema_refuses_what_is_over_a_bound(schema, words):
+    with pytest.raises(ConfigError, match=words):
+        check_schema(schema, **LIMITS)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "description": "x" * 900},
+        {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}},
+        {"enum": [1, 2, 3]},
+        {"type": "string", "minLength": 8, "maxLength": 8, "pattern": "^a{1,8}$"},
+        {"type": "string", "pattern": "^[{}]{2}$"},
+    ],
+)
+def test_check_schema_passes_what_is_within_the_bounds(schema):
+    check_schema(schema, **LIMITS)

@@ -23,7 +23,7 @@ import torch
 
 from specdecode.config import ConfigError, EngineConfig, SamplingParams
 from specdecode.control.base import Controller, StepStats
-from specdecode.detokenize import IncrementalDetokenizer
+from specdecode.detokenize import IncrementalDetokenizer, find_stop, stop_holdback
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.engine.logprobs import emitted_logprobs
 from specdecode.engine.runner import PAD_SLACK, forward_ragged
@@ -409,6 +409,7 @@ class Engine:
         """Append verified tokens, honouring EOS, max_tokens, the context, stop strings and a finished grammar."""
         detok = self._detok[seq.request_id]
         old_text_len = len(seq.text)
+        stops = seq.params.stop
         new_ids: list[int] = []
         cut = False
         for tok in tokens:
@@ -417,19 +418,21 @@ class Engine:
             new_ids.append(tok)
             if seq.grammar is not None:
                 seq.grammar.advance([tok])
-            if seq.params.stop:  # text after every token, so that tokens after a stop string are dropped
+            if stops:  # text after every token, so that tokens after a stop string are dropped
                 detok.add([tok])
-                cut = self._stopped_by_string(seq, detok.text)
+                cut = self._stopped_by_string(seq, detok.text, stops)
                 if cut:
                     break
             reason = self._finish_reason(seq, tok)
             if reason:
                 self._finish(seq, reason)
                 break
-        if not seq.params.stop:
+        if not stops:
             detok.add(new_ids)
         if not cut:
-            seq.text = detok.text
+            # Sent text is never taken back: while the request runs, text that could begin a stop string waits.
+            held = stop_holdback(detok.text, stops) if stops and seq.status is not Status.FINISHED else 0
+            seq.text = detok.text[: len(detok.text) - held]
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = time.perf_counter()
         new_logprobs = None if logprobs is None else logprobs[: len(new_ids)]
@@ -446,15 +449,14 @@ class Engine:
             return "length"
         return None
 
-    def _stopped_by_string(self, seq: Sequence, text: str) -> bool:
-        """Finish at the first stop string in the text; the text is cut before it."""
-        for stop in seq.params.stop or []:
-            at = text.find(stop, max(0, len(seq.text) - len(stop)))
-            if at != -1:
-                seq.text = text[:at]
-                self._finish(seq, "stop")
-                return True
-        return False
+    def _stopped_by_string(self, seq: Sequence, text: str, stops: list[str]) -> bool:
+        """Finish at the earliest stop string in the text; the text is cut before it."""
+        at = find_stop(text, stops, len(seq.text))
+        if at is None:
+            return False
+        seq.text = text[:at]
+        self._finish(seq, "stop")
+        return True
 
     def _after_commit(self, seqs: list[Sequence], verified: Verified) -> None:
         """Only commit touches the cache: keep pending + accepted tokens, forget the rest.

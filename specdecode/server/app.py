@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,11 +26,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdecode.config import ConfigError, SamplingParams
+from specdecode.grammar import check_schema
 from specdecode.server.async_engine import AsyncEngine, Output, RequestStream
 from specdecode.server.logprobs import LogprobFormats
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.middleware import BodyLimit, CountRequests
 from specdecode.server.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, _Common
+
+T = TypeVar("T")
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the context left
 
@@ -40,6 +45,18 @@ class ServerConfig:
     max_waiting: int = 64
     request_timeout_s: float = 600.0
     max_body_bytes: int = 4 * 1024 * 1024
+    # What one request may ask for; past any of these it gets a 400. This is the one place they are set.
+    max_stop_strings: int = 4  # OpenAI's limit
+    max_stop_chars: int = 256  # per stop string: each step looks for every one in the text's tail
+    max_logit_bias: int = 300  # entries; OpenAI's limit
+    max_messages: int = 2048  # per chat request; the chat template walks them all
+    # JSON schemas (response_format), checked before compiling: compile time and memory grow with each.
+    max_schema_bytes: int = 64 * 1024
+    max_schema_depth: int = 32
+    max_schema_enum: int = 1024  # values of one enum
+    max_schema_repeat: int = 256  # a string's min/maxLength (a regex of that many characters) and a pattern's {n,m}
+    grammar_timeout_s: float = 10.0  # a schema that has not compiled by then is refused (it compiles ~20-50 ms)
+    grammar_workers: int = 2  # schemas compiling at once, each in its own thread, off the event loop
 
     def __post_init__(self) -> None:
         if self.max_waiting < 0:
@@ -48,6 +65,21 @@ class ServerConfig:
             raise ConfigError(f"request timeout must be > 0, got {self.request_timeout_s}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max body size must be >= 1024 bytes, got {self.max_body_bytes}")
+        for name in (
+            "max_stop_strings",
+            "max_stop_chars",
+            "max_logit_bias",
+            "max_messages",
+            "max_schema_bytes",
+            "max_schema_depth",
+            "max_schema_enum",
+            "max_schema_repeat",
+            "grammar_workers",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.grammar_timeout_s <= 0:
+            raise ConfigError(f"grammar timeout must be > 0, got {self.grammar_timeout_s}")
 
 
 class EngineClient(Protocol):
@@ -90,6 +122,10 @@ class Server:
         self.engine = engine if engine is not None else AsyncEngine(llm.engine, config.max_waiting, metrics)
         self.formats = LogprobFormats(llm.tokenizer)
         self.created = int(time.time())
+        # Tokenizing and the chat template run here, off the event loop, so a long prompt stalls no stream and no
+        # /health. One thread: a Hugging Face tokenizer is not safe to use from several at once.
+        self.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="specdecode-tokenizer")
+        self._compiling = asyncio.Semaphore(config.grammar_workers)
 
     # ---- checks ---------------------------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
@@ -97,7 +133,9 @@ class Server:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), self.config.api_key):
+        # Bytes: compare_digest refuses str with non-ASCII characters (a TypeError, so a 500, not a 401).
+        given, expected = token.strip().encode(), self.config.api_key.encode()
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given, expected):
             raise OpenAIError(401, "invalid or missing API key", "invalid_request_error", code="invalid_api_key")
 
     def check_model(self, req: _Common) -> None:
@@ -109,6 +147,28 @@ class Server:
                 param="model",
                 code="model_not_found",
             )
+
+    def check_limits(self, req: _Common) -> None:
+        """The bounds of ServerConfig on what one request may ask for; 400 past any."""
+        c = self.config
+        stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+        if len(stops) > c.max_stop_strings:
+            raise OpenAIError(400, f"at most {c.max_stop_strings} stop sequences", param="stop")
+        if any(len(stop) > c.max_stop_chars for stop in stops):
+            raise OpenAIError(400, f"a stop sequence may have at most {c.max_stop_chars} characters", param="stop")
+        if req.logit_bias and len(req.logit_bias) > c.max_logit_bias:
+            raise OpenAIError(400, f"logit_bias may have at most {c.max_logit_bias} entries", param="logit_bias")
+        if isinstance(req, ChatCompletionRequest):
+            if len(req.messages) > c.max_messages:
+                raise OpenAIError(400, f"at most {c.max_messages} messages per request", param="messages")
+            so = req.structured()
+            if so is not None and so.json is not None:
+                try:
+                    check_schema(
+                        so.json, c.max_schema_bytes, c.max_schema_depth, c.max_schema_enum, c.max_schema_repeat
+                    )
+                except ConfigError as e:
+                    raise OpenAIError(400, str(e), param="response_format") from e
 
     def check_tokens(self, ids: list[int]) -> None:
         vocab = self.llm.vocab_size
@@ -137,18 +197,76 @@ class Server:
             )
         return requested
 
-    def encode(self, text: str) -> list[int]:
+    async def in_tokenizer_thread(self, fn: Callable[..., T], *args) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, fn, *args)
+
+    async def encode(self, text: str) -> list[int]:
         try:
-            return self.llm.encode(text)
+            return await self.in_tokenizer_thread(self.llm.encode, text)
         except ConfigError as e:
             raise OpenAIError(400, str(e), param="prompt") from e
+
+    async def check_request(self, ids: list[int], params: SamplingParams) -> None:
+        """What the engine would refuse, refused here as a 400 before any stream. A schema compiles in a thread
+        of its own (a slow one must not stall the event loop), bounded in time: `compile_bounded`."""
+        try:
+            if params.structured_outputs is None:
+                self.llm.check_request(ids, params)
+            else:
+                await self.compile_bounded(ids, params)
+        except ConfigError as e:
+            raise OpenAIError(400, str(e)) from e
+
+    async def compile_bounded(self, ids: list[int], params: SamplingParams) -> None:
+        """llm.check_request, which compiles the schema, in a daemon thread: at most grammar_workers at once, and
+        refused once grammar_timeout_s have passed. A thread cannot be stopped; one that outlives its request
+        finishes on its own (its grammar is cached) and holds its place among the workers until then."""
+        loop, timeout = asyncio.get_running_loop(), self.config.grammar_timeout_s
+        deadline = loop.time() + timeout
+        try:
+            await asyncio.wait_for(self._compiling.acquire(), timeout)
+        except TimeoutError:
+            raise OpenAIError(
+                429, "every schema compiler is busy; retry shortly", "rate_limit_error", headers={"Retry-After": "1"}
+            ) from None
+        done: asyncio.Future = loop.create_future()
+
+        def finish(error: BaseException | None) -> None:  # on the event loop
+            self._compiling.release()
+            if done.done():  # the request timed out or went away
+                return
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+
+        def compile_() -> None:
+            error = None
+            try:
+                self.llm.check_request(ids, params)
+            except BaseException as e:  # noqa: BLE001 - handed to the request, which raises it
+                error = e
+            try:
+                loop.call_soon_threadsafe(finish, error)
+            except RuntimeError:  # the event loop has closed: nobody waits
+                pass
+
+        threading.Thread(target=compile_, name="specdecode-grammar", daemon=True).start()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            done.cancel()
+            raise OpenAIError(
+                400, f"the JSON schema did not compile within {timeout:g} s; simplify it", param="response_format"
+            ) from None
 
     # ---- endpoints ------------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, request: Request):
         req.check_supported()
         self.check_model(req)
+        self.check_limits(req)
         prompt = req.single_prompt()
-        ids = prompt if isinstance(prompt, list) else self.encode(prompt)
+        ids = prompt if isinstance(prompt, list) else await self.encode(prompt)
         self.check_tokens(ids)
         n = self.max_tokens(req.max_tokens, len(ids), COMPLETION_DEFAULT_MAX_TOKENS)
         return await self.respond(req, request, ids, n, chat=False)
@@ -156,22 +274,22 @@ class Server:
     async def chat(self, req: ChatCompletionRequest, request: Request):
         req.check_supported()
         self.check_model(req)
+        self.check_limits(req)
         try:
-            text = self.llm.apply_chat_template([m.as_template_dict() for m in req.messages])
+            text = await self.in_tokenizer_thread(
+                self.llm.apply_chat_template, [m.as_template_dict() for m in req.messages]
+            )
         except ConfigError as e:
             raise OpenAIError(400, str(e), param="messages") from e
         except Exception as e:  # noqa: BLE001 - a template may reject a conversation in its own words
             raise OpenAIError(400, f"chat template failed: {e}", param="messages") from e
-        ids = self.encode(text)
+        ids = await self.encode(text)
         n = self.max_tokens(req.requested_max_tokens, len(ids), None)
         return await self.respond(req, request, ids, n, chat=True)
 
     async def respond(self, req: _Common, request: Request, ids: list[int], max_tokens: int, chat: bool):
         params = req.sampling(max_tokens)
-        try:
-            self.llm.check_request(ids, params)  # a bad schema or bias key is a 400, before any stream
-        except ConfigError as e:
-            raise OpenAIError(400, str(e)) from e
+        await self.check_request(ids, params)  # a bad schema or bias key is a 400, before any stream
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         stream = self.engine.submit(rid, ids, params)
         deadline = time.monotonic() + self.config.request_timeout_s

@@ -53,6 +53,7 @@ class ModelCard:
     tokenizer: Any
     vocab_size: int
     max_model_len: int
+    eos_token_ids: tuple[int, ...]  # what a grammar may end on, as in the replicas' engines
 
     # LLM's own methods; they use only self.tokenizer.
     encode = LLM.encode
@@ -60,7 +61,9 @@ class ModelCard:
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """The checks a replica would make of the sampling parameters, made here so a bad one is a plain 400."""
-        grammars = check_params(params, self.vocab_size, self.tokenizer, [], self.__dict__.get("_grammars"))
+        grammars = check_params(
+            params, self.vocab_size, self.tokenizer, list(self.eos_token_ids), self.__dict__.get("_grammars")
+        )
         object.__setattr__(self, "_grammars", grammars)
 
 

@@ -68,8 +68,6 @@ class _Common(BaseModel):
     ignore_eos: StrictBool = False
 
     def check_supported(self) -> None:
-        if isinstance(self.stop, list) and len(self.stop) > 4:
-            raise OpenAIError(400, "at most 4 stop sequences", param="stop")
         if self.stream_options is not None and not self.stream:
             raise OpenAIError(400, "stream_options is only allowed with stream: true", param="stream_options")
 

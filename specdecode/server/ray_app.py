@@ -132,7 +132,8 @@ class EngineReplica:
         self.replica_id, self.actor_name = replica.unique_id, replica.to_full_id_str()
 
     def card(self) -> ModelCard:
-        return ModelCard(self.llm.tokenizer, self.llm.vocab_size, self.llm.max_model_len)
+        eos = tuple(sorted(self.llm.engine.eos_token_ids))
+        return ModelCard(self.llm.tokenizer, self.llm.vocab_size, self.llm.max_model_len, eos)
 
     async def generate(self, job: Job) -> AsyncIterator[Output]:
         """The request's outputs as the engine produces them; cancelling the stream aborts the request."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import random
 import socket
@@ -28,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specdecode.bench.serve import arm_flags, expand_arms
 from specdecode.cli import build_parser, main
-from specdecode.config import ConfigError, SamplingParams
+from specdecode.config import ConfigError, SamplingParams, StructuredOutputs
 from specdecode.llm import LLM, RequestOutput
 from specdecode.models import packed_linear
 from specdecode.server.app import ServerConfig
@@ -352,6 +353,33 @@ def test_errors_keep_the_single_server_bodies(cluster):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 
+INTEGER_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+FORMATS = [{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "n", "schema": INTEGER_SCHEMA}}]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_structured_output_through_the_replicas(cluster, fmt):
+    """The ingress checks a response_format against the replicas' EOS ids (it passed none: every structured
+    request was a 500, "a grammar needs at least one stop token id"); replicas then decode it as one engine does."""
+    url, reference = cluster
+    chat = [{"role": "user", "content": "A JSON object, please."}]
+    body = {"model": MODEL, "messages": chat, "max_tokens": MAX_TOKENS, "temperature": 0, "response_format": fmt}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=TIMEOUT_S)
+    assert r.status_code == 200, r.text
+    so = (
+        StructuredOutputs(json_object=True)
+        if fmt["type"] == "json_object"
+        else StructuredOutputs(json=fmt["json_schema"]["schema"])
+    )
+    want = reference.llm.chat(chat, SamplingParams(max_tokens=MAX_TOKENS, structured_outputs=so))[0]
+    assert r.json()["choices"][0]["message"]["content"] == want.text
+    assert want.text.lstrip().startswith("{")  # the grammar shaped the reference too
+    streamed = httpx.post(url + "/v1/chat/completions", json={**body, "stream": True}, timeout=TIMEOUT_S)
+    assert streamed.status_code == 200
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events if e.get("choices")) == want.text
+
+
 def test_client_that_disconnects_frees_its_replica_slot(cluster):
     """The ingress cancels the replica's stream and the replica aborts the request: it leaves the batch without
     finishing (a request left to run would end up counted as finished)."""
@@ -369,7 +397,7 @@ def test_client_that_disconnects_frees_its_replica_slot(cluster):
 
 def test_model_card_tokenizes_as_the_llm(cluster):
     llm = cluster[1].llm
-    card = ModelCard(llm.tokenizer, llm.vocab_size, llm.max_model_len)
+    card = ModelCard(llm.tokenizer, llm.vocab_size, llm.max_model_len, tuple(sorted(llm.engine.eos_token_ids)))
     assert card.encode(PROMPTS[0]) == llm.encode(PROMPTS[0])
     chat = [{"role": "user", "content": "hi"}]
     assert card.apply_chat_template(chat) == llm.apply_chat_template(chat)
