@@ -9,6 +9,7 @@ from the replica's stream into the request's queue, so timeouts, client disconne
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,12 @@ from specdecode.server.protocol import OpenAIError
 from specdecode.server.router import request_work
 
 INGRESS_FAMILIES = ("specdecode_http_requests",)  # the ingress counts HTTP; everything else happens in replicas
-PROBE_TIMEOUT_S = 10.0
+# /health and /metrics ask every replica. Unauthenticated probes may come at any rate: all the probes of one
+# second share one fan-out (later ones get its answer), and a replica that has not answered in PROBE_TIMEOUT_S is
+# reported unavailable, so a probe holds an ingress slot for at most that long and the replicas see at most one
+# probe per PROBE_TTL_S, whatever the rate outside.
+PROBE_TIMEOUT_S = 3.0
+PROBE_TTL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class RemoteEngine:
         self.engines = engines
         self.capacity = capacity  # requests running or queued over all replicas before 429
         self._pumps: dict[str, asyncio.Task] = {}
+        self._probes: dict[str, tuple[float, asyncio.Future]] = {}  # method -> (when asked, the shared answer)
 
     @property
     def alive(self) -> bool:
@@ -136,7 +143,16 @@ class RemoteEngine:
             stream.queue.put_nowait(Output(error=err))
 
     async def ask_all(self, method: str) -> list[Any]:
-        """`method` of every live replica: its answer, or the exception it raised."""
+        """`method` of every live replica: its answer, or the exception it raised. Calls within PROBE_TTL_S of a
+        fan-out (or while one is in flight) share its answer."""
+        now = time.monotonic()
+        asked, answer = self._probes.get(method, (0.0, None))
+        if answer is None or (answer.done() and now - asked >= PROBE_TTL_S):
+            answer = asyncio.ensure_future(self._broadcast(method))
+            self._probes[method] = (now, answer)
+        return await asyncio.shield(answer)  # a probe that gives up does not cancel the others' answer
+
+    async def _broadcast(self, method: str) -> list[Any]:
         response = self.engines.broadcast(method)
         return await response.results_async(timeout_s=PROBE_TIMEOUT_S, return_exceptions=True)
 
