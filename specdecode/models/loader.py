@@ -373,7 +373,7 @@ def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    except (ValueError, KeyError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 (tokenizers reports a malformed vocabulary as a bare Exception)
         raise ModelLoadError(f"cannot build a tokenizer from {gguf_path}: {_one_line(e)}") from None
     tokenizer.save_pretrained(out_dir)
 
