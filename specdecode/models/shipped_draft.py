@@ -24,15 +24,17 @@ from safetensors.torch import load_file, save_file
 
 from specdecode.atomic_dir import write_atomically
 from specdecode.config import ConfigError
+from specdecode.models.provision import PARTED_DEFAULT_DRAFTS
 
 DRAFT_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "drafts"
 PACKED_WEIGHTS = "layers.safetensors"
 EMBEDDING = "model.embed_tokens.weight"
 CARRIED = ("config.json", "vocab.npy", "manifest.json")  # copied as they are (vocab.npy only when present)
 
-# Built-in draft name -> the built-in target it was distilled from, and the reverse: the default draft.
+# Built-in draft name -> the built-in target it was distilled from, and the reverse: the default draft (for
+# the Qwen2.5-Coder pair, the smaller model of the family).
 BUILTIN_DRAFTS: dict[str, str] = {"smollm2-135m-instruct-draft": "smollm2-135m-instruct"}
-DEFAULT_DRAFTS: dict[str, str] = {target: draft for draft, target in BUILTIN_DRAFTS.items()}
+DEFAULT_DRAFTS: dict[str, str] = {target: draft for draft, target in BUILTIN_DRAFTS.items()} | PARTED_DEFAULT_DRAFTS
 
 
 def _target_embedding(target_dir: Path) -> torch.Tensor:

@@ -258,7 +258,7 @@ def _gpt2_gguf(tmp: Path) -> str:
         (_bad_json, "is not valid JSON"),
         (_wrong_model_type, "unsupported architecture 'gpt2'; expected one of llama, mistral, qwen2, qwen3"),
         (_truncated_gguf, "corrupt GGUF file"),
-        (_gpt2_gguf, "unsupported GGUF architecture 'gpt2'; expected llama"),
+        (_gpt2_gguf, "unsupported GGUF architecture 'gpt2'; expected one of llama, mistral, qwen2, qwen3"),
     ],
 )
 def test_errors_are_one_line_and_say_what_was_expected(make_spec, expected, tmp_path):
