@@ -96,14 +96,37 @@ def _fake_few_rows_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor
     return x.new_empty(*x.shape[:-1], packed.shape[0] * PANEL)
 
 
+def supported() -> bool:
+    """Whether this machine should build the kernel: an AVX-512 CPU and a C++ compiler. Where it is, a build
+    that fails is a bug, not an unsupported machine: tests skip only where this is False and call `require`."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512") and _compiler() is not None
+
+
+@functools.cache
+def _build_error() -> Exception | None:
+    """The error building or loading the library raised in this process, or None once it is loaded."""
+    try:
+        library()
+    except (KernelBuildError, OSError, RuntimeError) as e:  # RuntimeError: torch refused to load it
+        return e
+    return None
+
+
+def require() -> None:
+    """Build and load the kernel or raise why it could not be (what `available` only warns about and falls
+    back from, so that users keep a working step while a test sees the C++ error)."""
+    error = _build_error()
+    if error is not None:
+        raise KernelBuildError(f"the few-rows library failed to build or load: {error}") from error
+
+
 @functools.cache
 def _usable() -> bool:
     if os.environ.get(ENV) == "0" or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return False
-    try:
-        library()
-    except (KernelBuildError, OSError, RuntimeError) as e:  # RuntimeError: torch refused to load it
-        warnings.warn(f"few-rows GEMM unavailable, keeping the compiled step's own GEMM: {e}", stacklevel=3)
+    error = _build_error()
+    if error is not None:
+        warnings.warn(f"few-rows GEMM unavailable, keeping the compiled step's own GEMM: {error}", stacklevel=3)
         return False
     return True
 

@@ -1,6 +1,7 @@
 """End to end under penalties, logit_bias and a grammar mask: the joint of the first two generated tokens under
 speculative sampling equals the target's own, adjusted at each position for the tokens before it (computed
-exactly, with the adjustments written out by hand here). The negative controls forget the drafted prefix when
+exactly, with the adjustments written out by hand here and the sampling filters by tests/stats.reference_probs,
+not the engine's process_logits). The negative controls forget the drafted prefix when
 the target adjusts a verify position, in a chain and in a tree, and the same assertion fails.
 
 (A penalty applied to p but not to the drafter's q is *not* a fault: rejection sampling is exact for whatever
@@ -17,10 +18,9 @@ import torch
 import specdecode.engine.engine
 from specdecode import LLM
 from specdecode.engine.runner import prefill
-from specdecode.sampling import SamplingTensors, process_logits
 from tests.engine.test_distribution import PARAMS, REPEATING, SHORT, VOCAB, make, models  # noqa: F401
 from tests.engine.test_penalties import penalise
-from tests.stats import assert_follows
+from tests.stats import assert_follows, reference_probs
 
 N = 2000
 PENALISED = replace(PARAMS, frequency_penalty=2.0, presence_penalty=1.0, repetition_penalty=1.5, logit_bias={3: 1.5})
@@ -67,16 +67,16 @@ def adjusted(logits: torch.Tensor, prompt: list[int], output: list[int], grammar
 
 def exact_joint(llm: LLM, prompt: list[int], grammar: bool) -> torch.Tensor:
     """[vocab, vocab] P(x1, x2 | prompt) under the adjusted, processed target distribution."""
-    model, st = llm.target, SamplingTensors.from_params([PARAMS], "cpu")
+    model = llm.target
     cache = model.new_cache(1, 32)
     with torch.inference_mode():
         first = adjusted(prefill(model, cache, 0, prompt, 64)[0, 0], prompt, [], grammar)
-        p1 = process_logits(first[None, None], st)[0, 0]  # [vocab]
+        p1 = reference_probs(first, PENALISED)  # [vocab]
         rows = []
         for x1 in range(VOCAB):
             cache.set_length(0, len(prompt))
             second = adjusted(prefill(model, cache, 0, [x1], 64)[0, 0], prompt, [x1], grammar)
-            rows.append(process_logits(second[None, None], st)[0, 0])
+            rows.append(reference_probs(second, PENALISED))
     return p1[:, None] * torch.stack(rows)  # [vocab, vocab]
 
 

@@ -7,6 +7,10 @@ run over sampled drafts, where their choice of K could matter. Half the requests
 streams and the global RNG are exercised. Each path has a negative control: a fault injected into the real
 engine path, caught by the same assertion with a wide margin (tests/stats.py). Exact per-position
 probabilities of the verify rules themselves are tested at unit level (tests/test_verify*.py).
+
+The target's processed distribution is computed by tests/stats.reference_probs, written from the spec rather
+than with the engine's own process_logits: a fault in temperature, top-k or top-p would otherwise sit in the
+reference too and pass (the top-k control below did, with process_logits as the reference).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import pytest
 import torch
 
 import specdecode.engine.engine
+import specdecode.sampling
 import specdecode.verify
 import specdecode.verify_tree
 from specdecode import LLM, SamplingParams
@@ -30,7 +35,7 @@ from specdecode.engine.runner import prefill
 from specdecode.sampling import SamplingTensors, process_logits
 from specdecode.streams import race
 from tests.engine.test_head_drafters import write_heads
-from tests.stats import assert_follows
+from tests.stats import assert_follows, reference_probs
 from tests.tiny import write_tiny_model
 
 VOCAB = 8
@@ -71,16 +76,15 @@ def make(models: dict[str, str], method: str, controller: str = "fixed", k: int 
 
 
 def exact_joint(llm: LLM, prompt: list[int]) -> torch.Tensor:
-    """[vocab, vocab] P(x1, x2 | prompt) under the processed target distribution."""
+    """[vocab, vocab] P(x1, x2 | prompt) under the processed target distribution (the reference's, in float64)."""
     model = llm.target
-    st = SamplingTensors.from_params([PARAMS], "cpu")
     cache = model.new_cache(1, 32)
     with torch.inference_mode():
-        p1 = process_logits(prefill(model, cache, 0, prompt, 64), st)[0, 0]  # [vocab]
+        p1 = reference_probs(prefill(model, cache, 0, prompt, 64)[0, 0], PARAMS)  # [vocab]
         rows = []
         for x1 in range(VOCAB):
             cache.set_length(0, len(prompt))
-            rows.append(process_logits(prefill(model, cache, 0, [x1], 64), st)[0, 0])
+            rows.append(reference_probs(prefill(model, cache, 0, [x1], 64)[0, 0], PARAMS))
     return p1[:, None] * torch.stack(rows)  # [vocab, vocab]
 
 
@@ -124,6 +128,17 @@ def recovered_from_p(mp: pytest.MonkeyPatch, llm: LLM) -> None:
     mp.setattr(specdecode.verify, "residual", lambda p, q: p)
 
 
+def top_k_off_by_one(mp: pytest.MonkeyPatch, llm: LLM | None = None) -> None:
+    """Fault: top-k keeps k + 1 tokens, for the target's p and the drafts' q alike (so speculation stays
+    consistent with it and only a reference written apart from the engine can see it)."""
+    real = specdecode.sampling._filter_top_k_top_p
+
+    def keeps_one_more(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        return real(logits, replace(st, top_k=torch.where(st.top_k > 0, st.top_k + 1, 0)))
+
+    mp.setattr(specdecode.sampling, "_filter_top_k_top_p", keeps_one_more)
+
+
 # path -> (method, prompt, the fault its negative control injects, requests). The race is shared by the chain
 # and every tree, so its fault runs once on a chain (ngram) and once on a tree (medusa, the cheapest tree
 # drafter here); EAGLE, several times slower per request, checks its own tree path on half the requests.
@@ -149,6 +164,65 @@ def test_first_two_tokens_follow_target(models, path, faulty, monkeypatch):
     counts, drafted = sampled_joint(llm, prompt, n)
     assert_follows(counts, exact_joint(llm, prompt), fault.__name__ if faulty else None)
     assert drafted >= n  # speculation really ran
+
+
+def test_control_top_k_off_by_one_is_caught(models, monkeypatch):
+    """Negative control of the reference itself: the engine's top-k off by one moves the joint off the spec's
+    (on the n-gram chain, whose first token's top-k cut binds). With process_logits as the reference, as the
+    test had it, the fault passed: chi-square 0.42 x critical."""
+    llm = make(models, "ngram")
+    top_k_off_by_one(monkeypatch)
+    counts, _ = sampled_joint(llm, REPEATING)
+    assert_follows(counts, exact_joint(llm, REPEATING), "top_k_off_by_one")
+
+
+# Temperatures, top-k and top-p (1e-300 rounds to 0 in fp32: the best token alone stays), over random rows and
+# rows with ties inside and across the cuts and -inf (a grammar's mask).
+UNIT_PARAMS = [
+    SamplingParams(temperature=t, top_k=k, top_p=p)
+    for t in (0.0, 0.5, 1.0, 3.0)
+    for k in (0, 1, 3, 6)
+    for p in (1.0, 0.9, 0.5, 1e-300)
+]
+INF = float("-inf")
+TIED_ROWS = [
+    [2.0, 2.0, 1.0, 1.0, 1.0, -1.0, INF, 0.0],
+    [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+    [INF, INF, 3.0, INF, 0.0, 0.0, INF, INF],
+    [INF, INF, INF, INF, INF, 1.0, INF, INF],
+]
+
+
+def _unit_rows() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(VOCAB, generator=gen) * 2 for _ in range(24)] + [torch.tensor(r) for r in TIED_ROWS]
+
+
+def _disagreements() -> list[str]:
+    """Cases where process_logits differs from the reference (by more than fp32 rounding); where ties make the
+    reference ambiguous (it raises), the sorted probabilities must still agree."""
+    bad = []
+    for i, row in enumerate(_unit_rows()):
+        for params in UNIT_PARAMS:
+            got = process_logits(row[None, None], SamplingTensors.from_params([params], "cpu"))[0, 0].double()
+            try:
+                want = reference_probs(row, params)
+            except ValueError:
+                got, want = got.sort().values, reference_probs(row, params, strict=False).sort().values
+            if not torch.allclose(got, want, atol=1e-6):
+                bad.append(f"row {i} {params}: {got.tolist()} != {want.tolist()}")
+    return bad
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_process_logits_follows_the_reference(fault, monkeypatch):
+    """The engine's processing equals the brute-force reference on every case; the negative control (top-k
+    off by one) is caught on many."""
+    if fault:
+        top_k_off_by_one(monkeypatch)
+        assert len(_disagreements()) >= 20
+    else:
+        assert _disagreements() == []
 
 
 def goodput_varying_k() -> GoodputController:

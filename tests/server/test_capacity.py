@@ -1,5 +1,6 @@
-"""Bounded capacity: a full queue answers 429 with Retry-After; a client that disconnects mid-stream frees its
-slot so a queued request starts. The server has one slot and one queue place."""
+"""Bounded capacity: a full queue answers 429 with Retry-After; a client that disconnects, mid-stream or before
+a whole response, has its request aborted, which frees its slot so a queued request starts. The server has one
+slot and one queue place. The abort is read from /metrics, never from how long anything took."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import threading
 import time
 
 import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import MODEL
 from tests.server.test_concurrency import scrape
@@ -25,13 +28,24 @@ def wait_for(cond, timeout_s: float) -> bool:
     return False
 
 
+def http_requests(url: str, status: str) -> float:
+    """specdecode_http_requests_total for /v1/completions answered with `status`."""
+    want = {"endpoint": "/v1/completions", "status": status}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in family.samples:
+            if s.name == "specdecode_http_requests_total" and s.labels == want:
+                return s.value
+    return 0.0
+
+
 def test_queue_full_then_disconnect_frees_the_slot(small_server):
     url = small_server.url
+    before = scrape(url)
     queued: dict[str, object] = {}
 
     def run_queued() -> None:
         r = httpx.post(url + "/v1/completions", json=SHORT, headers=AUTH, timeout=120)
-        queued["status"], queued["done_at"] = r.status_code, time.monotonic()
+        queued["status"], queued["usage"] = r.status_code, r.json().get("usage")
 
     with httpx.Client(timeout=120) as client:
         with client.stream("POST", url + "/v1/completions", json={**LONG, "stream": True}, headers=AUTH) as long:
@@ -48,10 +62,26 @@ def test_queue_full_then_disconnect_frees_the_slot(small_server):
             assert full.headers["retry-after"] == "1"
             assert full.json()["error"]["type"] == "rate_limit_error"
             assert "status" not in queued  # still waiting behind the long stream
-            closed_at = time.monotonic()
         # Leaving the block closes the connection mid-stream.
-    waiter.join(timeout=60)
+    waiter.join(timeout=120)
     assert queued.get("status") == 200
-    # 1500 tokens would take the long request most of a minute; the queued one ran as soon as it left.
-    assert queued["done_at"] - closed_at < 15
-    assert wait_for(lambda: scrape(url)["specdecode_num_requests_running"] == 0, 10)
+    assert wait_for(lambda: scrape(url)["specdecode_num_requests_running"] == 0, 30)
+    # The long request was aborted, not run out: only the queued one finished (prompt tokens count finished
+    # requests), and far fewer than its 1500 tokens were generated in all.
+    after = scrape(url)
+    short_prompt = queued["usage"]["prompt_tokens"]
+    assert after["specdecode_prompt_tokens_total"] - before["specdecode_prompt_tokens_total"] == short_prompt
+    assert after["specdecode_generation_tokens_total"] - before["specdecode_generation_tokens_total"] < 1000
+
+
+def test_a_client_gone_before_its_response_is_aborted(small_server):
+    """A non-streamed request whose client leaves: the server aborts it (the 499 it counts is recorded only
+    after the abort) and the slot is free for the next request."""
+    url = small_server.url
+    gone = http_requests(url, "499")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(url + "/v1/completions", json=LONG, headers=AUTH, timeout=httpx.Timeout(30, read=2))
+    assert wait_for(lambda: http_requests(url, "499") == gone + 1, 60)
+    assert wait_for(lambda: scrape(url)["specdecode_num_requests_running"] == 0, 30)
+    r = httpx.post(url + "/v1/completions", json=SHORT, headers=AUTH, timeout=120)
+    assert r.status_code == 200
