@@ -332,11 +332,19 @@ class Server:
                 self.engine.abort(stream.request_id)
                 raise OpenAIError(504, f"request timed out after {self.config.request_timeout_s:g} s", "timeout_error")
             try:
-                return await asyncio.wait_for(stream.queue.get(), timeout=min(left, 1.0))
+                out = await asyncio.wait_for(stream.queue.get(), timeout=min(left, 1.0))
             except TimeoutError:
+                out = None
+            # Once a second, whether or not tokens are flowing: a non-streamed request whose client left while
+            # it decoded was otherwise run to its end (the check ran only when no output came for a second).
+            now = time.monotonic()
+            if out is None or now - stream.checked_at >= 1.0:
+                stream.checked_at = now
                 if await request.is_disconnected():
                     self.engine.abort(stream.request_id)
                     raise ClientGone() from None
+            if out is not None:
+                return out
 
     async def sse(
         self,

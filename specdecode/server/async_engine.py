@@ -58,6 +58,7 @@ class RequestStream:
         self.request_id = request_id
         self.loop = loop
         self.queue: asyncio.Queue[Output] = asyncio.Queue()
+        self.checked_at = 0.0  # when the HTTP side last asked whether the client is still there (monotonic)
 
     def put(self, out: Output) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
@@ -197,7 +198,8 @@ class AsyncEngine:
                 self._add(*cmd[1:])
             else:
                 self.engine.abort(cmd[1])
-                self._seqs.pop(cmd[1], None)
+                if self._seqs.pop(cmd[1], None) is not None:  # it was still queued or running: now released
+                    self.metrics.aborts.inc()
                 self._unfinished.pop(cmd[1], None)
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:

@@ -58,6 +58,9 @@ class ServerMetrics:
         self.request_failures = Counter(
             "specdecode_request_failures", "Requests that failed alone; the others of their step went on", registry=r
         )
+        self.aborts = Counter(
+            "specdecode_request_aborts", "Requests aborted before they finished (client gone, timeout)", registry=r
+        )
         self.step_failures = Counter(
             "specdecode_step_failures", "Engine steps that failed as a whole (every request of the batch)", registry=r
         )

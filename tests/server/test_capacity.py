@@ -69,6 +69,7 @@ def test_queue_full_then_disconnect_frees_the_slot(small_server):
     # The long request was aborted, not run out: only the queued one finished (prompt tokens count finished
     # requests), and far fewer than its 1500 tokens were generated in all.
     after = scrape(url)
+    assert after["specdecode_request_aborts_total"] - before["specdecode_request_aborts_total"] == 1
     short_prompt = queued["usage"]["prompt_tokens"]
     assert after["specdecode_prompt_tokens_total"] - before["specdecode_prompt_tokens_total"] == short_prompt
     assert after["specdecode_generation_tokens_total"] - before["specdecode_generation_tokens_total"] < 1000
@@ -78,10 +79,11 @@ def test_a_client_gone_before_its_response_is_aborted(small_server):
     """A non-streamed request whose client leaves: the server aborts it (the 499 it counts is recorded only
     after the abort) and the slot is free for the next request."""
     url = small_server.url
-    gone = http_requests(url, "499")
+    gone, aborts = http_requests(url, "499"), scrape(url)["specdecode_request_aborts_total"]
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
         httpx.post(url + "/v1/completions", json=LONG, headers=AUTH, timeout=httpx.Timeout(30, read=2))
     assert wait_for(lambda: http_requests(url, "499") == gone + 1, 60)
+    assert wait_for(lambda: scrape(url)["specdecode_request_aborts_total"] == aborts + 1, 30)
     assert wait_for(lambda: scrape(url)["specdecode_num_requests_running"] == 0, 30)
     r = httpx.post(url + "/v1/completions", json=SHORT, headers=AUTH, timeout=120)
     assert r.status_code == 200
