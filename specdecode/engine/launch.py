@@ -150,6 +150,12 @@ def _await_workers(store: dist.Store, processes: list) -> None:
 def _how_it_ended(p) -> str:
     """How a worker process ended, for an error message: its exit code, or the signal that killed it."""
     code = p.exitcode
+    deadline = time.monotonic() + 2.0
+    while code is None and time.monotonic() < deadline:
+        # Another thread's poll of the same process can reap it first; the code is on the shared handle a moment
+        # later (an exit code of None here once turned "killed by SIGKILL" into "exited with code None").
+        time.sleep(0.01)
+        code = p.exitcode
     if code is not None and code < 0:
         name = signal.Signals(-code).name
         oom = " (as the kernel's out-of-memory killer does)" if -code == signal.SIGKILL else ""
