@@ -40,7 +40,7 @@ serve = pytest.importorskip("ray.serve")
 
 from ray.serve.config import AutoscalingConfig  # noqa: E402 - after the guard: these import ray
 
-from specdecode.server.ingress import Job, ModelCard, merge_expositions  # noqa: E402
+from specdecode.server.ingress import PROBE_TTL_S, Job, ModelCard, merge_expositions  # noqa: E402
 from specdecode.server.ray_app import APP_NAME, ScaleConfig, build_application, connect, deploy  # noqa: E402
 
 MODEL = "tiny"
@@ -429,6 +429,7 @@ def test_killed_replica_fails_only_its_requests_then_is_replaced(cluster):
         started = [asyncio.Event() for _ in range(n)]
         tasks = [asyncio.create_task(one(c, PROMPTS[i], started[i])) for i in range(n)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), TIMEOUT_S)
+        await asyncio.sleep(PROBE_TTL_S)  # probes within PROBE_TTL_S share an answer: this one is asked anew
         replicas = (await asyncio.to_thread(health, url))["replicas"]
         victim.update(max(replicas, key=lambda r: r["running"]))  # every stream has started: all are running
         ray.kill(ray.get_actor(victim["actor"], namespace="serve"), no_restart=True)

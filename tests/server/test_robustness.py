@@ -20,21 +20,23 @@ def llm(tiny_full_vocab) -> LLM:
 
 
 def test_failing_step_gives_500_and_the_server_keeps_serving(llm, monkeypatch):
+    """A failure of the shared forward (not attributable to one request) fails its batch, once."""
     asgi, _ = build_app(llm, ServerConfig("tiny"))
-    propose = llm.engine.drafter.propose
+    forward = llm.target.forward
     calls = {"n": 0}
 
-    def propose_failing_once(*args, **kwargs):
+    def forward_failing_once(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 1:
-            raise RuntimeError("drafter exploded")
-        return propose(*args, **kwargs)
+            raise RuntimeError("target exploded")
+        return forward(*args, **kwargs)
 
-    monkeypatch.setattr(llm.engine.drafter, "propose", propose_failing_once)
+    monkeypatch.setattr(llm.target, "forward", forward_failing_once)
     with TestClient(asgi) as client:
         r = client.post("/v1/completions", json=BODY)
         assert r.status_code == 500
-        assert "drafter exploded" in r.json()["error"]["message"]
+        assert "target exploded" in r.json()["error"]["message"]
+        assert client.get("/health").json()["last_step_failure"] == "RuntimeError: target exploded"
         ok = client.post("/v1/completions", json=BODY)
         assert ok.status_code == 200
         assert ok.json()["usage"]["completion_tokens"] == 6
