@@ -30,7 +30,7 @@ from specdecode.server.protocol import OpenAIError
 from specdecode.server.router import request_work
 
 INGRESS_FAMILIES = ("specdecode_http_requests",)  # the ingress counts HTTP; everything else happens in replicas
-# /health and /metrics ask every replica. Unauthenticated probes may come at any rate: all the probes of one
+# /health asks every replica. Unauthenticated probes may come at any rate: all the probes of one
 # second share one fan-out (later ones get its answer), and a replica that has not answered in PROBE_TIMEOUT_S is
 # reported unavailable, so a probe holds an ingress slot for at most that long and the replicas see at most one
 # probe per PROBE_TTL_S, whatever the rate outside.
@@ -176,7 +176,7 @@ class ReplicatedServer(Server):
     async def prometheus(self) -> bytes:
         own = self.metrics.render().decode()
         parts = [({}, own, INGRESS_FAMILIES)]
-        for r in await self.engine.ask_all("metrics_text"):
+        for r in await self.engine._broadcast("metrics_text"):  # counters are read fresh: scrapes are rare
             if isinstance(r, tuple):  # a replica that did not answer is left out, and /health says so
                 parts.append(({"replica": r[0]}, r[1].decode(), None))
         return merge_expositions(parts)
