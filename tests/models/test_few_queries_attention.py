@@ -148,6 +148,29 @@ def test_an_unsupported_head_size_is_refused():
 
 
 @needs_kernel
+@pytest.mark.parametrize("bad", ["slot", "layer", "write_pos"])
+def test_an_index_outside_the_cache_is_refused_before_anything_is_written(bad):
+    """A slot, layer or write position outside the cache raises, and the cache is untouched (a bad slot used to be
+    checked only after the new K/V were written through it, out of bounds)."""
+    q, kv = torch.randn(2, 1, 2, 64), torch.randn(2, 1, 2, 64)
+    whole_k, whole_v = torch.zeros(2, 3, 2, 11, 64), torch.zeros(2, 3, 2, 11, 64)  # a write past the views lands here
+    cache_k, cache_v = whole_k[:1, :2], whole_v[:1, :2]  # [1 layer, 2 slots, 2, 11, 64]
+    slots, layer, write_pos = torch.tensor([0, 1]), 0, torch.tensor([[3], [4]])
+    if bad == "slot":
+        slots = torch.tensor([0, 2])
+    elif bad == "layer":
+        layer = 1
+    else:
+        write_pos = torch.tensor([[3], [11]])
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        torch.ops.specdecode.few_queries_attend.default(
+            q, kv, kv, cache_k, cache_v, layer, slots, write_pos, torch.zeros(2, 1, 1, 11)
+        )
+    if bad != "write_pos":  # a bad write position is caught as it is met: earlier rows' writes stand
+        assert not whole_k.any() and not whole_v.any()
+
+
+@needs_kernel
 def test_the_op_sends_the_kernel_decode_and_verify_steps_only():
     cache, mask = torch.zeros(1, 1, 3, 301, 64), torch.zeros(1, 1, 9, 300)
     q, kv = torch.randn(1, 9, 9, 64), torch.randn(1, 9, 3, 64)

@@ -63,11 +63,14 @@ at::Tensor few_queries_attend(const at::Tensor& q, const at::Tensor& k, const at
     TORCH_CHECK(slot.numel() == n && pos.numel() == n * T, "slots must be [n] and write_pos [n, T]");
     const int64_t* slot_of = slot.data_ptr<int64_t>();
     const int64_t* pos_of = pos.data_ptr<int64_t>();
+    // Every index is checked before anything is written: a bad slot or layer must not write outside the cache.
+    TORCH_CHECK(layer >= 0 && layer < cache_k.size(0), "layer ", layer, " is outside the cache");
+    for (int64_t b = 0; b < n; ++b)
+        TORCH_CHECK(slot_of[b] >= 0 && slot_of[b] < cache_k.size(1), "slot ", slot_of[b], " is outside the cache");
     write_new(k, cache_k, layer, slot_of, pos_of);
     write_new(v, cache_v, layer, slot_of, pos_of);
     std::vector<int64_t> start(n), len(n);  // each row's slot, and its attended length: its last real write + 1
     for (int64_t b = 0; b < n; ++b) {
-        TORCH_CHECK(slot_of[b] >= 0 && slot_of[b] < cache_k.size(1), "slot ", slot_of[b], " is outside the cache");
         start[b] = layer * cache_k.stride(0) + slot_of[b] * cache_k.stride(1);
         len[b] = *std::max_element(pos_of + b * T, pos_of + (b + 1) * T) + 1;
         TORCH_CHECK(len[b] <= mask.size(3), "row ", b, " attends ", len[b], " keys, its mask covers ", mask.size(3));
