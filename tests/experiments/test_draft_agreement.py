@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specdecode.bench.draft_agreement import main
+from experiments.draft_agreement import main
 from specdecode.train.distill import DistillConfig, distill
 from specdecode.train.draft_config import DraftOptions
 from tests.train.conftest import write_npz

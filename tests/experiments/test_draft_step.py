@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import torch
 
-from specdecode.bench import draft_step
+from experiments import draft_step
 from specdecode.drafters.subset_head import DRAFTING_DTYPE_ENV, VOCAB_FILE
 
 

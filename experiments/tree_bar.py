@@ -1,7 +1,7 @@
 """What the tree search's bar saves: a head drafter with and without it, same prompts, arms in turn.
 
 Usage:
-    python -m specdecode.bench.tree_bar --prompts ../shared/data/specbench_question.jsonl \
+    python -m experiments.tree_bar --prompts ../shared/data/specbench_question.jsonl \
         [--method eagle] [--draft HEAD_DIR] [--k 8] [--output results/tree_bar.json]
 
 The bar (drafters/tree_search.py) stops expanding nodes that score below the budget-th best node found so far:
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from specdecode import LLM, SamplingParams
-from specdecode.bench.specbench import provenance
+from specdecode.bench.lib import provenance, write_result
 from specdecode.drafters.tree_search import RowTree
 
 
@@ -85,9 +85,7 @@ def main() -> None:
     p.add_argument("--output", default="results/tree_bar.json")
     a = p.parse_args()
     result = run(a)
-    out = Path(a.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result(a.output, result)
     m = result["median_tokens_per_s"]
     print(
         f"{a.method} K={a.k}: {m['cut']:.1f} tok/s with the bar, {m['uncut']:.1f} without "

@@ -1,7 +1,7 @@
 """What a draft model's one-token step costs as the engine loads it, and as it was loaded before.
 
 Usage:
-    python -m specdecode.bench.draft_step --drafts smollm2-135m-instruct-draft [--rounds 5] \
+    python -m experiments.draft_step --drafts smollm2-135m-instruct-draft [--rounds 5] \
         [--output results/draft_step.json]
 
 Per draft, three ways, the arms interleaved round by round (each round times every arm once; the median over
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from specdecode.bench.draft_agreement import drafts_parser, run_and_write
+from experiments.draft_agreement import drafts_parser, run_and_write
 from specdecode.bench.draft_tradeoff import decode_step_ms
-from specdecode.bench.specbench import provenance
+from specdecode.bench.lib import provenance
 from specdecode.drafters.draft_model import load_draft
 from specdecode.drafters.subset_head import DRAFTING_DTYPE_ENV
 from specdecode.models.compiled import load_target

@@ -2,7 +2,7 @@
 (whose own manifests scored them on different held-out sets) compared on one.
 
 Usage:
-    python -m specdecode.bench.draft_agreement --drafts smollm2-135m-instruct-draft /work/train_runs/draft-p2 \
+    python -m experiments.draft_agreement --drafts smollm2-135m-instruct-draft /work/train_runs/draft-p2 \
         --data data/dev_chat_responses.npz --output results/draft_agreement.json
 
 Per draft: the share of response positions where its argmax over its drafting vocabulary is the target's argmax
@@ -12,14 +12,12 @@ Per draft: the share of response positions where its argmax over its drafting vo
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
 import torch
 import transformers
 
-from specdecode.bench.specbench import provenance
+from specdecode.bench.lib import provenance, write_result
 from specdecode.drafters.subset_head import VOCAB_FILE, load_subset
 from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
@@ -65,7 +63,7 @@ def run_and_write(p: argparse.ArgumentParser, run, argv: list[str] | None) -> No
     a = p.parse_args(argv)
     result = run(a)
     if a.output:
-        Path(a.output).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(a.output, result)
 
 
 def main(argv: list[str] | None = None) -> None:

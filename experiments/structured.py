@@ -2,7 +2,7 @@
 against the same requests without a grammar.
 
 Usage:
-    python -m specdecode.bench.structured [--target smollm2-135m-instruct] [--subjects 50] [--max-tokens 200]
+    python -m experiments.structured [--target smollm2-135m-instruct] [--subjects 50] [--max-tokens 200]
         [--method ngram_tree] [--k 8] [--batch 8] [--enforce-eager] [--output results/structured.json]
 
 50 subjects x 3 schemas (bounded strings and arrays, so a document always ends within max_tokens), greedy chat
@@ -21,13 +21,13 @@ import sys
 import time
 from contextlib import contextmanager
 from datetime import date
-from pathlib import Path
 
 import jsonschema
 from rich.console import Console
 from rich.table import Table
 
 from specdecode import LLM, SamplingParams
+from specdecode.bench.lib import write_result
 from specdecode.config import StructuredOutputs
 from specdecode.grammar import GrammarMatcher
 from specdecode.hardware import cpu_model
@@ -255,15 +255,14 @@ def report(totals: dict[str, dict], a: argparse.Namespace) -> None:
         )
     Console().print(table)
     out = {
-        "command": "python -m specdecode.bench.structured " + " ".join(sys.argv[1:]),
+        "command": "python -m experiments.structured " + " ".join(sys.argv[1:]),
         "machine": f"{cpu_model()} ({os.cpu_count()} cores)",
         "date": date.today().isoformat(),
         "method": a.method,
         "k": a.k,
         "arms": rows,
     }
-    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(a.output, out)
 
 
 if __name__ == "__main__":

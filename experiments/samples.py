@@ -1,7 +1,7 @@
 """n samples of one prompt: the prefill is paid once. Counts the prompt tokens the target ran and times both ways.
 
 Usage:
-    python -m specdecode.bench.samples [--target smollm2-135m-instruct] [--n 4] [--prompts 8] [--max-tokens 32]
+    python -m experiments.samples [--target smollm2-135m-instruct] [--n 4] [--prompts 8] [--max-tokens 32]
         [--output results/samples.json]
 
 Each prompt is asked once with n = N and once as N separate requests (seeds s .. s + N - 1, which give the same
@@ -12,18 +12,17 @@ tokens) so that the prefill is a visible share of the work. Prints a table, writ
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from dataclasses import replace
 from datetime import date
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from specdecode import LLM, SamplingParams
+from specdecode.bench.lib import write_result
 from specdecode.hardware import cpu_model
 
 PASSAGE = (
@@ -87,15 +86,14 @@ def main(argv: list[str] | None = None) -> None:
     Console().print(table)
     print(f"samples identical both ways: {same}/{a.prompts} prompts")
     out = {
-        "command": "python -m specdecode.bench.samples " + " ".join(sys.argv[1:]),
+        "command": "python -m experiments.samples " + " ".join(sys.argv[1:]),
         "machine": f"{cpu_model()} ({os.cpu_count()} cores)",
         "date": date.today().isoformat(),
         "arms": rows,
         "identical_samples": f"{same}/{a.prompts}",
         "prefill_ratio": rows["N requests"]["prefill_tokens"] / max(rows["n = N"]["prefill_tokens"], 1),
     }
-    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(a.output, out)
 
 
 if __name__ == "__main__":

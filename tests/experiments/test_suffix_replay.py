@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdecode.bench import suffix_replay
-from specdecode.bench.suffix_replay import Request, load_requests, replay
+from experiments import suffix_replay
+from experiments.suffix_replay import Request, load_requests, replay
 from tests.drafters.test_suffix_index import write_corpus
 from tests.engine.test_suffix import GREEDY, PROMPTS, suffix_llm
 

@@ -1,7 +1,7 @@
 """Replay the suffix drafter over the target's greedy responses to held-out prompts: τ without running the target.
 
 Usage:
-    python -m specdecode.bench.suffix_replay --eval data/dev_chat_responses.npz --prompts data/dev_chat_prompts.jsonl \\
+    python -m experiments.suffix_replay --eval data/dev_chat_responses.npz --prompts data/dev_chat_prompts.jsonl \\
         --corpus ../shared/data/distill/*.npz --grid spec_factor=1,2 min_prob=0.05,0.1 --output results/x.json
 
 Greedy verification accepts a drafted path exactly when it spells what the target said next. So walking a greedy
@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from specdecode.bench.specbench import provenance
-from specdecode.bench.suffix_index import VOCAB, accepted
+from experiments.suffix_index import VOCAB, accepted
+from specdecode.bench.lib import provenance, write_result
 from specdecode.config import MAX_SPECULATIVE_TOKENS, SamplingParams, SpeculativeConfig
 from specdecode.drafters.suffix import OutputCache, SuffixDrafter, corpus_index
 from specdecode.engine.sequence import Sequence
@@ -159,14 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     payload = {
         **provenance(),
-        "command": "python -m specdecode.bench.suffix_replay " + argv_text,
+        "command": "python -m experiments.suffix_replay " + argv_text,
         "requests": len(requests),
         "k": a.k,
         "tree": a.tree,
         "rows": rows,
     }
-    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps(payload, indent=1) + "\n")
+    write_result(a.output, payload, indent=1)
     return 0
 
 

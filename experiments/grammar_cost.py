@@ -1,7 +1,7 @@
 """Cost of JSON grammar masks per generated token: xgrammar (specdecode.grammar) against outlines-core.
 
 Usage:
-    python -m specdecode.bench.grammar_cost [--tokenizer DIR] [--repeats 5] [--output results/grammar_cost.json]
+    python -m experiments.grammar_cost [--tokenizer DIR] [--repeats 5] [--output results/grammar_cost.json]
 
 For each schema a valid document is tokenized (plus the stop token) and walked token by token. At each position
 it times the three calls the engine makes: `allowed([[]])` (the next token's mask), `allowed` over the 9 chained
@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoTokenizer
 
+from specdecode.bench.lib import write_result
 from specdecode.grammar import MAX_WHITESPACE, GrammarCompiler
 from specdecode.hardware import cpu_model
 
@@ -301,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += measure(name, cls, tokenizer, len(tokenizer), stop, a.repeats)
     render(rows)
     result = {
-        "command": " ".join(["python -m specdecode.bench.grammar_cost", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m experiments.grammar_cost", *(sys.argv[1:] if argv is None else argv)]),
         "machine": f"{cpu_model()} ({os.cpu_count()} cores, shared with other jobs)",
         "date": date.today().isoformat(),
         "tokenizer": Path(a.tokenizer).name,
@@ -310,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"xgrammar": f"strict mode, max_whitespace {MAX_WHITESPACE}", "outlines-core": "default regex"},
         "rows": rows,
     }
-    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(a.output, result)
     return 0
 
 

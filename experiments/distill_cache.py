@@ -1,12 +1,12 @@
 """Distillation throughput from a teacher cache against the target on the fly, and the cache's one-off cost.
 
 Usage:
-    python -m specdecode.bench.distill_cache --target smollm2-135m-instruct \
+    python -m experiments.distill_cache --target smollm2-135m-instruct \
         --data ../shared/data/distill/smollm2_135m_instruct_responses_part2.npz --samples 200 \
         --steps 20 --batch-size 4 --seq-len 256 --layers 2 [--head eagle] --output results/distill_cache.json
 
     # the shipped draft's configuration (assets/drafts/smollm2-135m-instruct-draft): a draft-vocabulary cache
-    python -m specdecode.bench.distill_cache ... --layers 2 --init-from-target --freeze-embeddings \
+    python -m experiments.distill_cache ... --layers 2 --init-from-target --freeze-embeddings \
         --draft-vocab 16384 --output results/distill_cache_draft_vocab.json
 
 The first --samples samples of --data are cached (`distill cache`, timed over the pass alone), then the same
@@ -24,7 +24,6 @@ cached run is repeated under bf16 autocast (`distill --bf16`): mixed precision's
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from specdecode.bench.lib import write_result
 from specdecode.hardware import cpu_model
 from specdecode.train.build_cache import CacheConfig, build_cache
 from specdecode.train.distill import DistillConfig, distill
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             for key, (cache, bf16, pack) in arms.items():  # the arms in turn, so a slow spell hits them all
                 runs[key].append(train_rate(a, data, cache, work, bf16=bf16, pack=pack))
     result = {
-        "command": "python -m specdecode.bench.distill_cache " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m experiments.distill_cache " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": machine(),
         "date": date.today().isoformat(),
         "settings": {k: v for k, v in vars(a).items() if k != "output"},
@@ -211,8 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         **{key: median_run(r) for key, r in runs.items()},
     }
     print_table(result)
-    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(a.output, result)
     print(f"written to {a.output}")
     return 0
 

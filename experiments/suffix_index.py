@@ -1,7 +1,7 @@
 """Cost of the suffix drafter's corpus index: build time and memory, lookup latency, and what it would accept.
 
 Usage:
-    python -m specdecode.bench.suffix_index ../shared/data/distill/*.npz --output results/suffix_index.json
+    python -m experiments.suffix_index ../shared/data/distill/*.npz --output results/suffix_index.json
 
 The full index is built and timed once. Lookups are then timed on an index built without `--held-out`
 responses, querying at random points of those held-out responses (a query that finds its own response would
@@ -19,10 +19,10 @@ import resource
 import sys
 import time
 from datetime import date
-from pathlib import Path
 
 import numpy as np
 
+from specdecode.bench.lib import write_result
 from specdecode.config import MAX_SPECULATIVE_TOKENS, SamplingParams, SpeculativeConfig
 from specdecode.drafters.suffix import Draft, OutputCache, SuffixDrafter
 from specdecode.drafters.suffix_index import SuffixArray, join_documents, load_corpus
@@ -138,14 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     rest, held = split_held_out(a.corpus, a.held_out, a.seed)
     index = SuffixArray(join_documents(rest), depth)
     result = {
-        "command": "python -m specdecode.bench.suffix_index " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m experiments.suffix_index " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": f"{cpu_model()} ({os.cpu_count()} cores, shared), one Python thread",
         "date": date.today().isoformat(),
         "build": build,
         "lookup": measure_lookups(index, held, a.k, a.seed) | {"held_out_responses": len(held), "k": a.k},
     }
-    Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(a.output, result)
     print(json.dumps(result, indent=2))
     return 0
 
