@@ -8,6 +8,7 @@ from typing import Protocol
 import torch
 
 from specdecode.engine.sequence import Sequence
+from specdecode.kv import KVCache
 from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
 from specdecode.tree import check_parents
 
@@ -85,6 +86,10 @@ class Drafter(Protocol):
     """
 
     retryable_propose: bool = False
+    needs_features: bool = False  # reads the target's hidden states through observe_features() (EAGLE, heads)
+
+    def bind_target_cache(self, cache: KVCache) -> None:
+        """The engine hands over the target's KV cache (drafters that read the target's own K/V: layer_skip)."""
 
     def add_sequence(self, seq: Sequence) -> None:
         """A sequence joined (its prompt is known); build any per-sequence state."""
@@ -100,3 +105,29 @@ class Drafter(Protocol):
 
     def live_request_ids(self) -> set[str]:
         """Request ids this drafter holds state for (tests check that only live requests are here)."""
+
+
+class DrafterBase:
+    """The Protocol's optional hooks, each doing nothing: a drafter inherits this and writes only `propose` and
+    the hooks it needs, and the engine calls every hook without asking whether it exists."""
+
+    retryable_propose: bool = False
+    needs_features: bool = False
+
+    def bind_target_cache(self, cache: KVCache) -> None:
+        pass
+
+    def add_sequence(self, seq: Sequence) -> None:
+        pass
+
+    def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
+        raise NotImplementedError
+
+    def commit(self, seqs: list[Sequence]) -> None:
+        pass
+
+    def remove_sequence(self, seq: Sequence) -> None:
+        pass
+
+    def live_request_ids(self) -> set[str]:
+        return set()

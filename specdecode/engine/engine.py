@@ -116,10 +116,8 @@ class Engine:
         self.device = target.embed.weight.device
         self.cache = target.new_cache(config.max_num_seqs, max_model_len)
         # Feature drafters (eagle, medusa, mtp) read the target's hidden states through observe_features().
-        self._needs_features = bool(getattr(drafter, "needs_features", False))
-        bind = getattr(drafter, "bind_target_cache", None)  # drafters that read the target's own K/V (layer_skip)
-        if bind is not None:
-            bind(self.cache)
+        self._needs_features = drafter.needs_features
+        drafter.bind_target_cache(self.cache)  # drafters that read the target's own K/V (layer_skip)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -300,7 +298,7 @@ class Engine:
             rows_st = st if rows is batch else sampling_tensors(rows, self.device, vocab)  # seeded rows draw alike
             return self.drafter.propose(rows, [ks[id(s)] for s in rows], rows_st)
 
-        if getattr(self.drafter, "retryable_propose", False):  # propose
+        if self.drafter.retryable_propose:  # propose
             seqs, proposal = self._isolated(seqs, propose)
         else:
             proposal = propose(seqs)
