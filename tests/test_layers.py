@@ -19,10 +19,7 @@ PACKAGE = Path(specdecode.__file__).resolve().parent
 
 # Lowest first. A module's layer is its first dotted component under specdecode (a package or a top module).
 LAYERS: list[set[str]] = [
-    {
-        "config", "atomic_dir", "hardware", "prompts", "detokenize", "kv", "tree", "streams", "sampling",
-        "logits_adjust", "grammar", "verify", "verify_tree", "models", "assets",
-    },
+    {"config", "atomic_dir", "hardware", "prompts", "detokenize", "kv", "grammar", "verify", "models", "assets"},
     {"heads"},
     {"engine"},
     {"drafters", "control"},

@@ -24,7 +24,7 @@ from specdecode.control.cost import CostModel, default_cost_model
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
 from specdecode.engine.sequence import Sequence
-from specdecode.tree import tree_layout
+from specdecode.verify.tree_layout import tree_layout
 
 
 def row_cap(seq: Sequence, k_max: int) -> int:

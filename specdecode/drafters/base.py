@@ -9,8 +9,8 @@ import torch
 
 from specdecode.engine.sequence import Sequence
 from specdecode.kv import KVCache
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
-from specdecode.tree import check_parents
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
+from specdecode.verify.tree_layout import check_parents
 
 
 @dataclass
@@ -22,7 +22,7 @@ class Proposal:
     # may depend on the drafts before j but, for sampled drafts, not on draft j itself (see truncated()).
     # None = the drafter has no such notion.
     confidence: torch.Tensor | None = None
-    # [num_seqs, k] int64 tree position of each draft's parent (0 = the pending token; see specdecode/tree.py).
+    # [num_seqs, k] int64 tree position of each draft's parent (0 = the pending token; see verify/tree_layout.py).
     # None = a chain. Tree drafts may share a depth; truncated() keeps a topological prefix, still a tree.
     parents: torch.Tensor | None = None
     # A chain's confidences are frequencies over enough evidence to set its verify width (suffix: continuation

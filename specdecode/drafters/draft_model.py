@@ -14,8 +14,8 @@ from specdecode.engine.runner import forward_ragged
 from specdecode.engine.sequence import Sequence
 from specdecode.models.compiled import load_target
 from specdecode.models.llama import LlamaModel, StepFunctions
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
-from specdecode.streams import Purpose, sample
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
+from specdecode.verify.streams import Purpose, sample
 
 
 def draft_confidence(logits: torch.Tensor, q: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

@@ -19,7 +19,7 @@ from specdecode.drafters.subset_head import SubsetHead
 from specdecode.drafters.tree_search import RowTree, TreeShape, grow_trees, to_proposal
 from specdecode.engine.sequence import Sequence
 from specdecode.models.llama import AttentionMetadata, LlamaModel
-from specdecode.sampling import SamplingTensors
+from specdecode.verify.sampling import SamplingTensors
 
 
 class EagleDrafter(DrafterBase):

@@ -17,8 +17,8 @@ from specdecode.drafters.subset_head import SubsetHead
 from specdecode.engine.sequence import Sequence
 from specdecode.kv import KVCache
 from specdecode.models.llama import AttentionMetadata, LlamaModel
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
-from specdecode.streams import Purpose, sample
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
+from specdecode.verify.streams import Purpose, sample
 
 
 class LayerSkipDrafter(DrafterBase):

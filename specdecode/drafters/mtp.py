@@ -14,7 +14,7 @@ from specdecode.drafters.base import Proposal
 from specdecode.drafters.last_feature import LastFeatureDrafter
 from specdecode.drafters.tree_search import RowTree, grow_trees, to_proposal
 from specdecode.engine.sequence import Sequence
-from specdecode.sampling import SamplingTensors
+from specdecode.verify.sampling import SamplingTensors
 
 
 class MtpDrafter(LastFeatureDrafter):

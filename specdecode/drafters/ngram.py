@@ -11,7 +11,7 @@ import numpy as np
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.history import RequestHistory
 from specdecode.engine.sequence import Sequence
-from specdecode.sampling import SamplingTensors
+from specdecode.verify.sampling import SamplingTensors
 
 
 def suffix_occurrences(tokens: np.ndarray, n_min: int, n_max: int) -> tuple[np.ndarray, int]:

@@ -14,7 +14,7 @@ import torch
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.ngram import suffix_occurrences
 from specdecode.engine.sequence import Sequence
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 
 
 def suffix_hits(tokens: np.ndarray, n_min: int, n_max: int, max_hits: int) -> tuple[np.ndarray, int]:

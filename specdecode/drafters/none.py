@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.engine.sequence import Sequence
-from specdecode.sampling import SamplingTensors
+from specdecode.verify.sampling import SamplingTensors
 
 
 class NoDrafter(DrafterBase):

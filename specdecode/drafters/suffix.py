@@ -36,7 +36,7 @@ from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.history import RequestHistory
 from specdecode.drafters.suffix_index import SuffixArray, TokenScan, join_documents, load_corpus, min_count
 from specdecode.engine.sequence import Sequence
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 
 Index = SuffixArray | TokenScan
 

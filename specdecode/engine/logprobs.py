@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from specdecode.engine.sequence import TokenLogprob
-from specdecode.verify import VerifyResult
+from specdecode.verify.chain import VerifyResult
 
 
 def emitted_positions(result: VerifyResult) -> torch.Tensor:

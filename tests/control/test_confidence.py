@@ -13,7 +13,7 @@ from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_model import draft_confidence
 from specdecode.drafters.ngram import lookup
 from specdecode.engine.sequence import Sequence
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 
 K = 6
 

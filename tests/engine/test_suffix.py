@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdecode import LLM, SamplingParams, streams, verify_tree
+from specdecode import LLM, SamplingParams
 from specdecode.config import ConfigError
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.suffix import OutputCache, SuffixDrafter
+from specdecode.verify import streams
+from specdecode.verify import tree as verify_tree
 from tests.drafters.test_suffix_index import write_corpus
 from tests.engine.test_distribution import SHORT as PROMPT
 from tests.engine.test_distribution import VOCAB, exact_joint, sampled_joint

@@ -16,7 +16,7 @@ from specdecode import LLM, SamplingParams
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.engine.sequence import Sequence
 from specdecode.kv import KVCache
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 from tests.engine.test_cache import cache_matches_fresh_prefill
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)

@@ -20,7 +20,7 @@ from enum import IntEnum
 
 import torch
 
-from specdecode.sampling import SamplingTensors
+from specdecode.verify.sampling import SamplingTensors
 
 _MASK = (1 << 64) - 1
 _TINY = torch.finfo(torch.float32).tiny  # uniforms are clamped here so Exp(1) noise stays finite (<= 87.3)

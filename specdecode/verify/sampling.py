@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.logits_adjust import LogitAdjuster
+from specdecode.verify.logits_adjust import LogitAdjuster
 
 PAD_TOKEN_ID = -1  # the one padding sentinel in token tensors (int64 everywhere)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, check_finite, process_logits
-from specdecode.streams import Purpose, exponentials, race, sample, uniforms
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, check_finite, process_logits
+from specdecode.verify.streams import Purpose, exponentials, race, sample, uniforms
 
 
 @dataclass

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, check_finite, process_logits
-from specdecode.streams import Purpose, exponentials, race, sample, uniforms
-from specdecode.tree import node_depths
-from specdecode.verify import VerifyResult, residual
+from specdecode.verify.chain import VerifyResult, residual
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, check_finite, process_logits
+from specdecode.verify.streams import Purpose, exponentials, race, sample, uniforms
+from specdecode.verify.tree_layout import node_depths
 
 
 class _Race:
