@@ -26,8 +26,8 @@ from specdecode.bench.lib import write_result
 from specdecode.config import MAX_SPECULATIVE_TOKENS, SamplingParams, SpeculativeConfig
 from specdecode.drafters.suffix import Draft, OutputCache, SuffixDrafter
 from specdecode.drafters.suffix_index import SuffixArray, join_documents, load_corpus
-from specdecode.engine.sequence import Sequence
 from specdecode.hardware import cpu_model
+from specdecode.step.sequence import Sequence
 
 VOCAB = 49_152  # SmolLM2's; the corpus files are its responses
 WARMUP = 16  # first queries left out of the latencies (first-call costs in numpy and the caches)

@@ -26,8 +26,8 @@ from experiments.suffix_index import VOCAB, accepted
 from specdecode.bench.lib import provenance, write_result
 from specdecode.config import MAX_SPECULATIVE_TOKENS, SamplingParams, SpeculativeConfig
 from specdecode.drafters.suffix import OutputCache, SuffixDrafter, corpus_index
-from specdecode.engine.sequence import Sequence
 from specdecode.prompts import load_jsonl
+from specdecode.step.sequence import Sequence
 
 SETTINGS = ("max_depth", "spec_factor", "request_spec_factor", "min_prob", "cache_max_tokens")  # what --grid may vary
 

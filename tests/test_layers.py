@@ -1,8 +1,9 @@
 """The package's layers read bottom-up: a module never imports one of a higher layer, not even lazily inside a
-function. Interfaces (the drafter and controller Protocols) are the one way down: the engine holds a
-`Drafter` and a `Controller` without knowing which. And no two modules import each other, directly or round a
-circle (three such circles were each closed by an import inside a function: bench/llama_cpp_peer.py and
-bench/specbench.py; bench/sweep.py, sweep_peers.py and sweep_report.py; train/distill.py and train/heads.py).
+function. The step's shared types (step/: Sequence, Proposal, StepStats, the runner) sit below the drafters and
+the controllers, which sit below the engine: the engine imports them, and nothing imports the engine back. And no
+two modules import each other, directly or round a circle (three such circles were each closed by an import
+inside a function: bench/llama_cpp_peer.py and bench/specbench.py; bench/sweep.py, sweep_peers.py and
+sweep_report.py; train/distill.py and train/heads.py).
 
 Checked on the source (every `import` statement, at any depth), so a violation is caught without running it.
 """
@@ -21,13 +22,13 @@ PACKAGE = Path(specdecode.__file__).resolve().parent
 LAYERS: list[set[str]] = [
     {"config", "atomic_dir", "hardware", "prompts", "detokenize", "kv", "grammar", "verify", "models", "assets"},
     {"heads"},
-    {"engine"},
+    {"step"},
     {"drafters", "control"},
+    {"engine"},
     {"llm"},
     {"llm_args"},
     {"cli", "server", "bench", "train", "demo", "__init__", "__main__"},
 ]  # fmt: skip
-INTERFACES = {"specdecode.drafters.base", "specdecode.control.base"}  # the Protocols: importable from below
 
 
 def layer_of(name: str) -> int:
@@ -53,12 +54,12 @@ def module_name(root: Path, path: Path) -> str:
 
 
 def upward_imports(root: Path) -> list[str]:
-    """'importer -> imported' for every import of a higher layer (an interface excepted)."""
+    """'importer -> imported' for every import of a higher layer."""
     found = []
     for path in sorted(root.rglob("*.py")):
         me = module_name(root, path)
         for name in imports_of(path):
-            if name != "specdecode" and name not in INTERFACES and layer_of(name) > layer_of(me):
+            if name != "specdecode" and layer_of(name) > layer_of(me):
                 found.append(f"{me} -> {name}")
     return found
 
@@ -81,6 +82,16 @@ def test_a_lazy_upward_import_is_caught(tmp_path):
     lazy = "\n\ndef _calibrate():\n    from specdecode.llm import LLM\n\n    return LLM\n"
     ngram.write_text(ngram.read_text() + lazy)
     assert upward_imports(root) == ["specdecode.drafters.ngram -> specdecode.llm"]
+
+
+def test_a_controller_importing_the_engine_is_caught(tmp_path):
+    """Negative control: a controller reaches back into the engine for a type (as control/ did for Sequence when
+    it lived in engine/sequence.py)."""
+    root = tmp_path / "specdecode"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__", "assets"))
+    fixed = root / "control" / "fixed.py"
+    fixed.write_text(fixed.read_text() + "\n\nfrom specdecode.engine.engine import Engine  # noqa: E402\n")
+    assert upward_imports(root) == ["specdecode.control.fixed -> specdecode.engine.engine"]
 
 
 def module_imports(root: Path, path: Path) -> set[str]:

@@ -40,8 +40,8 @@ from specdecode.config import ConfigError, SamplingParams
 from specdecode.control import Controller, StepStats, make_controller
 from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.engine.engine import Engine
-from specdecode.engine.sequence import Sequence
 from specdecode.prompts import Prompt
+from specdecode.step.sequence import Sequence
 
 WARMUP_TOKENS = 8
 

@@ -23,7 +23,7 @@ from specdecode.control.base import StepStats
 from specdecode.control.cost import CostModel, default_cost_model
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 from specdecode.verify.tree_layout import tree_layout
 
 

@@ -10,10 +10,10 @@ import torch
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.catch_up import share_budget
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
-from specdecode.engine.runner import forward_ragged
-from specdecode.engine.sequence import Sequence
 from specdecode.models.compiled import load_target
 from specdecode.models.llama import LlamaModel, StepFunctions
+from specdecode.step.runner import forward_ragged
+from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
 from specdecode.verify.streams import Purpose, sample
 

@@ -17,8 +17,8 @@ from specdecode.drafters.catch_up import share_budget
 from specdecode.drafters.features import FeatureStore
 from specdecode.drafters.subset_head import SubsetHead
 from specdecode.drafters.tree_search import RowTree, TreeShape, grow_trees, to_proposal
-from specdecode.engine.sequence import Sequence
 from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import SamplingTensors
 
 

@@ -11,8 +11,8 @@ import torch
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.features import FeatureStore
 from specdecode.drafters.tree_search import TreeShape
-from specdecode.engine.sequence import Sequence
 from specdecode.models.llama import LlamaModel
+from specdecode.step.sequence import Sequence
 
 
 class LastFeatureDrafter(DrafterBase):

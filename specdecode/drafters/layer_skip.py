@@ -14,9 +14,9 @@ import torch
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.draft_model import draft_confidence
 from specdecode.drafters.subset_head import SubsetHead
-from specdecode.engine.sequence import Sequence
 from specdecode.kv import KVCache
 from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
 from specdecode.verify.streams import Purpose, sample
 

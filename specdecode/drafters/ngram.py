@@ -10,7 +10,7 @@ import numpy as np
 
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.history import RequestHistory
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import SamplingTensors
 
 

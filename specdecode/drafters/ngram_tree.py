@@ -13,7 +13,7 @@ import torch
 
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.ngram import suffix_occurrences
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 
 

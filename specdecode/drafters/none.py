@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdecode.drafters.base import DrafterBase, Proposal
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import SamplingTensors
 
 

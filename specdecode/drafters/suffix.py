@@ -35,7 +35,7 @@ from specdecode.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.history import RequestHistory
 from specdecode.drafters.suffix_index import SuffixArray, TokenScan, join_documents, load_corpus, min_count
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 
 Index = SuffixArray | TokenScan

@@ -26,10 +26,10 @@ from specdecode.control.base import Controller, StepStats
 from specdecode.detokenize import IncrementalDetokenizer, find_stop, stop_holdback
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.engine.logprobs import emitted_logprobs
-from specdecode.engine.runner import PAD_SLACK, forward_ragged
-from specdecode.engine.sequence import Sequence, Status, TokenLogprob
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 from specdecode.models.ragged import pad_groups
+from specdecode.step.runner import PAD_SLACK, forward_ragged
+from specdecode.step.sequence import Sequence, Status, TokenLogprob
 from specdecode.verify.chain import VerifyResult, verify
 from specdecode.verify.logits_adjust import LogitAdjuster, chain_paths, tree_paths
 from specdecode.verify.sampling import SamplingTensors, processed_logprobs

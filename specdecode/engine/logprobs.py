@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.engine.sequence import TokenLogprob
+from specdecode.step.sequence import TokenLogprob
 from specdecode.verify.chain import VerifyResult
 
 

@@ -12,7 +12,7 @@ from specdecode.control.confidence import HIGH, LOW, ConfidenceController
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_model import draft_confidence
 from specdecode.drafters.ngram import lookup
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 
 K = 6

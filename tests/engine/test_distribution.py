@@ -31,7 +31,7 @@ from specdecode.control.goodput import GoodputController
 from specdecode.control.heuristic import HeuristicController
 from specdecode.drafters.layer_select import LayerSkipChoice
 from specdecode.drafters.subset_head import SubsetLMHead
-from specdecode.engine.runner import prefill
+from specdecode.step.runner import prefill
 from specdecode.verify.sampling import SamplingTensors, process_logits
 from specdecode.verify.streams import race
 from tests.engine.test_head_drafters import write_heads

@@ -14,8 +14,8 @@ import torch
 
 from specdecode import LLM, SamplingParams
 from specdecode.drafters.base import DrafterBase, Proposal
-from specdecode.engine.sequence import Sequence
 from specdecode.kv import KVCache
+from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 from tests.engine.test_cache import cache_matches_fresh_prefill
 
