@@ -6,7 +6,7 @@ asks which tokens may follow each draft path (`allowed`: one mask row per path, 
 every verified position can be constrained before acceptance, which keeps verification lossless) and then
 commits what it emitted (`advance`).
 
-Backed by xgrammar, chosen over outlines-core by `python -m specdecode.bench.grammar_cost` (results/
+Backed by xgrammar, chosen over outlines-core by `python -m experiments.grammar_cost` (results/
 grammar_cost.json): it compiles a schema in 20-45 ms where outlines-core takes 2-4x as long, and "any JSON
 object" in 20-45 ms where outlines-core needs 6-13 s and still bounds the nesting depth (a regex DFA over the
 vocabulary cannot count brackets). outlines-core's single mask is faster (~11 against ~30 µs), its 9-path chain

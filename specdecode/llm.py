@@ -18,12 +18,12 @@ from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.drafters.draft_model import load_draft
 from specdecode.engine.engine import Engine
 from specdecode.engine.launch import TensorParallelRuntime, check_tensor_parallel
-from specdecode.engine.sequence import Sequence, TokenLogprob
 from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
 from specdecode.models.gguf_quantized import gguf_file
 from specdecode.models.llama import LlamaModel
 from specdecode.models.loader import resolve_model_dir
 from specdecode.models.shipped_draft import DEFAULT_DRAFTS
+from specdecode.step.sequence import Sequence, TokenLogprob
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_MODEL_LEN = 2048

@@ -45,7 +45,7 @@ def assert_follows(counts: torch.Tensor, probs: torch.Tensor, fault: str | None 
 
 def reference_probs(logits: torch.Tensor, params, strict: bool = True) -> torch.Tensor:
     """logits [vocab] -> [vocab] float64: the distribution a token is drawn from under `params` (SamplingParams),
-    by brute force over the vocabulary from the spec in specdecode/sampling.py, never by calling it: greedy is a
+    by brute force over the vocabulary from the spec in specdecode/verify/sampling.py, never by calling it: greedy is a
     one-hot on the first maximum; otherwise divide by the temperature, rank by logit, keep the top_k best (0 =
     all), then of those the fewest best whose renormalised mass reaches top_p (a token stays while the mass
     strictly before it is < top_p; the best token always stays), and renormalise what is kept.

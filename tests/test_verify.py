@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-import specdecode.streams
-import specdecode.verify
+import specdecode.verify.chain
+import specdecode.verify.streams
 from specdecode.config import SamplingParams
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits
-from specdecode.streams import Purpose, sample
-from specdecode.verify import verify
+from specdecode.verify.chain import verify
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits
+from specdecode.verify.streams import Purpose, sample
 from tests.stats import assert_follows
 
 VOCAB = 8
@@ -145,12 +145,12 @@ FAULTS = {
     # A keying bug: the target's noise keyed without the position, so every position of a step shares it.
     "noise shared across positions": (
         "onehot-top_p-seeded",
-        lambda mp, c: mp.setattr(specdecode.streams, "_key", lambda purpose, origin, j: (origin,)),
+        lambda mp, c: mp.setattr(specdecode.verify.streams, "_key", lambda purpose, origin, j: (origin,)),
     ),
     # The classic: at a rejection, emit a sample of p instead of the residual max(0, p - q).
     "recovered from p, not the residual": (
         "sampled-t1",
-        lambda mp, c: mp.setattr(specdecode.verify, "residual", lambda p, q: p),
+        lambda mp, c: mp.setattr(specdecode.verify.chain, "residual", lambda p, q: p),
     ),
     "q reported without top-p": ("sampled-top_k+top_p", lambda mp, c: setattr(c, "probs", unfiltered(c, top_p=1.0))),
     "q reported without top-k": ("sampled-top_k", lambda mp, c: setattr(c, "probs", unfiltered(c, top_k=0))),

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import specdecode.streams
-import specdecode.verify_tree
+import specdecode.verify.streams
+import specdecode.verify.tree
 from specdecode.config import SamplingParams
 from specdecode.drafters.base import Proposal
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits
-from specdecode.streams import Purpose, sample
-from specdecode.tree import chain_parents, check_parents, node_depths, tree_layout
-from specdecode.verify import verify
-from specdecode.verify_tree import verify_tree
+from specdecode.verify.chain import verify
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits
+from specdecode.verify.streams import Purpose, sample
+from specdecode.verify.tree import verify_tree
+from specdecode.verify.tree_layout import chain_parents, check_parents, node_depths, tree_layout
 from tests.stats import assert_follows
 from tests.test_verify import T1, TOP_K, TOP_K_P, TOP_P, table, tensors
 
@@ -129,17 +129,17 @@ FAULTS = {
     # SpecInfer's sibling rule without its residual update: every sibling tried against the same p.
     "no residual update between siblings": (
         "topk_q-t1",
-        lambda mp, t: mp.setattr(specdecode.verify_tree, "residual", lambda p, q: p),
+        lambda mp, t: mp.setattr(specdecode.verify.tree, "residual", lambda p, q: p),
     ),
     "residual not renormalised": (
         "iid-t1",
-        lambda mp, t: mp.setattr(specdecode.verify_tree, "residual", unnormalised_residual),
+        lambda mp, t: mp.setattr(specdecode.verify.tree, "residual", unnormalised_residual),
     ),
     "q of the wrong sibling": ("iid-t1", lambda mp, t: uniform_root_children(t)),
     # A keying bug: the target's noise keyed without the position, so every depth of a step shares it.
     "noise shared across depths": (
         "topk-top_p-seeded",
-        lambda mp, t: mp.setattr(specdecode.streams, "_key", lambda purpose, origin, j: (origin,)),
+        lambda mp, t: mp.setattr(specdecode.verify.streams, "_key", lambda purpose, origin, j: (origin,)),
     ),
 }
 

@@ -38,11 +38,11 @@ import torch
 from specdecode import LLM, SamplingParams
 from specdecode.config import METHODS
 from specdecode.drafters.layer_select import LayerSkipChoice
-from specdecode.engine.runner import prefill
 from specdecode.models.compiled import compile_step
 from specdecode.models.cuda_graphs import GraphedBody
 from specdecode.models.llama import AttentionMetadata, LlamaConfig, LlamaModel, StepFunctions, rope_inv_freq
-from specdecode.sampling import SamplingTensors, process_logits
+from specdecode.step.runner import prefill
+from specdecode.verify.sampling import SamplingTensors, process_logits
 from tests.engine.test_distribution import recovered_from_p, target_sample_one_position_late
 from tests.engine.test_head_drafters import write_heads
 from tests.stats import assert_follows

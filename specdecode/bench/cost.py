@@ -28,7 +28,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from specdecode.bench.floor import forward_gflop, peak_gflops
-from specdecode.bench.specbench import provenance
+from specdecode.bench.lib import provenance, write_result
 from specdecode.models.llama import LlamaConfig
 from specdecode.models.loader import resolve_model_dir
 
@@ -221,8 +221,6 @@ def run_from_args(a: argparse.Namespace) -> None:
     targets = {name: ratios(a, cells, floor) for name, cells in ms.items()}
     result = {**provenance(), "ms": ms, "peak_gflops": peak, "floor_ms": floor, "targets": targets}
     console.print(result["targets"])
-    out = Path(a.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result(a.output, result)
     out.with_suffix(".md").write_text(md)
     plot(out.with_suffix(".png"), a, ms)

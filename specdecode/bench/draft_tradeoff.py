@@ -15,8 +15,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from specdecode.engine.runner import forward_ragged, prefill
 from specdecode.models.llama import LlamaModel
+from specdecode.step.runner import forward_ragged, prefill
 
 CONTEXT = 256  # tokens already cached when the step is timed: a typical Spec-Bench prompt plus some output
 ITERS = 30

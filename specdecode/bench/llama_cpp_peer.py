@@ -21,7 +21,7 @@ import gguf
 import numpy as np
 import torch
 
-from specdecode.bench.specbench import Arm, Sample
+from specdecode.bench.lib import Arm, Sample
 from specdecode.config import ConfigError
 
 INSTALL_HINT = "install the peers extra: pip install -e .[peers] (or make peers)"

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from specdecode.bench.specbench import provenance
+from specdecode.bench.lib import provenance, write_result
 from specdecode.config import ConfigError
 from specdecode.prompts import load_jsonl
 from specdecode.server.process import LiveServer
@@ -265,7 +265,7 @@ def run_from_args(a: argparse.Namespace) -> None:
         "arms": {arm: {str(r): v for r, v in levels.items()} for arm, levels in results.items()},
         "targets": verdict,
     }
-    out.write_text(json.dumps(payload, indent=1))
+    write_result(out, payload, indent=1)
     out.with_suffix(".md").write_text(md + "\n" + verdict + "\n")
     plot(results, rates, out.with_name(out.stem + ".png"))
     console.print(f"wrote {out}, {out.with_suffix('.md')} and {out.with_name(out.stem + '.png')}")

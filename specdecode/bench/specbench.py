@@ -7,17 +7,10 @@ noisy machine hits them all alike. Peers (transformers `generate()` and its spec
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import shlex
 import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from datetime import date
-from pathlib import Path
-from typing import Protocol
 
 import torch
 from rich.console import Console
@@ -25,25 +18,9 @@ from rich.table import Table
 from tqdm import tqdm
 
 from specdecode.bench.draft_tradeoff import plot_tradeoff, render_tradeoff, step_costs
+from specdecode.bench.lib import Arm, Sample, provenance, write_result
 from specdecode.config import SamplingParams, SpeculativeConfig
-from specdecode.hardware import cpu_model
 from specdecode.prompts import Prompt, load_jsonl
-
-
-@dataclass
-class Sample:
-    tokens: int
-    seconds: float
-    drafted: int = 0
-    accepted: int = 0
-    forwards: int = 0
-    trees: bool = False  # drafted tokens are tree nodes: accepted / drafted is a per-node rate
-
-
-class Arm(Protocol):
-    name: str
-
-    def run(self, text: str, max_tokens: int) -> Sample: ...
 
 
 class EngineArm:
@@ -262,30 +239,6 @@ def arm_notes(arms: list[Arm]) -> dict[str, str]:
     return {arm.name: arm.note for arm in arms if getattr(arm, "note", None)}
 
 
-def machine() -> str:
-    from specdecode.models import packed_linear
-
-    if torch.cuda.is_available():
-        return f"{platform.machine()} {torch.cuda.get_device_name()}, torch {torch.__version__}"
-    cpu = cpu_model()
-    packed = {"plain": "plain F.linear", "mkl": "MKL-packed", "onednn": "oneDNN-packed"}[packed_linear.choice()]
-    return (
-        f"{platform.machine()} {os.cpu_count()}-core CPU ({cpu}), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {packed} fp32 linears"
-    )
-
-
-def provenance(module: str | None = None) -> dict[str, str]:
-    """The command, machine and date every results file carries; `module`: the command ran as `python -m module`
-    rather than as `specdecode`."""
-    args = sys.argv[1:]
-    return {
-        "command": shlex.join(["python", "-m", module, *args]) if module else " ".join(["specdecode", *args]),
-        "machine": machine(),
-        "date": date.today().isoformat(),
-    }
-
-
 def run_from_args(a: argparse.Namespace) -> None:
     prompts = select_prompts(load_jsonl(a.prompts), a.per_category)
     arms = build_arms(a)
@@ -302,8 +255,6 @@ def run_from_args(a: argparse.Namespace) -> None:
     tables = {name: r.table() for name, r in results.items()}
     md += "\n" + render_tradeoff(tables, costs, console)
     if a.json:
-        out = Path(a.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             **provenance(),
             "num_prompts": len(prompts),
@@ -315,7 +266,7 @@ def run_from_args(a: argparse.Namespace) -> None:
                 name: {c: [asdict(s) for s in ss] for c, ss in r.samples.items()} for name, r in results.items()
             },
         }
-        out.write_text(json.dumps(payload, indent=1))
+        out = write_result(a.output, payload, indent=1)
         out.with_suffix(".md").write_text(md + "\n")
         if costs:
             plot_tradeoff(tables, costs, out.with_name(out.stem + "_tradeoff.png"))

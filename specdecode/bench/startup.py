@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from specdecode.bench.specbench import provenance
+from specdecode.bench.lib import provenance, write_result
 
 RUN = r"""
 import json, sys, time
@@ -90,7 +90,5 @@ def run_from_args(a: argparse.Namespace) -> None:
     console = Console()
     md, summary = render(runs, console)
     result = {**provenance(), "max_tokens": a.max_tokens, "summary": summary, "runs": runs}
-    out = Path(a.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result(a.output, result)
     out.with_suffix(".md").write_text(md)

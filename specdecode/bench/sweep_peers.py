@@ -10,8 +10,9 @@ import argparse
 
 from tqdm import tqdm
 
-from specdecode.bench.specbench import Arm, HFArm, hf_arms
-from specdecode.bench.sweep import LevelRun, SweepConfig
+from specdecode.bench.lib import Arm
+from specdecode.bench.specbench import HFArm, hf_arms
+from specdecode.bench.sweep_config import LevelRun, SweepConfig
 
 # transformers' dynamic assisted decoding: the draft stops early below this confidence, K follows the heuristic.
 ASSISTANT_CONFIDENCE = 0.4

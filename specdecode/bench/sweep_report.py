@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from specdecode.bench.sweep import ArmSpec, LevelRun, SweepConfig
+from specdecode.bench.lib import write_result
+from specdecode.bench.sweep_config import ArmSpec, LevelRun, SweepConfig
 
 Figures = dict[str, dict[int, dict[str, float]]]  # arm -> concurrency -> summary
 
@@ -193,7 +193,7 @@ def report(
     output.parent.mkdir(parents=True, exist_ok=True)
     stem = output.with_suffix("")
     paths = [output, output.with_suffix(".md"), Path(f"{stem}_tps.png"), Path(f"{stem}_k.png")]
-    paths[0].write_text(json.dumps(payload, indent=1))
+    write_result(paths[0], payload, indent=1)
     header = "\n".join(f"- {k}: {meta[k]}" for k in ("command", "machine", "date") if k in meta)
     paths[1].write_text(f"{header}\n\n{md}\n")
     plot_tps(paths[2], arms, figs, peer_figs, levels)

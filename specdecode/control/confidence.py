@@ -18,7 +18,7 @@ import torch
 
 from specdecode.control.base import StepStats
 from specdecode.drafters.base import Proposal
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 
 LOW, HIGH = 0.05, 0.95
 ZERO_CUT_SCALE = 0.1  # the downward step after a row was cut to zero drafts, relative to an informative one

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdecode.control.base import StepStats
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 
 
 class FixedController:

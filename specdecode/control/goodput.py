@@ -23,8 +23,8 @@ from specdecode.control.base import StepStats
 from specdecode.control.cost import CostModel, default_cost_model
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
-from specdecode.engine.sequence import Sequence
-from specdecode.tree import tree_layout
+from specdecode.step.sequence import Sequence
+from specdecode.verify.tree_layout import tree_layout
 
 
 def row_cap(seq: Sequence, k_max: int) -> int:

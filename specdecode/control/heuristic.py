@@ -7,7 +7,7 @@ every `probe_every` steps so a request that became predictable is noticed.
 from __future__ import annotations
 
 from specdecode.control.base import StepStats
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 
 
 class HeuristicController:

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import torch
 
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.catch_up import share_budget
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
-from specdecode.engine.runner import forward_ragged
-from specdecode.engine.sequence import Sequence
 from specdecode.models.compiled import load_target
 from specdecode.models.llama import LlamaModel, StepFunctions
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
-from specdecode.streams import Purpose, sample
+from specdecode.step.runner import forward_ragged
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
+from specdecode.verify.streams import Purpose, sample
 
 
 def draft_confidence(logits: torch.Tensor, q: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
@@ -47,7 +47,7 @@ def with_head(step: StepFunctions, head) -> StepFunctions:
     return dataclasses.replace(step, head=head, large=large)
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(DrafterBase):
     """Proposes k tokens by sampling the draft's processed distribution q (argmax for greedy rows)."""
 
     retryable_propose = True  # propose starts from the committed cache (drafters/base.py)

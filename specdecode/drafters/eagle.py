@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.catch_up import share_budget
 from specdecode.drafters.features import FeatureStore
 from specdecode.drafters.subset_head import SubsetHead
 from specdecode.drafters.tree_search import RowTree, TreeShape, grow_trees, to_proposal
-from specdecode.engine.sequence import Sequence
 from specdecode.models.llama import AttentionMetadata, LlamaModel
-from specdecode.sampling import SamplingTensors
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import SamplingTensors
 
 
-class EagleDrafter:
+class EagleDrafter(DrafterBase):
     needs_features = True
+    # commit() is the base's no-op: the head's cache only ever grows by real features, in _catch_up
 
     def __init__(
         self,
@@ -50,9 +51,6 @@ class EagleDrafter:
 
     def observe_features(self, seq: Sequence, start: int, feats: torch.Tensor) -> None:
         self.features.add(seq, start, feats)
-
-    def commit(self, seqs: list[Sequence]) -> None:
-        pass  # the head's cache only ever grows by real features, in _catch_up
 
     def remove_sequence(self, seq: Sequence) -> None:
         slot = self.slots.pop(seq.request_id, None)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 
 
 @dataclass

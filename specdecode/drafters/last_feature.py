@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.features import FeatureStore
 from specdecode.drafters.tree_search import TreeShape
-from specdecode.engine.sequence import Sequence
 from specdecode.models.llama import LlamaModel
+from specdecode.step.sequence import Sequence
 
 
-class LastFeatureDrafter:
+class LastFeatureDrafter(DrafterBase):
     needs_features = True
 
     def __init__(self, target: LlamaModel, heads: torch.nn.Module, num_heads: int, shape: TreeShape) -> None:
@@ -24,14 +24,8 @@ class LastFeatureDrafter:
         self.shape = TreeShape(shape.top_m, shape.beam, min(shape.max_depth, num_heads))  # no deeper than heads
         self.features = FeatureStore(keep_last=True)
 
-    def add_sequence(self, seq: Sequence) -> None:
-        pass
-
     def observe_features(self, seq: Sequence, start: int, feats: torch.Tensor) -> None:
         self.features.add(seq, start, feats)
-
-    def commit(self, seqs: list[Sequence]) -> None:
-        pass
 
     def remove_sequence(self, seq: Sequence) -> None:
         self.features.drop(seq)

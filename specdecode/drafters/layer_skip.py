@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.draft_model import draft_confidence
 from specdecode.drafters.subset_head import SubsetHead
-from specdecode.engine.sequence import Sequence
 from specdecode.kv import KVCache
 from specdecode.models.llama import AttentionMetadata, LlamaModel
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
-from specdecode.streams import Purpose, sample
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
+from specdecode.verify.streams import Purpose, sample
 
 
-class LayerSkipDrafter:
+class LayerSkipDrafter(DrafterBase):
     def __init__(self, target: LlamaModel, layer_ids: list[int], vocab_subset: torch.Tensor | None = None) -> None:
         self.target = target
         self.layer_ids = list(layer_ids)
@@ -30,18 +30,6 @@ class LayerSkipDrafter:
 
     def bind_target_cache(self, cache: KVCache) -> None:
         self.cache = cache
-
-    def add_sequence(self, seq: Sequence) -> None:
-        pass
-
-    def commit(self, seqs: list[Sequence]) -> None:
-        pass
-
-    def remove_sequence(self, seq: Sequence) -> None:
-        pass
-
-    def live_request_ids(self) -> set[str]:
-        return set()
 
     def _logits(
         self, tokens: torch.Tensor, starts: list[int], slots: list[int], live: list[int] | None = None

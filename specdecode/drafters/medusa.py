@@ -12,8 +12,8 @@ import torch
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.last_feature import LastFeatureDrafter
 from specdecode.drafters.tree_search import RowTree, grow_trees, to_proposal
-from specdecode.engine.sequence import Sequence
-from specdecode.sampling import SamplingTensors
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import SamplingTensors
 
 
 class MedusaDrafter(LastFeatureDrafter):

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.history import RequestHistory
-from specdecode.engine.sequence import Sequence
-from specdecode.sampling import SamplingTensors
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import SamplingTensors
 
 
 def suffix_occurrences(tokens: np.ndarray, n_min: int, n_max: int) -> tuple[np.ndarray, int]:
@@ -54,7 +54,7 @@ def _continuation_agreement(tokens: np.ndarray, starts: np.ndarray, draft: np.nd
     return agree.sum(0) / np.maximum(before.sum(0), 1)  # the latest hit always agrees, so never 0/0
 
 
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     retryable_propose = True  # drafts depend on committed state only (drafters/base.py)
 
     def __init__(self, n_min: int = 1, n_max: int = 4, device: str = "cpu") -> None:
@@ -73,9 +73,6 @@ class NgramDrafter:
         # Pad only to the longest draft found, not the K asked for: the target scores the whole padded block.
         width = max(map(len, drafts), default=0)
         return Proposal.from_lists(drafts, width, self.device, [c for _, c in found])
-
-    def commit(self, seqs: list[Sequence]) -> None:
-        pass
 
     def remove_sequence(self, seq: Sequence) -> None:
         self.histories.pop(seq.request_id, None)

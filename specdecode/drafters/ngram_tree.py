@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.ngram import suffix_occurrences
-from specdecode.engine.sequence import Sequence
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 
 
 def suffix_hits(tokens: np.ndarray, n_min: int, n_max: int, max_hits: int) -> tuple[np.ndarray, int]:
@@ -46,14 +46,11 @@ def best_subtree(nodes: list[tuple[int, int, int, int]], budget: int) -> list[in
     return order[:budget]
 
 
-class NgramTreeDrafter:
+class NgramTreeDrafter(DrafterBase):
     retryable_propose = True  # drafts depend on committed state only (drafters/base.py)
 
     def __init__(self, n_min: int = 1, n_max: int = 4, device: str = "cpu", max_hits: int = 32) -> None:
         self.n_min, self.n_max, self.device, self.max_hits = n_min, n_max, device, max_hits
-
-    def add_sequence(self, seq: Sequence) -> None:
-        pass
 
     def _row(self, seq: Sequence, budget: int) -> tuple[list[int], list[int], list[float]]:
         """(tokens, parents as tree positions, confidence = share of occurrences through the node)."""
@@ -84,11 +81,3 @@ class NgramTreeDrafter:
         dev = self.device
         return Proposal(ids.to(dev), num.to(dev), None, conf.to(dev), parents.to(dev))
 
-    def commit(self, seqs: list[Sequence]) -> None:
-        pass
-
-    def remove_sequence(self, seq: Sequence) -> None:
-        pass
-
-    def live_request_ids(self) -> set[str]:
-        return set()

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-from specdecode.drafters.base import Proposal
-from specdecode.engine.sequence import Sequence
-from specdecode.sampling import SamplingTensors
+from specdecode.drafters.base import DrafterBase, Proposal
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import SamplingTensors
 
 
-class NoDrafter:
+class NoDrafter(DrafterBase):
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
-
-    def add_sequence(self, seq: Sequence) -> None:
-        pass
 
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
         return Proposal.from_lists([[] for _ in seqs], 0, self.device)
 
-    def commit(self, seqs: list[Sequence]) -> None:
-        pass
-
-    def remove_sequence(self, seq: Sequence) -> None:
-        pass
-
-    def live_request_ids(self) -> set[str]:
-        return set()

@@ -32,11 +32,11 @@ import numpy as np
 import torch
 
 from specdecode.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
-from specdecode.drafters.base import Proposal
+from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.history import RequestHistory
 from specdecode.drafters.suffix_index import SuffixArray, TokenScan, join_documents, load_corpus, min_count
-from specdecode.engine.sequence import Sequence
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 
 Index = SuffixArray | TokenScan
 
@@ -149,7 +149,7 @@ def corpus_index(paths: tuple[str, ...], vocab_size: int, depth: int) -> SuffixA
     return SuffixArray(join_documents(docs), depth) if docs else None
 
 
-class SuffixDrafter:
+class SuffixDrafter(DrafterBase):
     retryable_propose = True  # drafts depend on committed state only (drafters/base.py)
 
     def __init__(
@@ -226,9 +226,6 @@ class SuffixDrafter:
         num = torch.tensor([len(d.tokens) for d in drafts], dtype=torch.long)  # [num_seqs]
         dev = self.device
         return Proposal(ids.to(dev), num.to(dev), None, conf.to(dev), parents.to(dev))
-
-    def commit(self, seqs: list[Sequence]) -> None:
-        pass
 
     def remove_sequence(self, seq: Sequence) -> None:
         """Free the request's history; its output joins the cache of finished outputs."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdecode.drafters.base import Proposal
-from specdecode.sampling import PAD_TOKEN_ID
+from specdecode.verify.sampling import PAD_TOKEN_ID
 
 
 @dataclass

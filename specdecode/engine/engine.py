@@ -26,15 +26,15 @@ from specdecode.control.base import Controller, StepStats
 from specdecode.detokenize import IncrementalDetokenizer, find_stop, stop_holdback
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.engine.logprobs import emitted_logprobs
-from specdecode.engine.runner import PAD_SLACK, forward_ragged
-from specdecode.engine.sequence import Sequence, Status, TokenLogprob
-from specdecode.logits_adjust import LogitAdjuster, chain_paths, tree_paths
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 from specdecode.models.ragged import pad_groups
-from specdecode.sampling import SamplingTensors, processed_logprobs
-from specdecode.tree import tree_layout
-from specdecode.verify import VerifyResult, verify
-from specdecode.verify_tree import verify_tree
+from specdecode.step.runner import PAD_SLACK, forward_ragged
+from specdecode.step.sequence import Sequence, Status, TokenLogprob
+from specdecode.verify.chain import VerifyResult, verify
+from specdecode.verify.logits_adjust import LogitAdjuster, chain_paths, tree_paths
+from specdecode.verify.sampling import SamplingTensors, processed_logprobs
+from specdecode.verify.tree import verify_tree
+from specdecode.verify.tree_layout import tree_layout
 
 
 @dataclass
@@ -70,7 +70,7 @@ class SeqUpdate:
 
 
 def sampling_tensors(seqs: list[Sequence], device: torch.device | str, vocab: int) -> SamplingTensors:
-    # Each row's pending-token position keys its seeded random streams (specdecode/streams.py).
+    # Each row's pending-token position keys its seeded random streams (specdecode/verify/streams.py).
     params = [s.params for s in seqs]
     st = SamplingTensors.from_params(params, device, [s.num_cached for s in seqs])
     prompts, outputs = [s.prompt_ids for s in seqs], [s.output_ids for s in seqs]
@@ -116,10 +116,8 @@ class Engine:
         self.device = target.embed.weight.device
         self.cache = target.new_cache(config.max_num_seqs, max_model_len)
         # Feature drafters (eagle, medusa, mtp) read the target's hidden states through observe_features().
-        self._needs_features = bool(getattr(drafter, "needs_features", False))
-        bind = getattr(drafter, "bind_target_cache", None)  # drafters that read the target's own K/V (layer_skip)
-        if bind is not None:
-            bind(self.cache)
+        self._needs_features = drafter.needs_features
+        drafter.bind_target_cache(self.cache)  # drafters that read the target's own K/V (layer_skip)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -300,7 +298,7 @@ class Engine:
             rows_st = st if rows is batch else sampling_tensors(rows, self.device, vocab)  # seeded rows draw alike
             return self.drafter.propose(rows, [ks[id(s)] for s in rows], rows_st)
 
-        if getattr(self.drafter, "retryable_propose", False):  # propose
+        if self.drafter.retryable_propose:  # propose
             seqs, proposal = self._isolated(seqs, propose)
         else:
             proposal = propose(seqs)
@@ -355,7 +353,7 @@ class Engine:
     def _verify(self, seqs: list[Sequence], proposal: Proposal, st: SamplingTensors) -> Verified:
         """Score (pending, drafts) for every row in one target forward, then accept or reject.
 
-        A chain is scored causally; a tree with its ancestor mask and positions by depth (specdecode/tree.py).
+        A chain is scored causally; a tree with its ancestor mask and positions by depth (verify/tree_layout.py).
         Penalties, logit_bias and grammars adjust the logits at each position for the drafts on its path.
         """
         # A tree's depths and ancestor mask, [num_seqs, k + 1] and [num_seqs, k + 1, k + 1]: for attention and paths.

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.engine.sequence import TokenLogprob
-from specdecode.verify import VerifyResult
+from specdecode.step.sequence import TokenLogprob
+from specdecode.verify.chain import VerifyResult
 
 
 def emitted_positions(result: VerifyResult) -> torch.Tensor:

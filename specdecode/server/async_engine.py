@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from specdecode.config import ConfigError, SamplingParams
 from specdecode.engine.engine import Engine, SeqUpdate
-from specdecode.engine.sequence import SeqMetrics, Sequence, Status, TokenLogprob
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import OpenAIError
+from specdecode.step.sequence import SeqMetrics, Sequence, Status, TokenLogprob
 
 log = logging.getLogger("specdecode.server")
 

@@ -10,7 +10,7 @@ LOGPROB_FLOOR, vLLM's and OpenAI's -9999.0.
 
 from __future__ import annotations
 
-from specdecode.engine.sequence import TokenLogprob
+from specdecode.step.sequence import TokenLogprob
 
 LOGPROB_FLOOR = -9999.0
 

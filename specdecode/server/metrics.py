@@ -8,7 +8,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from specdecode.control.base import StepStats
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60, 120)
 K_BUCKETS = tuple(range(0, 17)) + (24, 32, 48, 64)

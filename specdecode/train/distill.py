@@ -36,6 +36,7 @@ from specdecode.train.export import write_draft_dir
 from specdecode.train.heads import train_heads
 from specdecode.train.loop import run_steps, teacher_precision
 from specdecode.train.objective import StepStats, distill_loss, lr_factor, topk_distill_loss
+from specdecode.train.result import DistillResult
 from specdecode.train.teacher_cache import TeacherCache, open_for_training
 
 LOG_WINDOW = 20  # the reported final loss/accuracy average this many last steps: one batch is noisy
@@ -96,14 +97,6 @@ class DistillConfig:
             raise ConfigError("--init-heads starts draft heads: it needs --head")
         if self.init_draft is not None and self.head is not None:
             raise ConfigError("--init-draft starts a draft model: use --init-heads with --head")
-
-
-@dataclass
-class DistillResult:
-    out: Path
-    losses: list[float]  # one per step run in this process
-    accuracies: list[float]
-    manifest: dict
 
 
 def check_output(cfg: DistillConfig) -> Path:

@@ -28,6 +28,7 @@ from specdecode.train.checkpoint import load_checkpoint
 from specdecode.train.head_objective import HeadStats, Teacher, head_loss
 from specdecode.train.loop import run_steps, teacher_precision
 from specdecode.train.objective import lr_factor
+from specdecode.train.result import DistillResult
 from specdecode.train.teacher_cache import open_for_training
 
 
@@ -72,8 +73,6 @@ def _initial_heads(path: str, target: LlamaModel, hcfg: HeadConfig) -> torch.nn.
 
 def train_heads(cfg, out: Path, device: torch.device):
     """Train, evaluate and write the heads for `cfg` (a DistillConfig with `head` set)."""
-    from specdecode.train.distill import DistillResult  # the draft trainer dispatches here
-
     target_dir = resolve_model_dir(cfg.target)
     target = load_llama(target_dir, device, torch.float32)
     target.requires_grad_(False)

@@ -12,8 +12,9 @@ import pytest
 from rich.console import Console
 
 import specdecode.llm_args
+from specdecode.bench.lib import Sample
 from specdecode.bench.llama_cpp_peer import CountingLookup, LlamaCppArm, arithmetic_note
-from specdecode.bench.specbench import ArmResult, Sample, render
+from specdecode.bench.specbench import ArmResult, render
 from specdecode.cli import main
 from specdecode.models.loader import BUILTIN_MODELS
 

@@ -1,5 +1,5 @@
-"""Every bench module imports: two of them (suffix_index, structured) once imported a helper that had been renamed
-away, and no test loaded them, so their commands died at start-up unnoticed."""
+"""Every bench module and every experiment imports: two of them (suffix_index, structured) once imported a helper
+that had been renamed away, and no test loaded them, so their commands died at start-up unnoticed."""
 
 from __future__ import annotations
 
@@ -8,15 +8,18 @@ import pkgutil
 
 import pytest
 
+import experiments
 import specdecode.bench
 
-MODULES = [m.name for m in pkgutil.iter_modules(specdecode.bench.__path__)]
+MODULES = [f"specdecode.bench.{m.name}" for m in pkgutil.iter_modules(specdecode.bench.__path__)]
+EXPERIMENTS = [f"experiments.{m.name}" for m in pkgutil.iter_modules(experiments.__path__)]
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", MODULES + EXPERIMENTS)
 def test_bench_module_imports(name):
-    importlib.import_module(f"specdecode.bench.{name}")
+    importlib.import_module(name)
 
 
 def test_every_module_is_listed():
-    assert {"suffix_index", "structured", "suffix_replay", "sweep", "cost"} <= set(MODULES)
+    assert {"specdecode.bench.sweep", "specdecode.bench.cost", "specdecode.bench.lib"} <= set(MODULES)
+    assert {"experiments.suffix_index", "experiments.structured", "experiments.suffix_replay"} <= set(EXPERIMENTS)

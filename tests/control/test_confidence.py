@@ -12,8 +12,8 @@ from specdecode.control.confidence import HIGH, LOW, ConfidenceController
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_model import draft_confidence
 from specdecode.drafters.ngram import lookup
-from specdecode.engine.sequence import Sequence
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 
 K = 6
 

@@ -14,7 +14,7 @@ from specdecode.control import cost as cost_module
 from specdecode.control.base import StepStats
 from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController, expected_tokens
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 
 K_MAX = 8
 COMPUTE_BOUND = CostModel.linear(1e-3, 0.0, 10e-3, 0.0)  # a token costs 10x the step's fixed part

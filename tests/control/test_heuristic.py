@@ -5,7 +5,7 @@ from __future__ import annotations
 from specdecode.config import SamplingParams
 from specdecode.control.base import StepStats
 from specdecode.control.heuristic import HeuristicController
-from specdecode.engine.sequence import Sequence
+from specdecode.step.sequence import Sequence
 
 K_MAX = 8
 

@@ -25,9 +25,9 @@ from specdecode.config import EngineConfig, SamplingParams, SpeculativeConfig
 from specdecode.control import make_controller
 from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.engine.engine import Engine
-from specdecode.engine.runner import forward_ragged, prefill
-from specdecode.engine.sequence import Sequence, Status
 from specdecode.models.llama import LlamaModel
+from specdecode.step.runner import forward_ragged, prefill
+from specdecode.step.sequence import Sequence, Status
 
 DRAFTER_METHODS = (
     "none",

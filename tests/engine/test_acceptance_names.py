@@ -6,7 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 
 from specdecode import LLM, SamplingParams
-from specdecode.bench.specbench import ArmResult, Sample, render
+from specdecode.bench.lib import Sample
+from specdecode.bench.specbench import ArmResult, render
 from specdecode.server.async_engine import usage_of
 
 PROMPT = [5, 6, 7, 8, 5, 6, 9, 5, 6, 7, 8, 5, 6]  # "5 6" recurs with different continuations: a tree has siblings

@@ -17,7 +17,7 @@ import torch
 
 import specdecode.engine.engine
 from specdecode import LLM
-from specdecode.engine.runner import prefill
+from specdecode.step.runner import prefill
 from tests.engine.test_distribution import PARAMS, REPEATING, SHORT, VOCAB, make, models  # noqa: F401
 from tests.engine.test_penalties import penalise
 from tests.stats import assert_follows, reference_probs

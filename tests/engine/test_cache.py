@@ -6,8 +6,8 @@ import torch
 
 from specdecode import LLM, SamplingParams
 from specdecode.engine.engine import Engine
-from specdecode.engine.runner import prefill
-from specdecode.engine.sequence import Sequence, Status
+from specdecode.step.runner import prefill
+from specdecode.step.sequence import Sequence, Status
 
 PROMPT = [7, 8, 9, 10, 11, 12]
 

@@ -14,7 +14,7 @@ import pytest
 from specdecode import LLM, SamplingParams
 from specdecode.drafters.layer_select import LayerSkipChoice
 from specdecode.engine.engine import Engine
-from specdecode.engine.sequence import Status
+from specdecode.step.sequence import Status
 from tests.engine.test_head_drafters import write_heads
 
 

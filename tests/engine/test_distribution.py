@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import specdecode.engine.engine
-import specdecode.sampling
-import specdecode.verify
-import specdecode.verify_tree
+import specdecode.verify.chain
+import specdecode.verify.sampling
+import specdecode.verify.tree
 from specdecode import LLM, SamplingParams
 from specdecode.control.confidence import ConfidenceController
 from specdecode.control.cost import CostModel
@@ -31,9 +31,9 @@ from specdecode.control.goodput import GoodputController
 from specdecode.control.heuristic import HeuristicController
 from specdecode.drafters.layer_select import LayerSkipChoice
 from specdecode.drafters.subset_head import SubsetLMHead
-from specdecode.engine.runner import prefill
-from specdecode.sampling import SamplingTensors, process_logits
-from specdecode.streams import race
+from specdecode.step.runner import prefill
+from specdecode.verify.sampling import SamplingTensors, process_logits
+from specdecode.verify.streams import race
 from tests.engine.test_head_drafters import write_heads
 from tests.stats import assert_follows, reference_probs
 from tests.tiny import write_tiny_model
@@ -105,8 +105,8 @@ def target_sample_one_position_late(mp: pytest.MonkeyPatch, llm: LLM) -> None:
     def late(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         return race(probs, noise).roll(-1, dims=1)  # [num_seqs, n] position j gets position j + 1's sample
 
-    mp.setattr(specdecode.verify, "race", late)
-    mp.setattr(specdecode.verify_tree, "race", late)
+    mp.setattr(specdecode.verify.chain, "race", late)
+    mp.setattr(specdecode.verify.tree, "race", late)
 
 
 def draft_q_at_wrong_temperature(mp: pytest.MonkeyPatch, llm: LLM) -> None:
@@ -125,18 +125,18 @@ def draft_q_at_wrong_temperature(mp: pytest.MonkeyPatch, llm: LLM) -> None:
 
 def recovered_from_p(mp: pytest.MonkeyPatch, llm: LLM) -> None:
     """Fault: at a rejection, emit a sample of p instead of the residual max(0, p - q)."""
-    mp.setattr(specdecode.verify, "residual", lambda p, q: p)
+    mp.setattr(specdecode.verify.chain, "residual", lambda p, q: p)
 
 
 def top_k_off_by_one(mp: pytest.MonkeyPatch, llm: LLM | None = None) -> None:
     """Fault: top-k keeps k + 1 tokens, for the target's p and the drafts' q alike (so speculation stays
     consistent with it and only a reference written apart from the engine can see it)."""
-    real = specdecode.sampling._filter_top_k_top_p
+    real = specdecode.verify.sampling._filter_top_k_top_p
 
     def keeps_one_more(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
         return real(logits, replace(st, top_k=torch.where(st.top_k > 0, st.top_k + 1, 0)))
 
-    mp.setattr(specdecode.sampling, "_filter_top_k_top_p", keeps_one_more)
+    mp.setattr(specdecode.verify.sampling, "_filter_top_k_top_p", keeps_one_more)
 
 
 # path -> (method, prompt, the fault its negative control injects, requests). The race is shared by the chain

@@ -12,8 +12,8 @@ import pytest
 
 import specdecode.engine.engine as engine_module
 from specdecode import LLM
-from specdecode.engine.runner import PAD_SLACK
 from specdecode.models.ragged import pad_groups
+from specdecode.step.runner import PAD_SLACK
 from tests.engine.test_context_edges import greedy, plain_outputs, ramp
 
 PROMPTS = [ramp(120, 7), ramp(9, 5), ramp(110, 11), ramp(3, 13)]

@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdecode import LLM, SamplingParams, streams, verify_tree
+from specdecode import LLM, SamplingParams
 from specdecode.config import ConfigError
 from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.suffix import OutputCache, SuffixDrafter
+from specdecode.verify import streams
+from specdecode.verify import tree as verify_tree
 from tests.drafters.test_suffix_index import write_corpus
 from tests.engine.test_distribution import SHORT as PROMPT
 from tests.engine.test_distribution import VOCAB, exact_joint, sampled_joint
@@ -99,7 +101,7 @@ def test_proposals_carry_their_continuation_frequencies(tiny_target, reference, 
     """Goodput sets a suffix chain's verify width from its confidences (control/goodput.py), so the chain must
     say they are frequencies; a response the corpus holds twice, identical up to its middle, is drafted with
     confidence 1 there."""
-    from specdecode.engine.sequence import Sequence
+    from specdecode.step.sequence import Sequence
 
     drafter = suffix_llm(tiny_target, method, 1, (corpus,)).engine.drafter
     seq = Sequence("r", PROMPTS[0] + reference[0][:4], GREEDY, max_len=256)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from specdecode import LLM, SamplingParams
-from specdecode.drafters.base import Proposal
-from specdecode.engine.sequence import Sequence
+from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.kv import KVCache
-from specdecode.sampling import PAD_TOKEN_ID, SamplingTensors
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors
 from tests.engine.test_cache import cache_matches_fresh_prefill
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -24,7 +24,7 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13], [20, 21, 22, 23, 24, 25
 VOCAB = 96
 
 
-class ScriptedTreeDrafter:
+class ScriptedTreeDrafter(DrafterBase):
     """Trees of up to k nodes around the true continuation (`answers[request_id]` = the greedy output)."""
 
     def __init__(self, answers: dict[str, list[int]], seed: int, branch: int = 3) -> None:
@@ -38,9 +38,6 @@ class ScriptedTreeDrafter:
 
     def remove_sequence(self, seq: Sequence) -> None:
         self.prompt_len.pop(seq.request_id, None)
-
-    def commit(self, seqs: list[Sequence]) -> None:
-        pass
 
     def _tree(self, seq: Sequence, k: int) -> tuple[list[int], list[int]]:
         truth = self.answers[seq.request_id][len(seq.token_ids) - self.prompt_len[seq.request_id] :]

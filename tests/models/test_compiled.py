@@ -19,7 +19,7 @@ from specdecode.models import compiled as compiled_module
 from specdecode.models import few_rows
 from specdecode.models.compiled import COMPILED_MAX_ROWS, compile_step, load_target
 from specdecode.models.llama import AttentionMetadata, load_llama
-from specdecode.tree import tree_layout
+from specdecode.verify.tree_layout import tree_layout
 
 # (slots, starts, tokens per row, real tokens per row): contiguous and scattered slots, ragged rows.
 CASES = [

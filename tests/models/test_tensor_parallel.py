@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from specdecode.config import ConfigError
-from specdecode.engine.runner import forward_ragged
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.models.tensor_parallel import check_shardable, shard_config, shard_llama, shard_range
-from specdecode.tree import tree_layout
+from specdecode.step.runner import forward_ragged
+from specdecode.verify.tree_layout import tree_layout
 from tests.ranks import DRIVER_FAULTS, FAULTS, driven, run_on_ranks
 from tests.tiny import FAMILIES, write_tiny_model
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdecode.engine.runner import prefill
 from specdecode.models.llama import AttentionMetadata, load_llama
-from specdecode.tree import tree_layout
+from specdecode.step.runner import prefill
+from specdecode.verify.tree_layout import tree_layout
 from tests.tiny import write_tiny_model
 
 CONTEXT = [7, 8, 9, 10, 11, 12, 13]

@@ -10,9 +10,9 @@ import openai
 import pytest
 
 from specdecode.config import SamplingParams, StructuredOutputs
-from specdecode.engine.sequence import TokenLogprob
 from specdecode.server import logprobs as logprobs_module
 from specdecode.server.logprobs import LOGPROB_FLOOR, LogprobFormats
+from specdecode.step.sequence import TokenLogprob
 from tests.server.conftest import MODEL
 
 PROMPT = "The three primary colors are"

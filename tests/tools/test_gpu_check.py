@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-import specdecode.verify
+import specdecode.verify.chain
 from tools import gpu_check
 
 
@@ -23,7 +23,7 @@ def test_quick_check_runs_every_section_and_passes(tmp_path):
 
 def test_control_a_lossy_verify_fails_the_check(tmp_path, monkeypatch):
     """Fault: at a rejection the target's token is replaced by the draft's (every draft accepted)."""
-    monkeypatch.setattr(specdecode.verify, "residual", lambda p, q: q)
+    monkeypatch.setattr(specdecode.verify.chain, "residual", lambda p, q: q)
     args = ["--device", "cpu", "--quick", "--out", str(tmp_path / "check"), "--sections", "distribution_eager"]
     assert gpu_check.main(args) == 1
     result = json.loads((tmp_path / "check.json").read_text())

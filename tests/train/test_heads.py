@@ -13,7 +13,7 @@ from specdecode.config import ConfigError
 from specdecode.heads import HeadConfig, build_heads, load_heads
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.train.distill import DistillConfig, distill
-from specdecode.tree import tree_layout
+from specdecode.verify.tree_layout import tree_layout
 from tests.train.conftest import crash_after_checkpoint
 
 SMALL = dict(batch_size=4, seq_len=24, warmup=3, progress=False)

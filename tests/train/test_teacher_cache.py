@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from specdecode.bench import distill_cache as bench
+from experiments import distill_cache as bench
 from specdecode.cli import main
 from specdecode.config import ConfigError
 from specdecode.train import build_cache as B
