@@ -103,7 +103,13 @@ struct Acts {
     std::vector<float> d;      // [rows, K / QB]
     std::vector<int16_t> s16;  // [rows, K / 16]
     std::vector<int16_t> s32;  // [rows, K / 32]
+    // The same per chunk of kMaxRows rows, rows last (padded with zeros), for code vectorized across rows:
+    std::vector<float> dT;     // [chunks, K / QB, kMaxRows]
+    std::vector<int32_t> p16;  // [chunks, K / 32, kMaxRows] s16 of sub-blocks 2p, 2p + 1 as the low, high int16
+    std::vector<int32_t> p32;  // [chunks, K / 64, kMaxRows] the same of s32
 };
+
+int32_t pack16(int16_t lo, int16_t hi) { return int32_t(uint32_t(uint16_t(lo)) | (uint32_t(uint16_t(hi)) << 16)); }
 
 void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, Acts& a) {
     a.K = K, a.QB = QB;
@@ -138,6 +144,18 @@ void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, 
         }
         for (int64_t c = 0; c < K / 32; ++c)
             a.s32[m * (K / 32) + c] = int16_t(a.s16[m * (K / 16) + 2 * c] + a.s16[m * (K / 16) + 2 * c + 1]);
+    }
+    const int64_t chunks = (rows + kMaxRows - 1) / kMaxRows;
+    a.dT.assign(chunks * (K / QB) * kMaxRows, 0.0f);
+    a.p16.assign(chunks * (K / 32) * kMaxRows, 0);
+    a.p32.assign(chunks * (K / 64) * kMaxRows, 0);
+    for (int64_t m = 0; m < rows; ++m) {
+        const int64_t c = m / kMaxRows, r = m % kMaxRows;
+        for (int64_t b = 0; b < K / QB; ++b) a.dT[(c * (K / QB) + b) * kMaxRows + r] = a.d[m * (K / QB) + b];
+        for (int64_t p = 0; p < K / 32; ++p)
+            a.p16[(c * (K / 32) + p) * kMaxRows + r] = pack16(a.s16[m * (K / 16) + 2 * p], a.s16[m * (K / 16) + 2 * p + 1]);
+        for (int64_t p = 0; p < K / 64; ++p)
+            a.p32[(c * (K / 64) + p) * kMaxRows + r] = pack16(a.s32[m * (K / 32) + 2 * p], a.s32[m * (K / 32) + 2 * p + 1]);
     }
 }
 
@@ -380,6 +398,65 @@ Ints dot_k(const WBlock& w, const KScales& k, const Acts& a, int64_t m, int64_t 
     }
 }
 
+// The 4 x 64 weights' scaled pair sums of one activation row, in 16 int32 lanes (their sum is S before Q6_K's
+// offset correction).
+template <bool kVnniOps>
+__m512i lanes_k(const WBlock& w, const KScales& k, const int8_t* x) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int i = 0; i < 4; ++i) {
+        const __m512i pairs = _mm512_maddubs_epi16(_mm512_load_si512(w.q + 64 * i), _mm512_loadu_si512(x + 64 * i));
+        if constexpr (kVnniOps)
+            acc = _mm512_dpwssd_epi32(acc, pairs, k.sc[i]);
+        else
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, k.sc[i]));
+    }
+    return acc;
+}
+
+// r[i] = the sum of v[i]'s 16 lanes, for 16 vectors at once (a transposing tree of adds).
+__m512i reduce16(const __m512i* v) {
+    __m512i l1[8], l2[4], l3[2];
+    for (int i = 0; i < 8; ++i)
+        l1[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i)
+        l2[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(l1[2 * i], l1[2 * i + 1]),
+                                 _mm512_unpackhi_epi64(l1[2 * i], l1[2 * i + 1]));
+    for (int i = 0; i < 2; ++i)
+        l3[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(l2[2 * i], l2[2 * i + 1], 0x88),
+                                 _mm512_shuffle_i32x4(l2[2 * i], l2[2 * i + 1], 0xdd));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(l3[0], l3[1], 0x88), _mm512_shuffle_i32x4(l3[0], l3[1], 0xdd));
+}
+
+// Block b of one K-quant weight row against a chunk of up to 16 activation rows, one row per lane: the integers
+// of step 2 and the fp32 of step 3, lane by lane the same operations as the scalar code (so the same bits).
+template <int64_t T, bool kVnniOps>
+__m512 rows_k(const WBlock& w, const KScales& k, const Acts& a, int64_t m0, int rows, int64_t b, __m512 acc) {
+    const int64_t c = m0 / kMaxRows;
+    __m512i v[kMaxRows];
+    for (int m = 0; m < rows; ++m) v[m] = lanes_k<kVnniOps>(w, k, a.q.data() + (m0 + m) * a.K + b * 256);
+    for (int m = rows; m < kMaxRows; ++m) v[m] = _mm512_setzero_si512();
+    __m512i S = reduce16(v);
+    const __m512 dx = _mm512_loadu_ps(a.dT.data() + (c * (a.K / 256) + b) * kMaxRows);
+    if constexpr (T == kQ6_K) {
+        const int32_t* p16 = a.p16.data() + (c * (a.K / 32) + b * 8) * kMaxRows;
+        __m512i corr = _mm512_setzero_si512();
+        for (int p = 0; p < 8; ++p)
+            corr = _mm512_add_epi32(corr, _mm512_madd_epi16(_mm512_loadu_si512(p16 + p * kMaxRows),
+                                                            _mm512_set1_epi32(pack16(w.sc[2 * p], w.sc[2 * p + 1]))));
+        S = _mm512_sub_epi32(S, _mm512_slli_epi32(corr, 5));
+    }
+    __m512 P = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(_mm512_set1_ps(w.d), dx));
+    if constexpr (T == kQ4_K) {
+        const int32_t* p32 = a.p32.data() + (c * (a.K / 64) + b * 4) * kMaxRows;
+        __m512i Mn = _mm512_setzero_si512();
+        for (int p = 0; p < 4; ++p)
+            Mn = _mm512_add_epi32(Mn, _mm512_madd_epi16(_mm512_loadu_si512(p32 + p * kMaxRows),
+                                                        _mm512_set1_epi32(pack16(w.mn[2 * p], w.mn[2 * p + 1]))));
+        P = _mm512_sub_ps(P, _mm512_mul_ps(_mm512_cvtepi32_ps(Mn), _mm512_mul_ps(_mm512_set1_ps(w.d2), dx)));
+    }
+    return _mm512_add_ps(acc, P);
+}
+
 template <int64_t T, bool kVnniOps>
 Ints dot_32(const WBlock& w, const Acts& a, int64_t m, int64_t b) {
     const int8_t* x = a.q.data() + m * a.K + b * 32;
@@ -404,8 +481,34 @@ Ints dot_32(const WBlock& w, const Acts& a, int64_t m, int64_t b) {
     return {S, s32};
 }
 
+// From this many rows on, a K-quant block meets the rows 16 lanes at a time (rows_k); below, one row at a time.
+constexpr int kLaneRows = 4;
+
+template <int64_t T, bool kVnniOps>
+void pair_avx_lanes(const Args& a, const int64_t* n, int64_t m0, int rows) {
+    __m512 acc[kPair] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    WBlock w[kPair];
+    for (int64_t b = 0; b < a.K / 256; ++b) {
+        for (int g = 0; g < kPair; ++g) {
+            const uint8_t* row = a.w + n[g] * a.row_bytes;
+            decode_scales<T>(row, b, a.fault, w[g]);
+            decode_quants_avx<T>(row + b * Layout<T>::kBytes, w[g]);
+            acc[g] = rows_k<T, kVnniOps>(w[g], k_scales<T>(w[g]), *a.acts, m0, rows, b, acc[g]);
+        }
+    }
+    for (int g = 0; g < kPair; ++g) {
+        float lanes[kMaxRows];
+        _mm512_storeu_ps(lanes, acc[g]);
+        for (int m = 0; m < rows; ++m)
+            a.out[(m0 + m) * a.N + n[g]] = a.bias ? lanes[m] + a.bias[n[g]] : lanes[m];
+    }
+}
+
 template <int64_t T, bool kVnniOps>
 void pair_avx(const Args& a, const int64_t* n, int64_t m0, int rows) {
+    if constexpr (Layout<T>::kWeights == 256) {
+        if (rows >= kLaneRows) return pair_avx_lanes<T, kVnniOps>(a, n, m0, rows);
+    }
     constexpr int kW = Layout<T>::kWeights;
     constexpr bool kK = kW == 256;
     float acc[kPair][kMaxRows] = {};
