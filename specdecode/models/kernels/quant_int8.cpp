@@ -103,13 +103,7 @@ struct Acts {
     std::vector<float> d;      // [rows, K / QB]
     std::vector<int16_t> s16;  // [rows, K / 16]
     std::vector<int16_t> s32;  // [rows, K / 32]
-    // The same per chunk of kMaxRows rows, rows last (padded with zeros), for code vectorized across rows:
-    std::vector<float> dT;     // [chunks, K / QB, kMaxRows]
-    std::vector<int32_t> p16;  // [chunks, K / 32, kMaxRows] s16 of sub-blocks 2p, 2p + 1 as the low, high int16
-    std::vector<int32_t> p32;  // [chunks, K / 64, kMaxRows] the same of s32
 };
-
-int32_t pack16(int16_t lo, int16_t hi) { return int32_t(uint32_t(uint16_t(lo)) | (uint32_t(uint16_t(hi)) << 16)); }
 
 void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, Acts& a) {
     a.K = K, a.QB = QB;
@@ -144,18 +138,6 @@ void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, 
         }
         for (int64_t c = 0; c < K / 32; ++c)
             a.s32[m * (K / 32) + c] = int16_t(a.s16[m * (K / 16) + 2 * c] + a.s16[m * (K / 16) + 2 * c + 1]);
-    }
-    const int64_t chunks = (rows + kMaxRows - 1) / kMaxRows;
-    a.dT.assign(chunks * (K / QB) * kMaxRows, 0.0f);
-    a.p16.assign(chunks * (K / 32) * kMaxRows, 0);
-    a.p32.assign(chunks * (K / 64) * kMaxRows, 0);
-    for (int64_t m = 0; m < rows; ++m) {
-        const int64_t c = m / kMaxRows, r = m % kMaxRows;
-        for (int64_t b = 0; b < K / QB; ++b) a.dT[(c * (K / QB) + b) * kMaxRows + r] = a.d[m * (K / QB) + b];
-        for (int64_t p = 0; p < K / 32; ++p)
-            a.p16[(c * (K / 32) + p) * kMaxRows + r] = pack16(a.s16[m * (K / 16) + 2 * p], a.s16[m * (K / 16) + 2 * p + 1]);
-        for (int64_t p = 0; p < K / 64; ++p)
-            a.p32[(c * (K / 64) + p) * kMaxRows + r] = pack16(a.s32[m * (K / 32) + 2 * p], a.s32[m * (K / 32) + 2 * p + 1]);
     }
 }
 
@@ -307,7 +289,7 @@ void pair_portable(const Args& a, const int64_t* n, int64_t m0, int rows) {
 #if QUANT_INT8_X86
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")
 
 // Vector decoding of the quants (integers: any correct code gives the portable path's bytes).
 template <int64_t T>
@@ -357,23 +339,54 @@ struct KScales {
     __m128i mn;
 };
 
-// Four int16 lanes of v in one 64-bit lane.
-long long rep4(int16_t v) { return static_cast<long long>(0x0001000100010001ULL * uint16_t(v)); }
+// The fields of block b, read with F16C (exact) and vector shuffles: the values decode_scales gives, plus the
+// int16 scale vectors each 64-weight chunk multiplies its pair sums by (Q4_K: chunk i = sub-blocks 2i, 2i + 1,
+// 16 pair sums each; Q6_K: chunk i = sub-blocks 4i .. 4i + 3, 8 pair sums each).
+float half_hw(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
 
 template <int64_t T>
-KScales k_scales(const WBlock& w) {
-    KScales k;
-    for (int i = 0; i < 4; ++i) {
-        if constexpr (T == kQ4_K)  // chunk i = sub-blocks 2i, 2i+1: 16 pair sums each
-            k.sc[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(w.sc[2 * i])),
-                                         _mm256_set1_epi16(w.sc[2 * i + 1]), 1);
-        else  // chunk i = sub-blocks 4i..4i+3: 8 pair sums each
-            k.sc[i] = _mm512_set_epi64(rep4(w.sc[4 * i + 3]), rep4(w.sc[4 * i + 3]), rep4(w.sc[4 * i + 2]),
-                                       rep4(w.sc[4 * i + 2]), rep4(w.sc[4 * i + 1]), rep4(w.sc[4 * i + 1]),
-                                       rep4(w.sc[4 * i]), rep4(w.sc[4 * i]));
+void decode_scales_avx(const uint8_t* row, int64_t b, bool fault, WBlock& w, KScales& k) {
+    const uint8_t* blk = row + b * Layout<T>::kBytes;
+    if constexpr (T == kQ4_K) {
+        w.d = half_hw(blk), w.d2 = half_hw(blk + 2);
+        uint32_t u[4];  // llama.cpp's unpacking: bytes 0-7 the 8 scales, bytes 8-15 the 8 mins
+        std::memcpy(u, blk + 4, 12);
+        u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+        const uint32_t mins_lo = u[1] & 0x3f3f3f3f;
+        u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+        u[2] = mins_lo;
+        u[0] &= 0x3f3f3f3f;
+        uint8_t* bytes = reinterpret_cast<uint8_t*>(u);
+        if (fault) bytes[kFaultSub] = bytes[kFaultSub - 1];
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+        const __m128i sc = _mm_cvtepu8_epi16(v), mn = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(w.sc), sc);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(w.mn), mn);
+        k.mn = mn;
+        const __m512i all = _mm512_castsi128_si512(sc);
+        for (int i = 0; i < 4; ++i)
+            k.sc[i] = _mm512_permutexvar_epi16(
+                _mm512_inserti64x4(_mm512_set1_epi16(2 * i), _mm256_set1_epi16(2 * i + 1), 1), all);
+    } else {
+        w.d = half_hw(blk + 208);
+        alignas(16) int8_t raw[16];
+        std::memcpy(raw, blk + 192, 16);
+        if (fault) raw[kFaultSub] = raw[kFaultSub - 1];
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(raw)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.sc), sc);
+        const __m512i all = _mm512_castsi256_si512(sc);
+        for (int i = 0; i < 4; ++i) {
+            const __m512i idx = _mm512_set_epi64(0x0001000100010001LL * (4 * i + 3), 0x0001000100010001LL * (4 * i + 3),
+                                                 0x0001000100010001LL * (4 * i + 2), 0x0001000100010001LL * (4 * i + 2),
+                                                 0x0001000100010001LL * (4 * i + 1), 0x0001000100010001LL * (4 * i + 1),
+                                                 0x0001000100010001LL * (4 * i), 0x0001000100010001LL * (4 * i));
+            k.sc[i] = _mm512_permutexvar_epi16(idx, all);
+        }
     }
-    k.mn = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mn));
-    return k;
 }
 
 template <int64_t T, bool kVnniOps>
@@ -396,65 +409,6 @@ Ints dot_k(const WBlock& w, const KScales& k, const Acts& a, int64_t m, int64_t 
         const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc, s16), 5);  // 32 * sc[j] * s16[j]
         return {_mm512_reduce_add_epi32(acc) - hsum8(corr), 0};
     }
-}
-
-// The 4 x 64 weights' scaled pair sums of one activation row, in 16 int32 lanes (their sum is S before Q6_K's
-// offset correction).
-template <bool kVnniOps>
-__m512i lanes_k(const WBlock& w, const KScales& k, const int8_t* x) {
-    __m512i acc = _mm512_setzero_si512();
-    for (int i = 0; i < 4; ++i) {
-        const __m512i pairs = _mm512_maddubs_epi16(_mm512_load_si512(w.q + 64 * i), _mm512_loadu_si512(x + 64 * i));
-        if constexpr (kVnniOps)
-            acc = _mm512_dpwssd_epi32(acc, pairs, k.sc[i]);
-        else
-            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, k.sc[i]));
-    }
-    return acc;
-}
-
-// r[i] = the sum of v[i]'s 16 lanes, for 16 vectors at once (a transposing tree of adds).
-__m512i reduce16(const __m512i* v) {
-    __m512i l1[8], l2[4], l3[2];
-    for (int i = 0; i < 8; ++i)
-        l1[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; ++i)
-        l2[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(l1[2 * i], l1[2 * i + 1]),
-                                 _mm512_unpackhi_epi64(l1[2 * i], l1[2 * i + 1]));
-    for (int i = 0; i < 2; ++i)
-        l3[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(l2[2 * i], l2[2 * i + 1], 0x88),
-                                 _mm512_shuffle_i32x4(l2[2 * i], l2[2 * i + 1], 0xdd));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(l3[0], l3[1], 0x88), _mm512_shuffle_i32x4(l3[0], l3[1], 0xdd));
-}
-
-// Block b of one K-quant weight row against a chunk of up to 16 activation rows, one row per lane: the integers
-// of step 2 and the fp32 of step 3, lane by lane the same operations as the scalar code (so the same bits).
-template <int64_t T, bool kVnniOps>
-__m512 rows_k(const WBlock& w, const KScales& k, const Acts& a, int64_t m0, int rows, int64_t b, __m512 acc) {
-    const int64_t c = m0 / kMaxRows;
-    __m512i v[kMaxRows];
-    for (int m = 0; m < rows; ++m) v[m] = lanes_k<kVnniOps>(w, k, a.q.data() + (m0 + m) * a.K + b * 256);
-    for (int m = rows; m < kMaxRows; ++m) v[m] = _mm512_setzero_si512();
-    __m512i S = reduce16(v);
-    const __m512 dx = _mm512_loadu_ps(a.dT.data() + (c * (a.K / 256) + b) * kMaxRows);
-    if constexpr (T == kQ6_K) {
-        const int32_t* p16 = a.p16.data() + (c * (a.K / 32) + b * 8) * kMaxRows;
-        __m512i corr = _mm512_setzero_si512();
-        for (int p = 0; p < 8; ++p)
-            corr = _mm512_add_epi32(corr, _mm512_madd_epi16(_mm512_loadu_si512(p16 + p * kMaxRows),
-                                                            _mm512_set1_epi32(pack16(w.sc[2 * p], w.sc[2 * p + 1]))));
-        S = _mm512_sub_epi32(S, _mm512_slli_epi32(corr, 5));
-    }
-    __m512 P = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(_mm512_set1_ps(w.d), dx));
-    if constexpr (T == kQ4_K) {
-        const int32_t* p32 = a.p32.data() + (c * (a.K / 64) + b * 4) * kMaxRows;
-        __m512i Mn = _mm512_setzero_si512();
-        for (int p = 0; p < 4; ++p)
-            Mn = _mm512_add_epi32(Mn, _mm512_madd_epi16(_mm512_loadu_si512(p32 + p * kMaxRows),
-                                                        _mm512_set1_epi32(pack16(w.mn[2 * p], w.mn[2 * p + 1]))));
-        P = _mm512_sub_ps(P, _mm512_mul_ps(_mm512_cvtepi32_ps(Mn), _mm512_mul_ps(_mm512_set1_ps(w.d2), dx)));
-    }
-    return _mm512_add_ps(acc, P);
 }
 
 template <int64_t T, bool kVnniOps>
@@ -481,34 +435,9 @@ Ints dot_32(const WBlock& w, const Acts& a, int64_t m, int64_t b) {
     return {S, s32};
 }
 
-// From this many rows on, a K-quant block meets the rows 16 lanes at a time (rows_k); below, one row at a time.
-constexpr int kLaneRows = 4;
-
-template <int64_t T, bool kVnniOps>
-void pair_avx_lanes(const Args& a, const int64_t* n, int64_t m0, int rows) {
-    __m512 acc[kPair] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    WBlock w[kPair];
-    for (int64_t b = 0; b < a.K / 256; ++b) {
-        for (int g = 0; g < kPair; ++g) {
-            const uint8_t* row = a.w + n[g] * a.row_bytes;
-            decode_scales<T>(row, b, a.fault, w[g]);
-            decode_quants_avx<T>(row + b * Layout<T>::kBytes, w[g]);
-            acc[g] = rows_k<T, kVnniOps>(w[g], k_scales<T>(w[g]), *a.acts, m0, rows, b, acc[g]);
-        }
-    }
-    for (int g = 0; g < kPair; ++g) {
-        float lanes[kMaxRows];
-        _mm512_storeu_ps(lanes, acc[g]);
-        for (int m = 0; m < rows; ++m)
-            a.out[(m0 + m) * a.N + n[g]] = a.bias ? lanes[m] + a.bias[n[g]] : lanes[m];
-    }
-}
-
-template <int64_t T, bool kVnniOps>
-void pair_avx(const Args& a, const int64_t* n, int64_t m0, int rows) {
-    if constexpr (Layout<T>::kWeights == 256) {
-        if (rows >= kLaneRows) return pair_avx_lanes<T, kVnniOps>(a, n, m0, rows);
-    }
+// R rows, a compile-time count: the row loop unrolls and the per-row integers stay in registers.
+template <int64_t T, bool kVnniOps, int R>
+void pair_avx(const Args& a, const int64_t* n, int64_t m0, int) {
     constexpr int kW = Layout<T>::kWeights;
     constexpr bool kK = kW == 256;
     float acc[kPair][kMaxRows] = {};
@@ -517,11 +446,15 @@ void pair_avx(const Args& a, const int64_t* n, int64_t m0, int rows) {
     for (int64_t b = 0; b < a.K / kW; ++b) {
         for (int g = 0; g < kPair; ++g) {
             const uint8_t* row = a.w + n[g] * a.row_bytes;
-            decode_scales<T>(row, b, a.fault, w[g]);
+            if constexpr (kK) {
+                decode_scales_avx<T>(row, b, a.fault, w[g], ks[g]);
+            } else {
+                w[g].d = half_hw(row + (a.fault && b % 8 == kFaultSub ? b - 1 : b) * Layout<T>::kBytes);
+                if constexpr (T == kQ4_1) w[g].d2 = half_hw(row + b * Layout<T>::kBytes + 2);
+            }
             decode_quants_avx<T>(row + b * Layout<T>::kBytes, w[g]);
-            if constexpr (kK) ks[g] = k_scales<T>(w[g]);
         }
-        for (int m = 0; m < rows; ++m) {
+        for (int m = 0; m < R; ++m) {
             const float dx = a.acts->d[(m0 + m) * (a.K / kW) + b];
             for (int g = 0; g < kPair; ++g) {
                 Ints v;
@@ -534,9 +467,12 @@ void pair_avx(const Args& a, const int64_t* n, int64_t m0, int rows) {
         }
     }
     for (int g = 0; g < kPair; ++g)
-        for (int m = 0; m < rows; ++m)
+        for (int m = 0; m < R; ++m)
             a.out[(m0 + m) * a.N + n[g]] = a.bias ? acc[g][m] + a.bias[n[g]] : acc[g][m];
 }
+
+template <int64_t T, bool kVnniOps, int... Rs>
+constexpr PairFn kAvxPairs[] = {nullptr, pair_avx<T, kVnniOps, Rs>...};  // indexed by row count
 
 #pragma GCC pop_options
 
@@ -549,7 +485,7 @@ int64_t features() {
     static const int64_t f = [] {
         __builtin_cpu_init();
         const bool bw = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl");
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c");
         return int64_t(bw && __builtin_cpu_supports("avx512vnni")) | (int64_t(bw) << 1);
     }();
     return f;
@@ -560,17 +496,25 @@ int64_t features() {
 
 template <int64_t T>
 void run(const Args& a, int64_t path) {
-    PairFn fn = pair_portable<T>;
+    const PairFn portable[kMaxRows + 1] = {nullptr, pair_portable<T>, pair_portable<T>, pair_portable<T>,
+                                           pair_portable<T>, pair_portable<T>, pair_portable<T>, pair_portable<T>,
+                                           pair_portable<T>, pair_portable<T>, pair_portable<T>, pair_portable<T>,
+                                           pair_portable<T>, pair_portable<T>, pair_portable<T>, pair_portable<T>,
+                                           pair_portable<T>};
+    const PairFn* fns = portable;
 #if QUANT_INT8_X86
-    if (path == kVnni) fn = pair_avx<T, true>;
-    if (path == kBw) fn = pair_avx<T, false>;
+    if (path == kVnni) fns = kAvxPairs<T, true, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16>;
+    if (path == kBw) fns = kAvxPairs<T, false, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16>;
 #endif
     const int64_t num_pairs = (a.N + 1) / kPair;
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < num_pairs; ++p) {
         // An odd N's last pair computes its one weight row twice: same work, one code path.
         const int64_t n[kPair] = {kPair * p, std::min(kPair * p + 1, a.N - 1)};
-        for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) fn(a, n, m0, int(std::min<int64_t>(kMaxRows, a.M - m0)));
+        for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
+            const int rows = int(std::min<int64_t>(kMaxRows, a.M - m0));
+            fns[rows](a, n, m0, rows);
+        }
     }
 }
 
