@@ -315,8 +315,21 @@ void decode_quants_avx(const uint8_t* blk, WBlock& w) {
             _mm512_store_si512(w.q + 128 * h + 64,
                                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), hi1));
         }
-    } else {
-        decode_quants_portable<T>(blk, w);  // 32 weights: the scalar code is short
+    } else if constexpr (T == kQ8_0) {
+        std::memcpy(w.q, blk + 2, 32);
+    } else {  // Q4_1 and Q5_0: 16 bytes of nibbles, weights j (low) and j + 16 (high)
+        const __m128i m4 = _mm_set1_epi8(0xf);
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == kQ4_1 ? 4 : 6)));
+        __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+        if constexpr (T == kQ5_0) {  // weight j's fifth bit is bit j of qh
+            uint32_t qh;
+            std::memcpy(&qh, blk + 2, 4);
+            const __m128i bit4 = _mm_set1_epi8(16);
+            lo = _mm_mask_add_epi8(lo, __mmask16(qh & 0xffff), lo, bit4);
+            hi = _mm_mask_add_epi8(hi, __mmask16(qh >> 16), hi, bit4);
+        }
+        _mm_store_si128(reinterpret_cast<__m128i*>(w.q), lo);
+        _mm_store_si128(reinterpret_cast<__m128i*>(w.q + 16), hi);
     }
 }
 
