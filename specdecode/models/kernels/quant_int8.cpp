@@ -113,7 +113,7 @@ void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, 
     a.s32.assign(rows * (K / 32), 0);
     for (int64_t b = 0; b < K / QB; ++b) {
         float batch_amax = 0.0f;  // only the shared-scale fault reads it
-        for (int64_t m = 0; m < rows; ++m)
+        for (int64_t m = 0; shared && m < rows; ++m)
             for (int64_t i = 0; i < QB; ++i) batch_amax = std::max(batch_amax, std::fabs(x[m * K + b * QB + i]));
         for (int64_t m = 0; m < rows; ++m) {
             const float* xb = x + m * K + b * QB;
