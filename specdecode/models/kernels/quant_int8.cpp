@@ -29,8 +29,9 @@
 // through vpmaddwd on int16 instead) and the portable scalar path give identical bits. A row's quantization and
 // sums never read another row, so its output is bitwise the same alone or in any batch.
 //
-// Work: the activation rows are quantized once per call (in blocks of kMaxRows rows); threads split pairs of
-// output rows; each weight block is decoded once per call and chunk of rows and meets every activation row.
+// Work: every activation row is quantized once per call, before the threads start; threads split pairs of output
+// rows; each weight block is decoded once per call and chunk of 16 activation rows, and meets every row of the
+// chunk (the row count a template argument, so the row loop unrolls).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
