@@ -1,0 +1,160 @@
+"""The "fast" arithmetic: GGUF-block linears with int8-quantized activations (llama.cpp's CPU arithmetic, defined).
+
+`QuantLinear` (models/quant_rows.py) multiplies the file's blocks by fp32 activations: exact, and on the 1.5B target
+bound by its fp32 FMAs at a few rows. The op here, `specdecode::quant_int8_linear` (kernels/quant_int8.cpp, whose
+header defines the arithmetic to the last rounding), quantizes each activation row on its own, per block of 32
+values (per 256-value super-block against Q4_K and Q6_K), to int8 with scale max|x| / 127; takes integer dot
+products with the weight quants per weight sub-block (exact in int32: AVX512-VNNI where the CPU has it, else
+AVX-512BW, else portable scalar code, all three bitwise equal); and combines them with the fp32 scales in one fixed
+order. It is not the dequantized model's product, but it is a function of each row alone: a row's output is
+bitwise the same alone or in any batch, so speculation under it stays exact with respect to it.
+
+`use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s sharing their blocks; `apply_arithmetic`
+does so when SPECDECODE_ARITHMETIC=fast (default `exact`: the model is left as it is).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+from gguf import GGMLQuantizationType
+from torch import nn
+from torch.utils import cpp_extension
+
+from specdecode.models.disk_cache import build_once, cache_root
+from specdecode.models.few_rows import KernelBuildError
+from specdecode.models.quant_rows import TYPES, QuantLinear, compiler
+
+SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
+# No -mavx512*: the vector functions carry their own target attribute and are chosen at run time.
+# -ffp-contract=off: no fused multiply-adds; the fp32 steps are the ones the .cpp's header defines.
+FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
+AUTO, VNNI, BW, PORTABLE = 0, 1, 2, 3  # the op's `path`
+FAULT_NONE, FAULT_SCALE, FAULT_SHARED = 0, 1, 2  # set_fault's modes
+ARITHMETIC_ENV = "SPECDECODE_ARITHMETIC"  # "exact" (default): fp32 activations; "fast": this module's int8
+
+
+def _build(out: Path, cxx: str) -> None:
+    lib = Path(torch.__file__).parent / "lib"
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    links = [f"-L{lib}", f"-Wl,-rpath,{lib}", "-ltorch_cpu", "-lc10"]
+    cmd = [cxx, *FLAGS, abi, *includes, str(SOURCE), *links, "-o", str(out / "quant_int8.so")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise KernelBuildError(f"{cxx} failed to build the int8 quantized kernel: {done.stderr.strip()[-500:]}")
+
+
+@functools.cache
+def library() -> Path:
+    """Build the op into the cache (keyed by source, flags, compiler and torch) the first time and load it into
+    this process; returns the library's path."""
+    cxx = compiler()
+    if cxx is None:
+        raise KernelBuildError("no C++ compiler (g++ or $CXX) to build the int8 quantized kernel")
+    h = hashlib.blake2b(digest_size=8)
+    h.update(SOURCE.read_bytes())
+    h.update(" ".join([cxx, *FLAGS, torch.__version__]).encode())
+    final = build_once(cache_root() / "kernels" / f"quant_int8-{h.hexdigest()}", lambda tmp: _build(tmp, cxx))
+    _load(final / "quant_int8.so")
+    return final / "quant_int8.so"
+
+
+@functools.cache
+def _load(path: Path) -> None:
+    torch.ops.load_library(str(path))
+    if not hasattr(torch.ops.specdecode, "quant_int8_linear"):
+        raise KernelBuildError(f"{path} does not define specdecode::quant_int8_linear")
+    torch.library.register_fake("specdecode::quant_int8_linear", _fake_quant_int8_linear)
+
+
+def _fake_quant_int8_linear(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None = None, path: int = 0
+) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], blocks.shape[0])
+
+
+def paths() -> list[int]:
+    """The paths this CPU runs, best first (the op's AUTO takes the first): VNNI and BW where the CPU reports
+    them, PORTABLE always."""
+    library()
+    features = int(torch.ops.specdecode.quant_int8_features())
+    return [p for p, bit in ((VNNI, 1), (BW, 2)) if features & bit] + [PORTABLE]
+
+
+def set_fault(mode: int) -> None:
+    """Tests only: FAULT_SCALE misreads one sub-block scale (sub-block 5 of a K-quant super-block, or every
+    32-weight block b with b % 8 == 5, takes its neighbour's); FAULT_SHARED quantizes each activation block
+    with one scale shared by all rows of the call; FAULT_NONE is the defined arithmetic."""
+    ctypes.CDLL(str(library())).specdecode_quant_int8_fault(int(mode))
+
+
+def quant_int8_linear(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    qtype: GGMLQuantizationType,
+    in_features: int,
+    bias: torch.Tensor | None = None,
+    path: int = AUTO,
+) -> torch.Tensor:
+    """x [..., in] against the GGUF rows blocks [out, bytes_per_row] in the int8 arithmetic (+ bias [out])
+    -> [..., out] fp32."""
+    library()
+    return torch.ops.specdecode.quant_int8_linear.default(x, blocks, int(qtype), in_features, bias, path)
+
+
+class Int8QuantLinear(nn.Module):
+    """A `QuantLinear`'s blocks and bias (shared, not copied) multiplied in the int8 arithmetic."""
+
+    def __init__(self, linear: QuantLinear) -> None:
+        super().__init__()
+        if linear.qtype not in TYPES:
+            raise ValueError(f"Int8QuantLinear supports {', '.join(t.name for t in TYPES)}, not {linear.qtype.name}")
+        self.qtype, self.in_features, self.out_features = linear.qtype, linear.in_features, linear.out_features
+        self.register_buffer("blocks", linear.blocks)  # [out, bytes_per_row] uint8, the same storage
+        self.register_buffer("bias", linear.bias)  # [out] fp32 or None
+        self._exact = [linear]  # not a submodule: kept for dequantized() without registering its buffers twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant_int8_linear(x, self.blocks, self.qtype, self.in_features, self.bias)  # [..., out]
+
+    def dequantized(self) -> torch.Tensor:
+        """The fp32 weight [out, in] the blocks define (for readers that need it dense)."""
+        return self._exact[0].dequantized()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype.name}, int8"
+
+
+def use_int8(model: nn.Module) -> int:
+    """Swap every QuantLinear in `model` (ConcatLinear parts included: they are children too) for an
+    Int8QuantLinear over the same buffers; returns how many were swapped."""
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, QuantLinear):
+                setattr(parent, name, Int8QuantLinear(child))
+                swapped += 1
+    return swapped
+
+
+def arithmetic() -> str:
+    """The arithmetic SPECDECODE_ARITHMETIC asks for: "exact" (default) or "fast"."""
+    value = os.environ.get(ARITHMETIC_ENV, "exact")
+    if value not in ("exact", "fast"):
+        raise ValueError(f"{ARITHMETIC_ENV}={value!r}: expected 'exact' or 'fast'")
+    return value
+
+
+def apply_arithmetic(model: nn.Module) -> nn.Module:
+    """The model in the arithmetic SPECDECODE_ARITHMETIC names: under "fast" its QuantLinears become
+    Int8QuantLinears (in place); under "exact" it is returned untouched."""
+    if arithmetic() == "fast":
+        use_int8(model)
+    return model
