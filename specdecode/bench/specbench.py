@@ -24,10 +24,11 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from specdecode.bench.code_prompts import load_prompts
 from specdecode.bench.draft_tradeoff import plot_tradeoff, render_tradeoff, step_costs
 from specdecode.config import SamplingParams, SpeculativeConfig
 from specdecode.hardware import cpu_model
-from specdecode.prompts import Prompt, load_jsonl
+from specdecode.prompts import Prompt
 
 
 @dataclass
@@ -287,7 +288,7 @@ def provenance(module: str | None = None) -> dict[str, str]:
 
 
 def run_from_args(a: argparse.Namespace) -> None:
-    prompts = select_prompts(load_jsonl(a.prompts), a.per_category)
+    prompts = select_prompts(load_prompts(a.prompts, a.split), a.per_category)
     arms = build_arms(a)
     chat_tok = arms[0].llm if isinstance(arms[0], EngineArm) else None
     texts = [
