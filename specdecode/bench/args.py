@@ -144,6 +144,12 @@ def add_specbench_args(g: argparse._ArgumentGroup) -> None:
         "needs the peers extra (make peers)",
     )
     g.add_argument(
+        "--llama-cpp-native",
+        action="store_true",
+        help="add native llama.cpp arms on the target's GGUF, its own tools (llama-completion, llama-lookup, "
+        "llama-speculative-simple with the draft's GGUF; cost: llama-bench at batch 1); needs them built (make peers)",
+    )
+    g.add_argument(
         "--split",
         choices=("dev", "eval", "all"),
         default="eval",

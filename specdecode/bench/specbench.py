@@ -39,6 +39,9 @@ class Sample:
     accepted: int = 0
     forwards: int = 0
     trees: bool = False  # drafted tokens are tree nodes: accepted / drafted is a per-node rate
+    # Where the arm reports them (native llama.cpp): the decoding part of `seconds` and the tokens it made.
+    decode_seconds: float | None = None
+    decode_tokens: int = 0
 
 
 class Arm(Protocol):
@@ -97,6 +100,7 @@ class ArmResult:
         drafted = sum(s.drafted for s in samples)
         accepted = sum(s.accepted for s in samples)
         forwards = sum(s.forwards for s in samples)
+        decode = {"decode_tokens_per_s": decode_rate(samples)} if all(s.decode_seconds for s in samples) else {}
         return {
             "tokens": tokens,
             "seconds": seconds,
@@ -106,12 +110,18 @@ class ArmResult:
                 accepted / drafted if drafted else 0.0
             ),
             "mean_accepted_tokens": (accepted + forwards) / forwards if forwards else float("nan"),
+            **decode,
         }
 
     def table(self) -> dict[str, dict[str, float]]:
         rows = {cat: self.summarise(s) for cat, s in self.samples.items()}
         rows["overall"] = self.summarise([s for ss in self.samples.values() for s in ss])
         return rows
+
+
+def decode_rate(samples: list[Sample]) -> float:
+    """Tokens per second of decoding alone, prompt evaluation excluded."""
+    return sum(s.decode_tokens for s in samples) / sum(s.decode_seconds for s in samples)
 
 
 def select_prompts(prompts: list[Prompt], per_category: int) -> list[Prompt]:
@@ -139,10 +149,11 @@ def run_arms(arms: list[Arm], texts: list[tuple[str, str]], max_tokens: int, war
 
 
 def build_arms(a: argparse.Namespace) -> list[Arm]:
-    from specdecode.bench import llama_cpp_peer
+    from specdecode.bench import llama_cpp_native, llama_cpp_peer
     from specdecode.llm_args import llm_from_args
 
     peer_gguf = llama_cpp_peer.require(a.target) if a.llama_cpp else None  # before any model loads
+    native_gguf = llama_cpp_native.require(a.target) if a.llama_cpp_native else None
     # Batch 1 needs one cache slot, so the bench takes the model's whole context: long RAG prompts fit.
     batch1 = dict(max_num_seqs=1, max_model_len=a.max_model_len or 8192)
     base = llm_from_args(a, method="none", **batch1)
@@ -170,6 +181,8 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
         arms += hf_arms(a, base, ours)
     if peer_gguf is not None:
         arms += llama_cpp_peer.llama_cpp_arms(a, peer_gguf, base, ours)
+    if native_gguf is not None:
+        arms += llama_cpp_native.native_arms(a, native_gguf, ours)
     return arms
 
 
@@ -251,6 +264,10 @@ def render(results: dict[str, ArmResult], console: Console, notes: dict[str, str
             table.add_row(*cells)
             md.append("| " + " | ".join(cells) + " |")
         console.print(table)
+        if "decode_tokens_per_s" in rows["overall"]:
+            line = f"decoding alone (prompt evaluation excluded): {rows['overall']['decode_tokens_per_s']:.1f} tok/s"
+            console.print(f"{name}: {line}", style="dim", markup=False)
+            md += ["", f"_{name}: {line}_"]
         if notes and name in notes:
             console.print(f"{name}: {notes[name]}", style="dim", markup=False)
             md += ["", f"_{name}: {notes[name]}_"]
