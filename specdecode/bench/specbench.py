@@ -202,12 +202,8 @@ def arm_label(spec: SpeculativeConfig, weights: str | None = None) -> str:
 def hf_arms(a: argparse.Namespace, base, ours: list) -> list[Arm]:
     """HF generate, plus per n-gram arm prompt lookup and per draft arm assisted generation, each with our
     arm's K (K_max for a dynamic controller) and the same draft model, at a constant K."""
-    from transformers import AutoModelForCausalLM
-
-    from specdecode.models.loader import resolve_model_dir
-
     dtype = getattr(torch, a.dtype)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(a.target), dtype=dtype).to(a.device).eval()
+    model = hf_model(a.target, dtype).to(a.device).eval()
     eos = sorted(base.engine.eos_token_ids)
     arms: list[Arm] = [HFArm("HF generate", model, base.tokenizer, eos)]
     drafts: dict[str, torch.nn.Module] = {}
@@ -218,8 +214,7 @@ def hf_arms(a: argparse.Namespace, base, ours: list) -> list[Arm]:
             arms.append(HFArm(f"HF prompt lookup K={k}", model, base.tokenizer, eos, prompt_lookup_num_tokens=k))
         elif spec.method == "draft" and spec.draft:
             if spec.draft not in drafts:
-                path = resolve_model_dir(spec.draft)
-                drafts[spec.draft] = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(a.device).eval()
+                drafts[spec.draft] = hf_model(spec.draft, dtype).to(a.device).eval()
             arms.append(
                 HFArm(
                     f"HF assisted [{draft_name(spec.draft)}] K={spec.num_speculative_tokens}",
@@ -232,6 +227,20 @@ def hf_arms(a: argparse.Namespace, base, ours: list) -> list[Arm]:
                 )
             )
     return _unique(arms)
+
+
+def hf_model(spec: str, dtype: torch.dtype):
+    """transformers' model of `spec` as its users load it: a GGUF-backed spec (a built-in name, a .gguf path)
+    through transformers' own GGUF loader (it dequantizes to `dtype`), anything else from its directory."""
+    from transformers import AutoModelForCausalLM
+
+    from specdecode.models.gguf_quantized import gguf_file
+    from specdecode.models.loader import resolve_model_dir
+
+    path = gguf_file(spec)
+    if path is not None:
+        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(resolve_model_dir(spec), dtype=dtype)
 
 
 def _unique(arms: list[Arm]) -> list[Arm]:
