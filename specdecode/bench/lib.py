@@ -26,6 +26,14 @@ class Sample:
     accepted: int = 0
     forwards: int = 0
     trees: bool = False  # drafted tokens are tree nodes: accepted / drafted is a per-node rate
+    # Where the arm reports them (native llama.cpp): the decoding part of `seconds` and the tokens it made.
+    decode_seconds: float | None = None
+    decode_tokens: int = 0
+
+
+def draft_name(spec: str) -> str:
+    """A draft's short name in arm names: a built-in name, or the directory's last component."""
+    return spec.rstrip("/").split("/")[-1]
 
 
 class Arm(Protocol):

@@ -17,10 +17,11 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from specdecode.bench.code_prompts import load_prompts
 from specdecode.bench.draft_tradeoff import plot_tradeoff, render_tradeoff, step_costs
-from specdecode.bench.lib import Arm, Sample, provenance, write_result
+from specdecode.bench.lib import Arm, Sample, draft_name, provenance, write_result
 from specdecode.config import SamplingParams, SpeculativeConfig
-from specdecode.prompts import Prompt, load_jsonl
+from specdecode.prompts import Prompt
 
 
 class EngineArm:
@@ -73,6 +74,7 @@ class ArmResult:
         drafted = sum(s.drafted for s in samples)
         accepted = sum(s.accepted for s in samples)
         forwards = sum(s.forwards for s in samples)
+        decode = {"decode_tokens_per_s": decode_rate(samples)} if all(s.decode_seconds for s in samples) else {}
         return {
             "tokens": tokens,
             "seconds": seconds,
@@ -82,12 +84,18 @@ class ArmResult:
                 accepted / drafted if drafted else 0.0
             ),
             "mean_accepted_tokens": (accepted + forwards) / forwards if forwards else float("nan"),
+            **decode,
         }
 
     def table(self) -> dict[str, dict[str, float]]:
         rows = {cat: self.summarise(s) for cat, s in self.samples.items()}
         rows["overall"] = self.summarise([s for ss in self.samples.values() for s in ss])
         return rows
+
+
+def decode_rate(samples: list[Sample]) -> float:
+    """Tokens per second of decoding alone, prompt evaluation excluded."""
+    return sum(s.decode_tokens for s in samples) / sum(s.decode_seconds for s in samples)
 
 
 def select_prompts(prompts: list[Prompt], per_category: int) -> list[Prompt]:
@@ -115,10 +123,11 @@ def run_arms(arms: list[Arm], texts: list[tuple[str, str]], max_tokens: int, war
 
 
 def build_arms(a: argparse.Namespace) -> list[Arm]:
-    from specdecode.bench import llama_cpp_peer
+    from specdecode.bench import llama_cpp_native, llama_cpp_peer
     from specdecode.llm_args import llm_from_args
 
     peer_gguf = llama_cpp_peer.require(a.target) if a.llama_cpp else None  # before any model loads
+    native_gguf = llama_cpp_native.require(a.target) if a.llama_cpp_native else None
     # Batch 1 needs one cache slot, so the bench takes the model's whole context: long RAG prompts fit.
     batch1 = dict(max_num_seqs=1, max_model_len=a.max_model_len or 8192)
     base = llm_from_args(a, method="none", **batch1)
@@ -146,12 +155,9 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
         arms += hf_arms(a, base, ours)
     if peer_gguf is not None:
         arms += llama_cpp_peer.llama_cpp_arms(a, peer_gguf, base, ours)
+    if native_gguf is not None:
+        arms += llama_cpp_native.native_arms(a, native_gguf, ours)
     return arms
-
-
-def draft_name(spec: str) -> str:
-    """A draft's short name in arm names: a built-in name, or the directory's last component."""
-    return spec.rstrip("/").split("/")[-1]
 
 
 def arm_label(spec: SpeculativeConfig, weights: str | None = None) -> str:
@@ -165,12 +171,8 @@ def arm_label(spec: SpeculativeConfig, weights: str | None = None) -> str:
 def hf_arms(a: argparse.Namespace, base, ours: list) -> list[Arm]:
     """HF generate, plus per n-gram arm prompt lookup and per draft arm assisted generation, each with our
     arm's K (K_max for a dynamic controller) and the same draft model, at a constant K."""
-    from transformers import AutoModelForCausalLM
-
-    from specdecode.models.loader import resolve_model_dir
-
     dtype = getattr(torch, a.dtype)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(a.target), dtype=dtype).to(a.device).eval()
+    model = hf_model(a.target, dtype).to(a.device).eval()
     eos = sorted(base.engine.eos_token_ids)
     arms: list[Arm] = [HFArm("HF generate", model, base.tokenizer, eos)]
     drafts: dict[str, torch.nn.Module] = {}
@@ -181,8 +183,7 @@ def hf_arms(a: argparse.Namespace, base, ours: list) -> list[Arm]:
             arms.append(HFArm(f"HF prompt lookup K={k}", model, base.tokenizer, eos, prompt_lookup_num_tokens=k))
         elif spec.method == "draft" and spec.draft:
             if spec.draft not in drafts:
-                path = resolve_model_dir(spec.draft)
-                drafts[spec.draft] = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(a.device).eval()
+                drafts[spec.draft] = hf_model(spec.draft, dtype).to(a.device).eval()
             arms.append(
                 HFArm(
                     f"HF assisted [{draft_name(spec.draft)}] K={spec.num_speculative_tokens}",
@@ -195,6 +196,20 @@ def hf_arms(a: argparse.Namespace, base, ours: list) -> list[Arm]:
                 )
             )
     return _unique(arms)
+
+
+def hf_model(spec: str, dtype: torch.dtype):
+    """transformers' model of `spec` as its users load it: a GGUF-backed spec (a built-in name, a .gguf path)
+    through transformers' own GGUF loader (it dequantizes to `dtype`), anything else from its directory."""
+    from transformers import AutoModelForCausalLM
+
+    from specdecode.models.gguf_quantized import gguf_file
+    from specdecode.models.loader import resolve_model_dir
+
+    path = gguf_file(spec)
+    if path is not None:
+        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(resolve_model_dir(spec), dtype=dtype)
 
 
 def _unique(arms: list[Arm]) -> list[Arm]:
@@ -227,6 +242,10 @@ def render(results: dict[str, ArmResult], console: Console, notes: dict[str, str
             table.add_row(*cells)
             md.append("| " + " | ".join(cells) + " |")
         console.print(table)
+        if "decode_tokens_per_s" in rows["overall"]:
+            line = f"decoding alone (prompt evaluation excluded): {rows['overall']['decode_tokens_per_s']:.1f} tok/s"
+            console.print(f"{name}: {line}", style="dim", markup=False)
+            md += ["", f"_{name}: {line}_"]
         if notes and name in notes:
             console.print(f"{name}: {notes[name]}", style="dim", markup=False)
             md += ["", f"_{name}: {notes[name]}_"]
@@ -240,7 +259,7 @@ def arm_notes(arms: list[Arm]) -> dict[str, str]:
 
 
 def run_from_args(a: argparse.Namespace) -> None:
-    prompts = select_prompts(load_jsonl(a.prompts), a.per_category)
+    prompts = select_prompts(load_prompts(a.prompts, a.split), a.per_category)
     arms = build_arms(a)
     chat_tok = arms[0].llm if isinstance(arms[0], EngineArm) else None
     texts = [

@@ -47,3 +47,39 @@ def test_forward_work_counts_every_linear_weight():
     assert one == pytest.approx((2 * weights + 4 * 4 * 16 * 101 * 3) / 1e9)
     assert nine > 72 * one  # 72 rows, each attending to a few more keys
     assert 0 < peak_gflops(2, ((64, 64, 64),), ((16, 64, 64),)) < 1e5
+
+
+class FakeWorker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def time_ms(self, batch: int, tokens: int, context: int) -> float:
+        return float(batch * tokens)
+
+
+def test_llama_cpp_curve_sits_beside_ours_at_batch_one(monkeypatch, tmp_path):
+    """`--llama-cpp-native`: llama-bench times every batch-1 cell (and only those: it runs one sequence), between
+    our arms' cells; the table and the plot show '-' / no line where it has no cell."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from specdecode.bench import cost
+
+    calls = []
+
+    def llama_bench_ms(gguf: Path, tokens: int, context: int, repeats: int) -> float:
+        calls.append((tokens, context, repeats))
+        return 100.0 + tokens
+
+    monkeypatch.setattr(cost, "llama_bench_ms", llama_bench_ms)
+    a = argparse.Namespace(contexts=[512], batches=[1, 4], new_tokens=[1, 5], repeats=3)
+    ms = cost.measure(a, [FakeWorker("compiled")], Path("t.gguf"))
+    assert ms[cost.NATIVE] == {"1x1@512": 101.0, "1x5@512": 105.0}
+    assert calls == [(1, 512, 3), (5, 512, 3)]
+    assert ms["compiled"]["4x5@512"] == 20.0
+    md = cost.render(a, ms, Console(file=open(tmp_path / "out.txt", "w")))
+    assert "| 1 | 1.0 (101.0) | 5.0 (105.0) |" in md and "| 4 | 4.0 (-) | 20.0 (-) |" in md
+    cost.plot(tmp_path / "c.png", a, ms, {k: 1.0 for k in ms["compiled"]})  # the floor beside the curves
+    assert (tmp_path / "c.png").stat().st_size > 0
+    assert cost.ratios(a, ms[cost.NATIVE])["1x1_ms"] == 101.0

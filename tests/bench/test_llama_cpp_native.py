@@ -1,0 +1,138 @@
+"""Native llama.cpp as a bench peer (`bench specbench|cost --llama-cpp-native`): the parsers on output the real
+tools printed on this machine (tests/bench/data/llama_cpp/), the one-line error when the tools are not built,
+and, where `make peers` built them, the real tools on SmolLM2 (skipped, and shown as skipped, where not)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import specdecode.llm_args
+from specdecode.bench import llama_cpp_native
+from specdecode.bench.llama_cpp_build import TOOLS, bin_dir
+from specdecode.bench.llama_cpp_cost import parse_llama_bench_json
+from specdecode.bench.llama_cpp_native import NativeArm, parse_completion, parse_speculative
+from specdecode.bench.specbench import ArmResult
+from specdecode.cli import main
+from specdecode.models.loader import BUILTIN_MODELS
+
+FIXTURES = Path(__file__).with_name("data") / "llama_cpp"
+TARGET = "smollm2-135m-instruct"
+BUILT = all((bin_dir() / t).is_file() for t in TOOLS)
+
+
+class ModelsLoaded(Exception):
+    """Raised where the bench would load its first model: the checks passed."""
+
+
+@pytest.fixture
+def bench_argv(tmp_path, monkeypatch):
+    """`bench specbench --llama-cpp-native` on one prompt, stopped where the first model would load."""
+
+    def load(*args, **kwargs):
+        raise ModelsLoaded
+
+    monkeypatch.setattr(specdecode.llm_args, "llm_from_args", load)
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text(json.dumps({"category": "qa", "turns": ["What is 2 + 2?"]}) + "\n")
+    return ["bench", "specbench", "--prompts", str(prompts), "--no-peers", "--llama-cpp-native", "--target", TARGET]
+
+
+def test_tools_not_built_is_one_line_naming_make_peers(bench_argv, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(llama_cpp_native, "bin_dir", lambda: tmp_path / "bin")
+    assert main(bench_argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "native llama.cpp tool llama-bench is not built" in err and "run make peers" in err
+    # Control: with every tool present the same command passes the check and goes on to load models.
+    (tmp_path / "bin").mkdir()
+    for name in TOOLS:
+        (tmp_path / "bin" / name).write_text("")
+    with pytest.raises(ModelsLoaded):
+        main(bench_argv)
+
+
+def test_completion_parser_on_real_output():
+    t = parse_completion((FIXTURES / "completion_smollm2.txt").read_text())
+    # Captured with -n 16 on a chat prompt of 22 tokens that does not stop early.
+    assert (t.prompt_tokens, t.tokens, t.decode_tokens) == (22, 16, 15)
+    assert (t.prompt_ms, t.decode_ms) == (1204.24, pytest.approx(26981.39 + 1.77))
+    assert t.prompt_ms > 0 and t.decode_ms > 0 and t.drafted == t.accepted == 0
+    s = t.sample()
+    assert s.seconds == pytest.approx((t.prompt_ms + t.decode_ms) / 1e3)
+    assert s.forwards == 16  # one token per forward: tau 1
+
+
+@pytest.mark.parametrize("name", ["lookup_smollm2.txt", "speculative_qwen.txt"])
+def test_speculative_parser_on_real_output(name):
+    text = (FIXTURES / name).read_text()
+    t = parse_speculative(text)
+    assert t.tokens == t.decode_tokens > 0 and t.prompt_tokens > 0
+    assert 0 <= t.accepted <= t.drafted
+    assert f"n_drafted = {t.drafted}" in " ".join(text.split())  # the numbers are the tool's own
+    s = t.sample()
+    assert s.forwards == t.tokens - t.accepted and s.accepted == t.accepted
+
+
+def test_parser_refuses_output_without_timings():
+    with pytest.raises(ValueError, match="no prompt eval time line"):
+        parse_completion("main: error: unable to load model\n")
+    with pytest.raises(ValueError, match="no encoded line"):
+        parse_speculative("main: error: unable to load model\n")
+
+
+def test_llama_bench_json_parser_on_real_output():
+    ms = parse_llama_bench_json((FIXTURES / "llama_bench_smollm2.json").read_text())
+    assert set(ms) == {(1, 64), (5, 64)}  # captured: -p 1,5 -n 0 -d 64 -r 3
+    assert all(v > 0 for v in ms.values())
+
+
+def test_decode_rate_counts_only_the_decoding_part():
+    t = parse_completion((FIXTURES / "completion_smollm2.txt").read_text())
+    row = ArmResult.summarise([t.sample(), t.sample()])
+    assert row["decode_tokens_per_s"] == pytest.approx(15 / (t.decode_ms / 1e3))
+    assert row["tokens_per_s"] == pytest.approx(16 / ((t.prompt_ms + t.decode_ms) / 1e3))
+
+
+needs_tools = pytest.mark.skipif(not BUILT, reason=f"native llama.cpp tools not built in {bin_dir()} (make peers)")
+COUNTING = "<|im_start|>user\nCount from 1 to 100, separated by commas.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@needs_tools
+def test_real_tools_on_smollm2_for_8_tokens(smollm2_tokenizer):
+    gguf = BUILTIN_MODELS[TARGET].gguf_path(TARGET)
+    plain = NativeArm("plain", llama_cpp_native.tool("llama-completion"), gguf, ["-no-cnv"], "", 512)
+    t = plain.timing(COUNTING, 8)
+    assert (t.tokens, t.decode_tokens, t.drafted) == (8, 7, 0) and t.prompt_ms > 0 and t.decode_ms > 0
+    # The tool evaluated exactly our prompt's tokens: no second chat template, no BOS of its own, and the
+    # newline that ends the assistant header kept (`-f` drops a file's last newline).
+    assert t.prompt_tokens == len(smollm2_tokenizer(COUNTING, add_special_tokens=False).input_ids)
+    # The target as its own draft: greedy, so (nearly) every drafted token is accepted; a parser that read the
+    # wrong line, or flags the tool ignored, would not show it.
+    extra = ["-md", str(gguf), "--spec-type", "draft-simple", "--spec-draft-n-max", "4"]
+    spec = NativeArm("self-draft", llama_cpp_native.tool("llama-speculative-simple"), gguf, extra, "", 512)
+    s = spec.run(COUNTING, 8)
+    assert s.tokens >= 8 and s.drafted > 0 and s.accepted >= 0.75 * s.drafted
+
+
+def test_target_without_gguf_is_one_line(bench_argv, monkeypatch, tiny_target, tmp_path, capsys):
+    monkeypatch.setattr(llama_cpp_native, "bin_dir", lambda: tmp_path)
+    for name in TOOLS:
+        (tmp_path / name).write_text("")
+    assert main([*bench_argv, "--target", str(tiny_target)]) == 2  # a Hugging Face directory: no GGUF
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--llama-cpp-native needs a GGUF-backed target" in err
+
+
+def test_draft_arms_take_the_targets_default_draft_when_it_has_a_gguf():
+    from argparse import Namespace
+
+    from specdecode.bench.llama_cpp_native import draft_ggufs
+
+    pair = "qwen2.5-coder-1.5b-instruct"
+    assert draft_ggufs(Namespace(target=pair, draft=None), []) == ["qwen2.5-coder-0.5b-instruct"]
+    # SmolLM2's shipped draft has no GGUF of its own: no native draft arm, and no error.
+    assert draft_ggufs(Namespace(target=TARGET, draft=None), []) == []
+    assert draft_ggufs(Namespace(target=TARGET, draft=pair), []) == [pair]
