@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
+from specdecode.bench.lib import Arm, Sample, draft_name
 from specdecode.bench.llama_cpp_build import TOOLS, bin_dir
 from specdecode.bench.llama_cpp_peer import arithmetic_note, target_gguf
-from specdecode.bench.lib import Arm, Sample, draft_name
 from specdecode.config import ConfigError
 
 LOOKUP_K, DRAFT_K = 3, 5  # llama.cpp's default draft length, and the draft arm's when ours gives none
