@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 MAX_SPECULATIVE_TOKENS = 64
@@ -26,6 +26,27 @@ CONTROLLER_NAMES = ("goodput", "fixed", "heuristic", "confidence")  # built by s
 
 class ConfigError(ValueError):
     """A user-facing configuration error; its message is shown as one line."""
+
+def setting(value, cli: bool = True, **flag):
+    """A settings field: its default value, and how its command-line flag reads (argparse keywords: help, choices, type,
+    action; a `default` here is the flag's own, e.g. None for a repeatable flag); cli=False: no flag."""
+    return field(default=value, metadata={"cli": cli, "flag": flag})
+
+
+def cli_fields(*configs: type) -> list:
+    """The fields of the given config classes that are command-line flags, in order."""
+    return [f for c in configs for f in fields(c) if f.metadata.get("cli", False)]
+
+
+def split_settings(settings: dict, *configs: type) -> list[dict]:
+    """`settings` (keyword arguments named after config fields) split per config class; an unknown name is a
+    TypeError, as a misspelt keyword argument is."""
+    parts = [{f.name: settings[f.name] for f in fields(c) if f.name in settings} for c in configs]
+    unknown = set(settings) - {name for part in parts for name in part}
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+    return parts
+
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: the sampling arithmetic is fp32
@@ -121,21 +142,36 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Which drafter proposes and how many tokens at most (K_max for dynamic controllers)."""
+    """Which drafter proposes and how many tokens at most (K_max for dynamic controllers).
 
-    method: str = "ngram"
-    num_speculative_tokens: int = 5
-    draft: str | None = None
-    ngram_min: int = 2
-    ngram_max: int = 4
-    controller: str = "goodput"
+    Each field is an `LLM(...)` keyword of the same name and, unless its metadata says cli=False, a command-line
+    flag (`--num-speculative-tokens`) whose help and choices are its metadata (llm_args.py): a new setting is one
+    field here and its use.
+    """
+
+    method: str = setting("ngram", choices=METHODS)
+    num_speculative_tokens: int = setting(5, help=f"K (0..{MAX_SPECULATIVE_TOKENS})")
+    draft: str | None = setting(None, help="draft model for --method draft", type=str)
+    ngram_min: int = setting(2, help="shortest suffix n-gram the n-gram drafter matches")
+    ngram_max: int = setting(4, help="longest suffix n-gram, tried first")
+    controller: str = setting("goodput", help="speculation length per step (K_max = K)", choices=CONTROLLER_NAMES)
     # suffix / suffix_tree (specdecode/drafters/suffix.py)
-    suffix_corpus: tuple[str, ...] = ()  # token files of the target's earlier responses (distillation format)
-    suffix_cache_max_tokens: int = 65_536  # finished outputs kept for later requests; 0 = no cross-request cache
-    suffix_max_depth: int = 24  # longest suffix of the request matched
-    suffix_spec_factor: float = 1.0  # draft budget per matched token (then capped by K)
-    suffix_min_prob: float = 0.1  # drafts whose empirical path probability falls below this are not proposed
-    suffix_request_spec_factor: float = 4.0  # the same, for a match in the request's own prompt and output
+    suffix_corpus: tuple[str, ...] = setting(
+        (),
+        help="suffix drafters: token file (.npz, distillation format) of the target's earlier responses (repeatable)",
+        action="append",
+        default=None,
+    )
+    suffix_cache_max_tokens: int = setting(
+        65_536,
+        help="suffix drafters: finished outputs kept for later requests, oldest evicted (0 = no cross-request cache)",
+    )
+    suffix_max_depth: int = setting(24, help="longest request suffix matched")
+    suffix_spec_factor: float = setting(1.0, help="draft budget per matched token (capped by K)")
+    suffix_min_prob: float = setting(0.1, help="drop drafts whose empirical path probability is below this")
+    suffix_request_spec_factor: float = setting(
+        4.0, help="draft budget per token of a match in the request's own prompt and output (capped by K)"
+    )
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -172,15 +208,25 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Capacity of the engine: concurrent sequences and the longest context a sequence may reach."""
+    """Capacity of the engine: concurrent sequences and the longest context a sequence may reach. Fields are
+    `LLM(...)` keywords and command-line flags, as SpeculativeConfig's."""
 
-    max_num_seqs: int = 8
-    max_model_len: int | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    prefill_chunk: int = 512
-    enforce_eager: bool = False  # vLLM's name: run the target eagerly instead of its compiled step
-    tensor_parallel_size: int = 1  # ranks the target is sharded over (specdecode/engine/launch.py)
+    max_num_seqs: int = setting(8)
+    max_model_len: int | None = setting(None, type=int)
+    device: str = setting("cpu")
+    dtype: str = setting("float32", choices=("float32", "bfloat16", "float16"))
+    prefill_chunk: int = setting(512, cli=False)
+    # vLLM's name: run the target eagerly instead of its compiled step. LLM(enforce_eager=None) reads
+    # $SPECDECODE_ENFORCE_EAGER.
+    enforce_eager: bool = setting(
+        False,
+        help="run the target eagerly: no torch.compile warm-up (default: compiled, cached on disk after the first run)",
+        action="store_true",
+        default=None,
+    )
+    tensor_parallel_size: int = setting(  # ranks the target is sharded over (specdecode/engine/launch.py)
+        1, help="shard the target over N processes (gloo on CPU, NCCL on CUDA; under torchrun N = WORLD_SIZE)"
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -12,7 +12,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from specdecode.config import ConfigError, EngineConfig, SamplingParams, SpeculativeConfig
+from specdecode.config import ConfigError, EngineConfig, SamplingParams, SpeculativeConfig, split_settings
 from specdecode.control import make_controller
 from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.drafters.draft_model import load_draft
@@ -95,31 +95,13 @@ def _check_same_vocab(target: LlamaModel, draft: LlamaModel, target_tok, draft_d
 class LLM:
     """A target model, an optional drafter, and the engine that runs them."""
 
-    def __init__(
-        self,
-        target: str = "smollm2-135m-instruct",
-        draft: str | None = None,
-        method: str = "ngram",
-        num_speculative_tokens: int = 5,
-        controller: str = "goodput",
-        max_num_seqs: int = 8,
-        max_model_len: int | None = None,
-        device: str = "cpu",
-        dtype: str = "float32",
-        ngram_min: int = 2,
-        ngram_max: int = 4,
-        prefill_chunk: int = 512,
-        suffix_corpus: list[str] | tuple[str, ...] = (),
-        suffix_cache_max_tokens: int = 65_536,
-        suffix_max_depth: int = 24,
-        suffix_spec_factor: float = 1.0,
-        suffix_min_prob: float = 0.1,
-        suffix_request_spec_factor: float = 4.0,
-        enforce_eager: bool | None = None,
-        tensor_parallel_size: int = 1,
-        share_target: LLM | None = None,
-    ) -> None:
-        """enforce_eager: skip the compiled step (models/compiled.py); None reads $SPECDECODE_ENFORCE_EAGER.
+    def __init__(self, target: str = "smollm2-135m-instruct", *, share_target: LLM | None = None, **settings) -> None:
+        """settings: the fields of SpeculativeConfig and EngineConfig by name (config.py): method,
+        num_speculative_tokens, draft, controller, ngram_min/max, the suffix_* options, max_num_seqs,
+        max_model_len, device, dtype, prefill_chunk, enforce_eager, tensor_parallel_size.
+
+        enforce_eager: skip the compiled step (models/compiled.py); None (the default) reads
+        $SPECDECODE_ENFORCE_EAGER.
 
         tensor_parallel_size: shard the target over this many processes (specdecode/engine/launch.py); call
         `close()` (or use the LLM as a context manager) to stop them before exit.
@@ -128,29 +110,18 @@ class LLM:
         its own engine and cache: a benchmark's arms then hold the weights once. Only one of them may run at
         a time.
         """
-        if method == "draft" and draft is None:  # the draft shipped for a built-in target, if there is one
-            draft = DEFAULT_DRAFTS.get(target)
-        self.spec = SpeculativeConfig(
-            method,
-            num_speculative_tokens,
-            draft,
-            ngram_min,
-            ngram_max,
-            controller,
-            tuple(suffix_corpus),
-            suffix_cache_max_tokens,
-            suffix_max_depth,
-            suffix_spec_factor,
-            suffix_min_prob,
-            suffix_request_spec_factor,
-        )
-        if tensor_parallel_size > 1:
+        spec, engine = split_settings(settings, SpeculativeConfig, EngineConfig)
+        if spec.get("method", "ngram") == "draft" and spec.get("draft") is None:  # the built-in target's draft
+            spec["draft"] = DEFAULT_DRAFTS.get(target)
+        self.spec = SpeculativeConfig(**spec)
+        device = engine.get("device", "cpu")
+        enforce_eager = engine.pop("enforce_eager", None)
+        if engine.get("tensor_parallel_size", 1) > 1:
             enforce_eager = check_tensor_parallel(device, enforce_eager)
         if enforce_eager is None:
             enforce_eager = os.environ.get(ENFORCE_EAGER_ENV, "0") not in ("", "0")
-        self.engine_config = EngineConfig(
-            max_num_seqs, max_model_len, device, dtype, prefill_chunk, enforce_eager, tensor_parallel_size
-        )
+        self.engine_config = EngineConfig(**engine, enforce_eager=enforce_eager)
+        dtype, tensor_parallel_size = self.engine_config.dtype, self.engine_config.tensor_parallel_size
         if device == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)
         target_dir = resolve_model_dir(target)

@@ -5,69 +5,17 @@ from __future__ import annotations
 
 import argparse
 
-from specdecode.config import CONTROLLER_NAMES, MAX_SPECULATIVE_TOKENS, METHODS, SamplingParams, SpeculativeConfig
+from specdecode.config import EngineConfig, SamplingParams, SpeculativeConfig, cli_fields, split_settings
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--target, then one flag per speculation and engine setting, from the config fields' metadata."""
     p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
-    p.add_argument("--draft", default=None, help="draft model for --method draft")
-    p.add_argument("--method", default="ngram", choices=METHODS)
-    p.add_argument("--num-speculative-tokens", type=int, default=5, help=f"K (0..{MAX_SPECULATIVE_TOKENS})")
-    p.add_argument(
-        "--controller", default="goodput", choices=CONTROLLER_NAMES, help="speculation length per step (K_max = K)"
-    )
-    p.add_argument("--ngram-min", type=int, default=2, help="shortest suffix n-gram the n-gram drafter matches")
-    p.add_argument("--ngram-max", type=int, default=4, help="longest suffix n-gram, tried first")
-    suffix = SpeculativeConfig()
-    p.add_argument(
-        "--suffix-corpus",
-        action="append",
-        default=None,
-        help="suffix drafters: token file (.npz, distillation format) of the target's earlier responses (repeatable)",
-    )
-    p.add_argument(
-        "--suffix-cache-max-tokens",
-        type=int,
-        default=suffix.suffix_cache_max_tokens,
-        help="suffix drafters: finished outputs kept for later requests, oldest evicted (0 = no cross-request cache)",
-    )
-    p.add_argument(
-        "--suffix-max-depth", type=int, default=suffix.suffix_max_depth, help="longest request suffix matched"
-    )
-    p.add_argument(
-        "--suffix-spec-factor",
-        type=float,
-        default=suffix.suffix_spec_factor,
-        help="draft budget per matched token (capped by K)",
-    )
-    p.add_argument(
-        "--suffix-request-spec-factor",
-        type=float,
-        default=suffix.suffix_request_spec_factor,
-        help="draft budget per token of a match in the request's own prompt and output (capped by K)",
-    )
-    p.add_argument(
-        "--suffix-min-prob",
-        type=float,
-        default=suffix.suffix_min_prob,
-        help="drop drafts whose empirical path probability is below this",
-    )
-    p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        default=None,
-        help="run the target eagerly: no torch.compile warm-up (default: compiled, cached on disk after the first run)",
-    )
-    p.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        default=1,
-        help="shard the target over N processes (gloo on CPU, NCCL on CUDA; under torchrun N = WORLD_SIZE)",
-    )
+    for f in cli_fields(SpeculativeConfig, EngineConfig):
+        flag = {"default": f.default, **f.metadata["flag"]}
+        if "action" not in flag and "type" not in flag:
+            flag["type"] = type(f.default)
+        p.add_argument("--" + f.name.replace("_", "-"), **flag)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -89,37 +37,23 @@ def sampling_from_args(a: argparse.Namespace) -> SamplingParams:
     return SamplingParams(a.temperature, a.top_p, a.top_k, a.max_tokens, a.seed, a.stop)
 
 
-def suffix_args(a: argparse.Namespace) -> dict:
-    """The suffix drafters' options, as keyword arguments of LLM and SpeculativeConfig."""
-    return dict(
-        suffix_corpus=tuple(a.suffix_corpus or ()),
-        suffix_cache_max_tokens=a.suffix_cache_max_tokens,
-        suffix_max_depth=a.suffix_max_depth,
-        suffix_spec_factor=a.suffix_spec_factor,
-        suffix_min_prob=a.suffix_min_prob,
-        suffix_request_spec_factor=a.suffix_request_spec_factor,
-    )
-
-
 def llm_kwargs(a: argparse.Namespace, **overrides) -> dict:
-    """The LLM keyword arguments the model flags describe; `overrides` replace any of them."""
-    kwargs = dict(
-        target=a.target,
-        draft=a.draft,
-        method=a.method,
-        num_speculative_tokens=a.num_speculative_tokens,
-        controller=a.controller,
-        ngram_min=a.ngram_min,
-        ngram_max=a.ngram_max,
-        max_num_seqs=a.max_num_seqs,
-        max_model_len=a.max_model_len,
-        device=a.device,
-        enforce_eager=a.enforce_eager,
-        dtype=a.dtype,
-        tensor_parallel_size=a.tensor_parallel_size,
-        **suffix_args(a),
-    )
+    """The LLM keyword arguments the model flags describe, by field name; `overrides` replace any of them. A flag
+    left at None where its field has a value (a repeatable flag not given) keeps the field's default."""
+    kwargs = {"target": a.target}
+    for f in cli_fields(SpeculativeConfig, EngineConfig):
+        value = getattr(a, f.name)
+        if value is not None or f.default is None or f.name == "enforce_eager":  # enforce_eager None: the env var
+            kwargs[f.name] = tuple(value) if isinstance(value, list) else value
     return {**kwargs, **overrides}
+
+
+def spec_from_args(a: argparse.Namespace) -> SpeculativeConfig:
+    """The speculation settings the flags describe, checked before any model loads."""
+    kwargs = llm_kwargs(a)
+    del kwargs["target"]
+    spec, _ = split_settings(kwargs, SpeculativeConfig, EngineConfig)
+    return SpeculativeConfig(**spec)
 
 
 def llm_from_args(a: argparse.Namespace, **overrides):
