@@ -181,6 +181,9 @@ class EngineConfig:
     prefill_chunk: int = 512
     enforce_eager: bool = False  # vLLM's name: run the target eagerly instead of its compiled step
     tensor_parallel_size: int = 1  # ranks the target is sharded over (specdecode/engine/launch.py)
+    # A GGUF model on the CPU in float32: "quantized" keeps its blocks (models/gguf_quantized.py), "fp32" loads
+    # the dequantized fp32 conversion (the reference path). Elsewhere the weights are fp32 whatever this says.
+    weights: str = "quantized"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -191,3 +194,5 @@ class EngineConfig:
             raise ConfigError(f"prefill_chunk must be >= 16, got {self.prefill_chunk}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.weights not in ("quantized", "fp32"):
+            raise ConfigError(f"weights must be 'quantized' or 'fp32', got {self.weights!r}")

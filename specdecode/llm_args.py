@@ -63,6 +63,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="run the target eagerly: no torch.compile warm-up (default: compiled, cached on disk after the first run)",
     )
     p.add_argument(
+        "--weights",
+        choices=["quantized", "fp32"],
+        default=None,
+        help="a GGUF model on the CPU in float32: keep its quantized blocks (default, or $SPECDECODE_WEIGHTS) "
+        "or load the dequantized fp32 weights (the reference path)",
+    )
+    p.add_argument(
         "--tensor-parallel-size",
         type=int,
         default=1,
@@ -117,6 +124,7 @@ def llm_kwargs(a: argparse.Namespace, **overrides) -> dict:
         enforce_eager=a.enforce_eager,
         dtype=a.dtype,
         tensor_parallel_size=a.tensor_parallel_size,
+        weights=a.weights,
         **suffix_args(a),
     )
     return {**kwargs, **overrides}
