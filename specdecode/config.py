@@ -227,6 +227,16 @@ class EngineConfig:
     tensor_parallel_size: int = setting(  # ranks the target is sharded over (specdecode/engine/launch.py)
         1, help="shard the target over N processes (gloo on CPU, NCCL on CUDA; under torchrun N = WORLD_SIZE)"
     )
+    # A GGUF model on the CPU in float32: "quantized" keeps its blocks (models/gguf_quantized.py), "fp32" loads the
+    # dequantized fp32 conversion (the reference path). Elsewhere the weights are fp32 whatever this says.
+    # LLM(weights=None) reads $SPECDECODE_WEIGHTS, else "quantized".
+    weights: str = setting(
+        "quantized",
+        choices=("quantized", "fp32"),
+        default=None,
+        help="a GGUF model on the CPU in float32: keep its quantized blocks (default, or $SPECDECODE_WEIGHTS) "
+        "or load the dequantized fp32 weights (the reference path)",
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -237,3 +247,5 @@ class EngineConfig:
             raise ConfigError(f"prefill_chunk must be >= 16, got {self.prefill_chunk}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.weights not in ("quantized", "fp32"):
+            raise ConfigError(f"weights must be 'quantized' or 'fp32', got {self.weights!r}")

@@ -19,7 +19,7 @@ from specdecode.drafters.draft_model import load_draft
 from specdecode.engine.engine import Engine
 from specdecode.engine.launch import TensorParallelRuntime, check_tensor_parallel
 from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
-from specdecode.models.gguf_quantized import gguf_file
+from specdecode.models.gguf_quantized import quantized_source, weights_mode
 from specdecode.models.llama import LlamaModel
 from specdecode.models.loader import resolve_model_dir
 from specdecode.models.shipped_draft import DEFAULT_DRAFTS
@@ -63,7 +63,6 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     error: str | None = None  # the first failed sample's error: this request failed alone
 
-
     @classmethod
     def from_samples(cls, seqs: list[Sequence], prompt: str | None) -> RequestOutput:
         outs = [CompletionOutput.from_seq(s) for s in seqs]
@@ -98,10 +97,14 @@ class LLM:
     def __init__(self, target: str = "smollm2-135m-instruct", *, share_target: LLM | None = None, **settings) -> None:
         """settings: the fields of SpeculativeConfig and EngineConfig by name (config.py): method,
         num_speculative_tokens, draft, controller, ngram_min/max, the suffix_* options, max_num_seqs,
-        max_model_len, device, dtype, prefill_chunk, enforce_eager, tensor_parallel_size.
+        max_model_len, device, dtype, prefill_chunk, enforce_eager, tensor_parallel_size, weights.
 
         enforce_eager: skip the compiled step (models/compiled.py); None (the default) reads
         $SPECDECODE_ENFORCE_EAGER.
+
+        weights: how a GGUF target and draft load on the CPU in float32: "quantized" keeps the file's blocks
+        (models/gguf_quantized.py), "fp32" the dequantized conversion (the reference path); None reads
+        $SPECDECODE_WEIGHTS, else "quantized". Other devices and dtypes, and tensor parallelism, load fp32.
 
         tensor_parallel_size: shard the target over this many processes (specdecode/engine/launch.py); call
         `close()` (or use the LLM as a context manager) to stop them before exit.
@@ -120,11 +123,16 @@ class LLM:
             enforce_eager = check_tensor_parallel(device, enforce_eager)
         if enforce_eager is None:
             enforce_eager = os.environ.get(ENFORCE_EAGER_ENV, "0") not in ("", "0")
-        self.engine_config = EngineConfig(**engine, enforce_eager=enforce_eager)
+        try:
+            weights = weights_mode(engine.pop("weights", None))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.engine_config = EngineConfig(**engine, enforce_eager=enforce_eager, weights=weights)
         dtype, tensor_parallel_size = self.engine_config.dtype, self.engine_config.tensor_parallel_size
         if device == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)
-        target_dir = resolve_model_dir(target)
+        gguf = self._quantized_source(target)
+        target_dir = resolve_model_dir(target, weights=gguf is None)
         self._tp: TensorParallelRuntime | None = None
         self.target_name = target
         if share_target is not None:
@@ -134,7 +142,7 @@ class LLM:
             self._close_tp = weakref.finalize(self, self._tp.close)  # also when collected, and at exit
             self.target = self._tp.target
         else:
-            self.target = load_target(target_dir, device, DTYPES[dtype], enforce_eager, gguf=gguf_file(target))
+            self.target = load_target(target_dir, device, DTYPES[dtype], enforce_eager, gguf=gguf)
         try:
             self._build_engine(target, target_dir)
         except BaseException:
@@ -142,9 +150,16 @@ class LLM:
             raise
         self._ids = count()
 
+    def _quantized_source(self, spec: str) -> Path | None:
+        """The GGUF file `spec` loads from with its blocks kept, or None (fp32 weights): see `quantized_source`."""
+        c = self.engine_config
+        if c.tensor_parallel_size > 1:  # the shards are fp32 slices of the converted weights
+            return None
+        return quantized_source(spec, c.device, c.dtype, c.weights)
+
     def _shared_target(self, other: LLM) -> LlamaModel:
         mine, theirs = self.engine_config, other.engine_config
-        fields = ("device", "dtype", "enforce_eager", "tensor_parallel_size")
+        fields = ("device", "dtype", "enforce_eager", "tensor_parallel_size", "weights")
         differ = [f for f in fields if getattr(mine, f) != getattr(theirs, f)]
         if self.target_name != other.target_name:
             differ.insert(0, "target")
@@ -162,8 +177,9 @@ class LLM:
         self.tokenizer = AutoTokenizer.from_pretrained(target_dir)
         self.draft_model = None
         if draft is not None and method == "draft":
-            draft_dir = resolve_model_dir(draft)
-            self.draft_model = load_draft(draft_dir, device, DTYPES[dtype], config.enforce_eager)
+            gguf = self._quantized_source(draft)
+            draft_dir = resolve_model_dir(draft, weights=gguf is None)
+            self.draft_model = load_draft(draft_dir, device, DTYPES[dtype], config.enforce_eager, gguf)
             _check_same_vocab(self.target, self.draft_model, self.tokenizer, draft_dir)
         limit = self.target.cfg.context_limit
         self.max_model_len = min(max_model_len or DEFAULT_MAX_MODEL_LEN, limit)

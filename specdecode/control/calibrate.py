@@ -21,6 +21,7 @@ import torch
 from specdecode.control.cost import CostModel, load_or_default
 from specdecode.models.disk_cache import cache_root
 from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.models.quant_rows import QuantLinear
 
 # ~40 grid points x (1 warm-up + 3 timed) forwards: roughly 20-40 s for the 135M model on a few CPU cores.
 BATCH_SIZES = (1, 2, 4, 8)
@@ -49,6 +50,8 @@ def model_fingerprint(model: LlamaModel) -> dict:
     tp = getattr(model, "tensor_parallel_size", 1)  # a sharded target (engine/tensor_parallel.py) costs otherwise
     if tp > 1:  # only then: single-process fingerprints, and the profiles saved under them, stay as they were
         fingerprint["tensor_parallel_size"] = tp
+    if any(isinstance(m, QuantLinear) for m in model.modules()):  # GGUF blocks kept: another kernel, another curve
+        fingerprint["weights"] = "quantized"
     return fingerprint
 
 
@@ -128,9 +131,13 @@ def calibrate(
 def run(target: str, device: str = "cpu", dtype: str = "float32", enforce_eager: bool = False) -> Path:
     """Calibrate the target, stepped as the engine would step it, and write its profile; returns its path."""
     from specdecode.models.compiled import load_target
+    from specdecode.models.gguf_quantized import quantized_source
     from specdecode.models.loader import resolve_model_dir
 
-    model = load_target(resolve_model_dir(target), device, getattr(torch, dtype), enforce_eager)
+    gguf = quantized_source(target, device, dtype)  # the weights the engine serves it with
+    model = load_target(
+        resolve_model_dir(target, weights=gguf is None), device, getattr(torch, dtype), enforce_eager, gguf=gguf
+    )
     cost = calibrate(model, device)
     path = cost.save(profile_path(model))
     terms = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in cost.to_json()["verify"].items())

@@ -11,6 +11,13 @@ and device, the source of the modules traced into it, torch's version, inductor'
 thread count. Any change gives a new key, so a stale package is never loaded; packages live under
 `<cache_root>/aoti/<key>/`, published by an atomic rename. CPU only: on CUDA the step stays under
 torch.compile (no GPU has been lent to measure AOTInductor there).
+
+A model whose linears keep GGUF blocks (models/gguf_quantized.py) is packaged differently: nothing is frozen
+(there is no fp32 weight for inductor to pack, and the blocks only feed the opaque quant_rows op) and the
+package holds no constants. At load its constants are the model's own tensors, handed over by pointer
+(`load_constants(user_managed=True)`): the weights are in memory once, and a package is a few MB of code whose
+key covers the constants' names, shapes and types but not their bytes. Its key also says "quantized", so a
+quantized and an fp32 model never share a package.
 """
 
 from __future__ import annotations
@@ -33,35 +40,52 @@ from torch import nn
 from torch.export import Dim
 
 from specdecode.hardware import cpu_model
-from specdecode.models import attention, few_rows, llama
+from specdecode.models import attention, few_rows, gguf_quantized, llama, quant_rows
 from specdecode.models.disk_cache import build_once, cache_root, check_tree, private_dir, remove_least_recent
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 
 FORMAT = 1  # bump when what a package holds, or how it is called, changes
 BODY, HEAD = "body.pt2", "head.pt2"
 INDUCTOR_SETTINGS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+# A quantized model's package: no freezing, and no constants inside it (the model's tensors are handed over).
+QUANTIZED_SETTINGS = {**INDUCTOR_SETTINGS, "freezing": False, "aot_inductor.package_constants_in_so": False}
 # Export bounds: far past any step the engine runs (a shape outside them would be refused by the package).
 MAX_ROWS, MAX_LEN = 1 << 16, 1 << 24
 MAX_PACKAGES = 4  # packages kept on disk, most recently used first (SmolLM2-135M's are ~1 GB)
 
 
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any of the model's linears keeps GGUF blocks (a QuantLinear)."""
+    return any(isinstance(m, quant_rows.QuantLinear) for m in model.modules())
+
+
 def package_key(model: LlamaModel) -> str:
     """A hex key over everything a package of `model`'s step depends on."""
     h = hashlib.blake2b(digest_size=16)
+    quantized = is_quantized(model)
     described = {
         "format": FORMAT,
+        "weights": "quantized" if quantized else "fp32",
         "torch": torch.__version__,
         "config": repr(model.cfg),
         "dtype": str(model.embed.weight.dtype),
         "device": model.embed.weight.device.type,
-        "inductor": INDUCTOR_SETTINGS,
+        "inductor": QUANTIZED_SETTINGS if quantized else INDUCTOR_SETTINGS,
         "shapes": [torch.fx.experimental._config.use_duck_shape, torch.fx.experimental._config.backed_size_oblivious],
         "cpu": (platform.machine(), cpu_model(), torch.backends.cpu.get_cpu_capability()),
         "threads": torch.get_num_threads(),
         "source": [inspect.getsource(m) for m in (llama, attention, few_rows, sys.modules[__name__])],
         "kernels": [p.read_text() for p in few_rows.SOURCES],
     }
+    if quantized:  # the op's source and how modules are built; the constants by name, shape and type only
+        described["quantized"] = {
+            "source": [inspect.getsource(m) for m in (quant_rows, gguf_quantized)] + [quant_rows.SOURCE.read_text()],
+            "modules": repr(model),
+            "constants": [(n, list(t.shape), str(t.dtype)) for n, t in _constants(model, "").items()],
+        }
     h.update(json.dumps(described, sort_keys=True).encode())
+    if quantized:
+        return h.hexdigest()
     seen: set[int] = set()
     for name, t in model.state_dict(keep_vars=False).items():  # tied weights are hashed once
         h.update(name.encode())
@@ -81,14 +105,14 @@ def load_or_compile(model: LlamaModel, on_compile: Callable[[], None] | None = N
     try:
         if final.exists():
             check_tree(final)  # the package holds a shared library: load only what this user alone wrote
-        runners = _load(final / BODY), _load(final / HEAD)
+        runners = _load(final / BODY, model), _load(final / HEAD, model)
     except (FileNotFoundError, RuntimeError):  # absent, or unreadable
         shutil.rmtree(final, ignore_errors=True)
         if on_compile is not None:
             on_compile()
         build_once(final, lambda tmp: compile_packages(model, tmp))
         prune(root, keep=final)
-        runners = _load(final / BODY), _load(final / HEAD)
+        runners = _load(final / BODY, model), _load(final / HEAD, model)
     os.utime(final)  # most recently used: kept by prune
     return runners
 
@@ -109,7 +133,7 @@ def compile_packages(model: LlamaModel, out: Path) -> None:
     with torch.no_grad():
         for module, args, shapes, name in parts:
             program = torch.export.export(module, args, dynamic_shapes=shapes)
-            settings = dict(INDUCTOR_SETTINGS)
+            settings = dict(QUANTIZED_SETTINGS if is_quantized(model) else INDUCTOR_SETTINGS)
             torch._inductor.aoti_compile_and_package(program, package_path=str(out / name), inductor_configs=settings)
 
 
@@ -151,7 +175,21 @@ def _body_example(model: LlamaModel) -> tuple[tuple[torch.Tensor, ...], tuple]:
     return args, (shapes,)  # one entry: the body takes *args
 
 
-def _load(path: Path) -> Callable:
+def _constants(model: nn.Module, prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """The model's parameters and buffers (non-persistent ones too) by the names a package of Body or Head
+    calls its constants ("model." + the model's own name)."""
+    return {prefix + n: t for n, t in [*model.named_parameters(), *model.named_buffers()]}
+
+
+def _load(path: Path, model: LlamaModel) -> Callable:
     if not path.is_file():
         raise FileNotFoundError(path)
-    return torch._inductor.aoti_load_package(str(path))
+    quantized = is_quantized(model)
+    if quantized:
+        quant_rows.library()  # the op the package calls must be registered before it loads
+    runner = torch._inductor.aoti_load_package(str(path))
+    if quantized:  # a package without constants: the model's own tensors, by pointer, no copy
+        tensors = _constants(model)
+        wanted = {n: tensors[n] for n in runner.get_constant_fqns()}
+        runner.load_constants(wanted, check_full_update=True, user_managed=True)
+    return runner

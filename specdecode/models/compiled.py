@@ -38,7 +38,7 @@ from specdecode.models import few_rows
 from specdecode.models.aot_package import INDUCTOR_SETTINGS, Body, Head, load_or_compile
 from specdecode.models.cuda_graphs import GraphedBody
 from specdecode.models.disk_cache import cache_root
-from specdecode.models.gguf_quantized import load_gguf_quantized, quantized_weights_requested
+from specdecode.models.gguf_quantized import load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama
 
 ENFORCE_EAGER_ENV = "SPECDECODE_ENFORCE_EAGER"  # "1": LLM and the commands default to the eager step
@@ -159,10 +159,12 @@ def load_target(
     than oneDNN's (2-core AMD EPYC, 2026-11-24: 4 x 9 tokens 152 ms compiled, 130 ms eager). The few-rows GEMM
     was faster than oneDNN at every row count measured on that machine (results/cost.md), so with it the
     compiled step serves every forward and no twin is loaded.
-    gguf: the file model_dir was converted from; with SPECDECODE_WEIGHTS=quantized the eager model keeps its blocks.
+    gguf: load the model from this GGUF file with its linears kept quantized (models/gguf_quantized.py; CPU and
+    fp32 only, see `quantized_source`); model_dir then needs only its config and tokenizer. The compiled step
+    runs the quantized linears' op at every row count, so no twin is loaded for it either.
     """
-    if enforce_eager and gguf is not None and quantized_weights_requested():
-        return load_gguf_quantized(gguf, device)  # fp32 only: the kernel's activations are fp32
+    if gguf is not None:
+        return _load_quantized(gguf, device, enforce_eager, progress, ahead_of_time, role)
     if enforce_eager:
         return load_llama(model_dir, device, dtype)
     model = load_llama(model_dir, device, dtype, inference=False)  # inductor packs the weights itself
@@ -174,4 +176,18 @@ def load_target(
         twin = load_llama(model_dir, device, dtype)
         large = StepFunctions(twin.body, twin.head)
         model.step = dataclasses.replace(model.step, max_rows=COMPILED_MAX_ROWS, large=large)
+    return model
+
+
+def _load_quantized(
+    gguf: Path, device: str | torch.device, enforce_eager: bool, progress: bool, ahead_of_time: bool | None, role: str
+) -> LlamaModel:
+    """A GGUF model with its blocks kept, eager or on the compiled step; the linears the kernel has no type for
+    (dense fp32) take the few-rows GEMM where it serves."""
+    model = load_gguf_quantized(gguf, device)
+    if enforce_eager:
+        return model
+    if few_rows.available(torch.device(device), torch.float32):
+        few_rows.install(model)
+    compile_step(model, progress=progress, ahead_of_time=ahead_of_time, role=role)
     return model

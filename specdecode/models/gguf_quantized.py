@@ -1,4 +1,4 @@
-"""A Llama model straight from a GGUF file, its linears kept in the file's quantized blocks (eager step).
+"""A Llama model straight from a GGUF file, its linears kept in the file's quantized blocks.
 
 models/loader.py dequantizes a GGUF file to fp32 safetensors: SmolLM2-135M's 92 MiB Q4_1 file becomes ~540 MB
 read per decode step. Here every linear whose tensor is one of the types models/quant_rows.py multiplies
@@ -7,11 +7,17 @@ quant types are dequantized to fp32 (`load_gguf_quantized` returns which). The m
 `LlamaModel`, and its logits are the dequantized model's up to fp32 summation order: every weight decodes to
 the value `gguf.quants.dequantize` gives, which is what the loader writes.
 
+This is how a GGUF model loads on the CPU in fp32 by default (`weights_mode`); SPECDECODE_WEIGHTS=fp32 (or
+`LLM(weights="fp32")`, `--weights fp32`) keeps the loader's dequantized fp32 model as the reference path. The
+compiled step (models/compiled.py, models/aot_package.py) runs these modules as they are: the op is opaque to
+the compiler and the blocks are the package's constants, handed over at load without a copy.
+
 Three things the fp32 path does to whole tensors are done to rows of blocks (a row is a whole number of blocks):
-llama.cpp's rope order of the Q and K rows is undone by reordering rows; q/k/v and gate/up are fused into
-`wqkv` and `w13` by concatenating rows where their types match, by `ConcatLinear` where they differ (a Q4_K_M
-file mixes them); a tied LM head multiplies by the embedding's blocks. The embedding table itself is
-dequantized to fp32 once: readers across the engine take `embed.weight` as a dense table (its device, its rows).
+llama.cpp's rope order of the Q and K rows (llama and mistral files only) is undone by reordering rows (and
+their biases); q/k/v and gate/up are fused into `wqkv` and `w13` by concatenating rows where their types match,
+by `ConcatLinear` where they differ (a Q4_K_M file mixes them); a tied LM head multiplies by the embedding's
+blocks. The embedding table itself is dequantized to fp32 once: readers across the engine take `embed.weight`
+as a dense table (its device, its rows).
 """
 
 from __future__ import annotations
@@ -27,17 +33,36 @@ import torch
 from torch import nn
 
 from specdecode.models.llama import LlamaConfig, LlamaModel, rope_inv_freq
-from specdecode.models.loader import BUILTIN_MODELS, ModelLoadError, _hf_config, _open_gguf, _unpermute_rope_rows
+from specdecode.models.loader import (
+    _PERMUTED_ARCHITECTURES,
+    BUILTIN_MODELS,
+    ModelLoadError,
+    _hf_config,
+    _open_gguf,
+    _unpermute_rope_rows,
+)
 from specdecode.models.quant_rows import TYPES, QuantLinear
 
-WEIGHTS_ENV = "SPECDECODE_WEIGHTS"  # "quantized": an eager target from a GGUF keeps its blocks; "fp32" (default)
+WEIGHTS_ENV = "SPECDECODE_WEIGHTS"  # the default of the weights setting: "quantized" (default) or "fp32"
+WEIGHTS = ("quantized", "fp32")
 
 
-def quantized_weights_requested() -> bool:
-    value = os.environ.get(WEIGHTS_ENV, "fp32")
-    if value not in ("quantized", "fp32"):
-        raise ValueError(f"{WEIGHTS_ENV}={value!r}: expected 'quantized' or 'fp32'")
-    return value == "quantized"
+def weights_mode(weights: str | None = None) -> str:
+    """The weights setting: `weights` if given, else $SPECDECODE_WEIGHTS, else "quantized"."""
+    value = weights if weights is not None else os.environ.get(WEIGHTS_ENV, "quantized")
+    if value not in WEIGHTS:
+        source = "weights" if weights is not None else WEIGHTS_ENV
+        raise ValueError(f"{source}={value!r}: expected 'quantized' or 'fp32'")
+    return value
+
+
+def quantized_source(spec: str, device: str, dtype: str, weights: str | None = None) -> Path | None:
+    """The GGUF file to load `spec` from with its blocks kept, or None where the model loads as fp32 tensors:
+    a Hugging Face directory, weights="fp32", a device other than the CPU or a dtype other than float32 (the
+    kernel's activations are fp32 and it runs on the CPU only)."""
+    if weights_mode(weights) != "quantized" or torch.device(device).type != "cpu" or dtype != "float32":
+        return None
+    return gguf_file(spec)
 
 
 def gguf_file(spec: str) -> Path | None:
@@ -72,7 +97,9 @@ def dense_weight(linear: nn.Module) -> torch.Tensor:
 class _Part:
     """Rows of one GGUF tensor on their way into a fused linear: raw blocks (quantized) or fp32 values."""
 
-    def __init__(self, t: gguf.ReaderTensor, rope_heads: int | None, path: Path) -> None:
+    def __init__(
+        self, t: gguf.ReaderTensor, rope_heads: int | None, path: Path, bias: gguf.ReaderTensor | None = None
+    ) -> None:
         self.qtype = t.tensor_type if t.tensor_type in TYPES else None
         self.in_features = int(t.shape[0])  # GGUF lists the fastest-varying dim first
         if self.qtype is not None:
@@ -81,6 +108,9 @@ class _Part:
             rows = _dequantize(t, path)  # [out, in] fp32
         # llama.cpp's rope order, undone per row: a byte row is whole blocks, so reordering rows is exact.
         self.rows = rows if rope_heads is None else _unpermute_rope_rows(rows, rope_heads).contiguous()
+        self.bias = None if bias is None else _dequantize(bias, path)  # [out] fp32
+        if self.bias is not None and rope_heads is not None:
+            self.bias = _unpermute_rope_rows(self.bias, rope_heads).contiguous()
 
 
 def _dequantize(t: gguf.ReaderTensor, path: Path) -> torch.Tensor:
@@ -103,11 +133,14 @@ def _fused(parts: Sequence[_Part]) -> nn.Module:
     modules = []
     for g in groups:
         rows = torch.cat([p.rows for p in g])  # [sum of outs, bytes_per_row or in]
+        bias = None if g[0].bias is None else torch.cat([p.bias for p in g])  # [sum of outs]
         if g[0].qtype is not None:
-            modules.append(QuantLinear(rows, g[0].qtype, g[0].in_features))
+            modules.append(QuantLinear(rows, g[0].qtype, g[0].in_features, bias))
         else:
-            linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False)
+            linear = nn.Linear(rows.shape[1], rows.shape[0], bias=bias is not None)
             linear.weight = nn.Parameter(rows, requires_grad=False)
+            if bias is not None:
+                linear.bias = nn.Parameter(bias, requires_grad=False)
             modules.append(linear)
     return modules[0] if len(modules) == 1 else ConcatLinear(modules)
 
@@ -130,13 +163,16 @@ def load_gguf_quantized(path: str | Path, device: str | torch.device = "cpu") ->
     if torch.device(device).type != "cpu":
         raise ValueError(f"quantized GGUF weights run on the CPU kernel only, not on {device}")
     reader = _open_gguf(path)
-    cfg = LlamaConfig.from_hf(_hf_config(reader, path))
+    hf_config = _hf_config(reader, path)
+    cfg = LlamaConfig.from_hf(hf_config)
     tensors = {t.name: t for t in reader.tensors}
+    permuted = hf_config["model_type"] in _PERMUTED_ARCHITECTURES  # llama.cpp reorders q/k rows for these only
 
-    def part(name: str, rope_heads: int | None = None) -> _Part:
-        if name not in tensors:
-            raise ModelLoadError(f"GGUF file {path} lacks the tensor {name!r}")
-        return _Part(tensors[name], rope_heads, path)
+    def part(name: str, rope_heads: int | None = None, bias: bool = False) -> _Part:
+        if name not in tensors or (bias and name.replace(".weight", ".bias") not in tensors):
+            raise ModelLoadError(f"GGUF file {path} lacks the tensor {name!r} or its bias")
+        heads = rope_heads if permuted else None
+        return _Part(tensors[name], heads, path, tensors[name.replace(".weight", ".bias")] if bias else None)
 
     with torch.device("meta"):
         model = LlamaModel(cfg)
@@ -146,9 +182,13 @@ def load_gguf_quantized(path: str | Path, device: str | torch.device = "cpu") ->
     model.lm_head = _fused([part("token_embd.weight" if cfg.tie_embeddings else "output.weight")])
     for i, block in enumerate(model.layers):
         p = f"blk.{i}."
-        qkv = [part(p + "attn_q.weight", cfg.num_heads), part(p + "attn_k.weight", cfg.num_kv_heads)]
-        block.attn.wqkv = _fused([*qkv, part(p + "attn_v.weight")])
-        block.attn.wo = _fused([part(p + "attn_output.weight")])
+        qb = cfg.qkv_bias
+        qkv = [part(p + "attn_q.weight", cfg.num_heads, qb), part(p + "attn_k.weight", cfg.num_kv_heads, qb)]
+        block.attn.wqkv = _fused([*qkv, part(p + "attn_v.weight", bias=qb)])
+        block.attn.wo = _fused([part(p + "attn_output.weight", bias=cfg.o_bias)])
+        if cfg.qk_norm:
+            block.attn.q_norm.weight = nn.Parameter(part(p + "attn_q_norm.weight").rows)
+            block.attn.k_norm.weight = nn.Parameter(part(p + "attn_k_norm.weight").rows)
         block.mlp.w13 = _fused([part(p + "ffn_gate.weight"), part(p + "ffn_up.weight")])
         block.mlp.w2 = _fused([part(p + "ffn_down.weight")])
         block.attn_norm.weight = nn.Parameter(part(p + "attn_norm.weight").rows)

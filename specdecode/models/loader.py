@@ -3,7 +3,9 @@
 A spec is a Hugging Face directory (used in place), a `.gguf` file, or a built-in name such as
 `smollm2-135m-instruct` (one pip package) or `qwen2.5-coder-1.5b-instruct` (chunk packages assembled by
 models/provision.py). GGUF files are dequantized once to float32 safetensors under `cache_root()`; later
-calls find the finished directory by a key of the file's content (sha256) and return at once.
+calls find the finished directory by a key of the file's content (sha256) and return at once. A model whose
+weights load straight from the GGUF, kept quantized (models/gguf_quantized.py), asks for `weights=False`: its
+directory holds config.json and the tokenizer only, not the multi-GB fp32 copy.
 Pickle checkpoints (pytorch_model.bin) are never loaded: unpickling runs arbitrary code.
 """
 
@@ -94,20 +96,24 @@ BUILTIN_MODELS: dict[str, BuiltinModel | PartedBuiltinModel] = {
 }
 
 
-def resolve_model_dir(spec: str, *, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """A local Hugging Face directory for `spec`; a GGUF file or built-in name is converted on first use."""
+def resolve_model_dir(
+    spec: str, *, cache_dir: str | Path | None = None, progress: bool = True, weights: bool = True
+) -> Path:
+    """A local Hugging Face directory for `spec`; a GGUF file or built-in name is converted on first use.
+    weights=False: for a GGUF, a directory of config.json and the tokenizer only (the weights are read from the
+    file itself); a Hugging Face directory or a shipped draft is returned whole either way."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
     if spec in PARTED_MODELS:
-        return _converted(PartedBuiltinModel().gguf_path(spec, root, progress), spec, root, progress)
+        return _converted(PartedBuiltinModel().gguf_path(spec, root, progress), spec, root, progress, weights)
     if spec in BUILTIN_MODELS:
-        return _converted(BUILTIN_MODELS[spec].gguf_path(spec), spec, root, progress)
+        return _converted(BUILTIN_MODELS[spec].gguf_path(spec), spec, root, progress, weights)
     if spec in BUILTIN_DRAFTS:  # shipped without the target's embedding: rebuilt from the target on first use
         return _shipped_draft(spec, root, progress)
     path = Path(spec).expanduser()
     if path.is_dir():
         return _checked_hf_dir(path)
     if path.is_file() and path.suffix == ".gguf":
-        return _converted(path, path.stem, root, progress)
+        return _converted(path, path.stem, root, progress, weights)
     if path.is_file():
         why = "; pickle checkpoints are refused (no pickle loading)" if path.suffix in PICKLE_SUFFIXES else ""
         raise ModelLoadError(f"unsupported model file {path}: expected a .gguf file or a Hugging Face directory{why}")
@@ -152,10 +158,12 @@ def _check_model_type(config_path: Path) -> None:
 # --- GGUF: cache ---------------------------------------------------------------------------------------
 
 
-def _converted(gguf_path: Path, name: str, root: Path, progress: bool) -> Path:
-    """The cached conversion of `gguf_path`, made now if absent."""
-    final = root / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{_file_key(gguf_path)}"
-    return prune_versions(build_once(final, lambda tmp: gguf_to_hf_dir(gguf_path, tmp, progress=progress)))
+def _converted(gguf_path: Path, name: str, root: Path, progress: bool, weights: bool = True) -> Path:
+    """The cached conversion of `gguf_path` (without weights: its config and tokenizer), made now if absent."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", name) + ("" if weights else "-files")
+    final = root / f"{stem}-{_file_key(gguf_path)}"
+    write = gguf_to_hf_dir if weights else gguf_to_config_dir
+    return prune_versions(build_once(final, lambda tmp: write(gguf_path, tmp, progress=progress)))
 
 
 def _shipped_draft(name: str, root: Path, progress: bool) -> Path:
@@ -236,6 +244,17 @@ def gguf_to_hf_dir(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> 
     tensors = _hf_tensors(reader, config, gguf_path, progress)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _save_tokenizer(gguf_path, out_dir)
+    return out_dir
+
+
+def gguf_to_config_dir(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
+    """Write the config.json and tokenizer of a Llama-family GGUF file into `out_dir`, no weights: what a model
+    loaded straight from the file (models/gguf_quantized.py) needs beside it."""
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    config = _hf_config(_open_gguf(gguf_path), gguf_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     _save_tokenizer(gguf_path, out_dir)
     return out_dir

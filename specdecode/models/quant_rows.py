@@ -12,8 +12,11 @@ Like models/few_rows.py, the library is compiled on first use with the system C+
 into the cache directory. The AVX-512 path needs x86-64 and GCC; the portable path (one std::fma per weight and
 row, tens of times slower) keeps the results, not the speed, where it is missing.
 
-At several rows the AVX-512 path is bound by its fp32 FMAs (rows x out x in / 16 of them), not by the bytes:
-the exact fp32 product rules out llama.cpp's int8 dot products with quantized activations.
+The AVX-512 path decodes each 16-weight chunk into a register (the 4-bit types by a 16-entry table per
+sub-block and one permute) and runs it against every activation row at once, over 1-4 weight rows per task so
+that enough independent FMA chains are in flight at one row. At several rows it is bound by its fp32 FMAs
+(rows x out x in / 16 of them), not by the bytes: the exact fp32 product rules out llama.cpp's int8 dot
+products with quantized activations.
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ def serve_replicas(a: argparse.Namespace, config: ServerConfig) -> None:
     """`serve --replicas N`: the application on Ray Serve until SIGTERM or Ctrl-C (see server/ray_app.py)."""
     from specdecode.config import ConfigError
     from specdecode.llm_args import llm_kwargs
+    from specdecode.models.gguf_quantized import quantized_source
     from specdecode.models.loader import resolve_model_dir
 
     try:
@@ -88,7 +89,10 @@ def serve_replicas(a: argparse.Namespace, config: ServerConfig) -> None:
     scale = ray_app.ScaleConfig(
         a.replicas, a.min_replicas, a.max_replicas, a.cpus_per_replica, a.upscale_delay, a.downscale_delay
     )
-    resolve_model_dir(a.target)  # a missing model fails here, once, not in every replica (converted once, too)
+    # A missing model fails here, once, not in every replica (converted once, too: without its weights when the
+    # replicas load them from the GGUF itself).
+    quantized = a.tensor_parallel_size == 1 and quantized_source(a.target, a.device, a.dtype, a.weights) is not None
+    resolve_model_dir(a.target, weights=not quantized)
     ray_app.connect(a.ray_address)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

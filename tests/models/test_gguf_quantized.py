@@ -22,11 +22,17 @@ from torch import nn
 
 from specdecode.config import SamplingParams
 from specdecode.llm import LLM
-from specdecode.models import gguf_quantized, quant_rows
+from specdecode.models import aot_package, gguf_quantized, quant_rows
 from specdecode.models.compiled import load_target
-from specdecode.models.gguf_quantized import WEIGHTS_ENV, ConcatLinear, gguf_file, load_gguf_quantized
+from specdecode.models.gguf_quantized import (
+    WEIGHTS_ENV,
+    ConcatLinear,
+    gguf_file,
+    load_gguf_quantized,
+    quantized_source,
+)
 from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
-from specdecode.models.loader import _hf_config, _hf_tensors
+from specdecode.models.loader import _hf_config, _hf_tensors, resolve_model_dir
 from specdecode.models.quant_rows import QuantLinear
 from tests.models.test_quant_rows import random_blocks
 
@@ -179,9 +185,10 @@ def add_matrix(writer: gguf.GGUFWriter, name: str, qtype: Q, out: int, k: int, g
         writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
 
 
-def write_tiny_gguf(path: Path, tie: bool) -> Path:
+def write_tiny_gguf(path: Path, tie: bool, arch: str = "llama") -> Path:
+    """A tiny GGUF of the mixed TYPES; qwen2 adds random q/k/v biases (F32) and is stored in HF's rope order."""
     gen = np.random.default_rng(7)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(LAYERS)
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
@@ -206,6 +213,9 @@ def write_tiny_gguf(path: Path, tie: bool) -> Path:
             )
         for norm in ("attn_norm", "ffn_norm"):
             writer.add_tensor(f"blk.{i}.{norm}.weight", 1 + 0.1 * gen.standard_normal(HIDDEN, dtype=np.float32))
+        if arch == "qwen2":
+            for role in ("attn_q", "attn_k", "attn_v"):
+                writer.add_tensor(f"blk.{i}.{role}.bias", gen.standard_normal(outs[role], dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -223,9 +233,12 @@ def loader_fp32_model(gguf_path: Path, out_dir: Path) -> LlamaModel:
     return load_llama(out_dir, inference=False)
 
 
-@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
-def test_tiny_mixed_types_equal_the_dequantized_model(tmp_path, tie):
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", tie)
+@pytest.mark.parametrize(
+    ("tie", "arch"), [(True, "llama"), (False, "llama"), (False, "qwen2")], ids=["tied", "untied", "qwen2"]
+)
+def test_tiny_mixed_types_equal_the_dequantized_model(tmp_path, tie, arch):
+    """qwen2: the q/k/v biases are kept (split over the ConcatLinear's parts) and its rows are not reordered."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tie, arch)
     with pytest.warns(UserWarning, match=r"blk\.0\.ffn_down\.weight \(F16\), blk\.1\.ffn_down\.weight \(Q5_1\)"):
         model = load_gguf_quantized(path)
     want = loader_fp32_model(path, tmp_path / "fp32")
@@ -258,23 +271,74 @@ def test_refuses_a_gpu_device(smollm2_gguf):
         load_gguf_quantized(smollm2_gguf, device="cuda")
 
 
-def test_weights_switch_in_load_target(tmp_path, monkeypatch):
-    """The quantized model only where asked for, eager, and the GGUF is known; unknown values are refused."""
+def test_weights_setting(tmp_path, monkeypatch):
+    """A GGUF on the CPU in float32 keeps its blocks by default; fp32 (argument or environment), another device,
+    another dtype or a Hugging Face directory load fp32 tensors; unknown values are refused."""
     path = write_tiny_gguf(tmp_path / "tiny.gguf", tie=True)
-    fp32_dir = tmp_path / "fp32"
-    loader_fp32_model(path, fp32_dir)
-
-    def head(env: str | None, gguf: Path | None) -> type:
-        if env is None:
-            monkeypatch.delenv(WEIGHTS_ENV, raising=False)
-        else:
-            monkeypatch.setenv(WEIGHTS_ENV, env)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tiny file's dense linears
-            return type(load_target(fp32_dir, "cpu", torch.float32, enforce_eager=True, gguf=gguf).lm_head)
-
-    assert head("quantized", path) is QuantLinear
-    assert head(None, path) is not QuantLinear and head("fp32", path) is not QuantLinear
-    assert head("quantized", None) is not QuantLinear  # a Hugging Face directory: nothing to keep quantized
+    monkeypatch.delenv(WEIGHTS_ENV, raising=False)
+    assert quantized_source(str(path), "cpu", "float32") == path
+    assert quantized_source(str(path), "cpu", "float32", "fp32") is None
+    assert quantized_source(str(path), "cuda", "float32") is None
+    assert quantized_source(str(path), "cpu", "bfloat16") is None
+    assert quantized_source(str(tmp_path), "cpu", "float32") is None  # a directory: nothing to keep quantized
+    monkeypatch.setenv(WEIGHTS_ENV, "fp32")
+    assert quantized_source(str(path), "cpu", "float32") is None
+    assert quantized_source(str(path), "cpu", "float32", "quantized") == path  # the argument wins
+    monkeypatch.setenv(WEIGHTS_ENV, "int4")
     with pytest.raises(ValueError, match="expected 'quantized' or 'fp32'"):
-        head("int4", path)
+        quantized_source(str(path), "cpu", "float32")
+
+
+def test_files_only_directory_has_no_weights(tmp_path):
+    """weights=False: SmolLM2's directory holds its config and tokenizer, no fp32 safetensors."""
+    files = resolve_model_dir(SMOLLM2, cache_dir=tmp_path, progress=False, weights=False)
+    assert (files / "config.json").is_file() and (files / "tokenizer.json").is_file()
+    assert not list(files.glob("*.safetensors"))
+    assert not list(tmp_path.glob("smollm2-135m-instruct-" + "?" * 12))  # no fp32 conversion beside it
+
+
+@pytest.fixture(scope="module")
+def compiled_tiny(tmp_path_factory) -> tuple[LlamaModel, LlamaModel]:
+    """(compiled, eager) quantized models of one tiny untied GGUF, the compiled one through load_target's AOT
+    package (in a cache of its own: a compile of the tiny model takes ~30 s on two cores)."""
+    root = tmp_path_factory.mktemp("quantized")
+    path = write_tiny_gguf(root / "tiny.gguf", tie=False)
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        mp.setenv("SPECDECODE_CACHE", str(root / "cache"))
+        warnings.simplefilter("ignore")  # the tiny file's dense linears
+        compiled = load_target(root, "cpu", torch.float32, enforce_eager=False, progress=False, gguf=path)
+        eager = load_gguf_quantized(path)
+    return compiled, eager
+
+
+def test_compiled_quantized_step_equals_eager(compiled_tiny):
+    compiled, eager = compiled_tiny
+    assert compiled.step.compiled and isinstance(compiled.lm_head, QuantLinear)
+    prompt = np.random.default_rng(8).integers(0, VOCAB, 20).tolist()
+    assert relative_error(logits(compiled, prompt, (1, 4)), logits(eager, prompt, (1, 4))) < TOLERANCE
+
+
+def test_compiled_quantized_step_reads_the_models_own_blocks(compiled_tiny):
+    """The package holds no copy of the weights: blocks edited in the model change the compiled step's logits
+    (one layer's gate/up blocks swapped with another's), and putting them back restores them bitwise."""
+    compiled, _ = compiled_tiny
+    prompt = np.random.default_rng(9).integers(0, VOCAB, 12).tolist()
+    before = logits(compiled, prompt, (1,))
+    a, b = compiled.layers[0].mlp.w13.blocks, compiled.layers[1].mlp.w13.blocks
+    saved = a.clone()
+    a.copy_(b)
+    try:
+        changed = logits(compiled, prompt, (1,))
+    finally:
+        a.copy_(saved)
+    assert relative_error(changed, before) > 1000 * TOLERANCE
+    assert torch.equal(logits(compiled, prompt, (1,)), before)
+
+
+def test_quantized_and_fp32_models_never_share_a_package(tmp_path, compiled_tiny):
+    """The key of a quantized model says so and covers its modules; the fp32 model of the same file differs."""
+    _, eager = compiled_tiny
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tie=False)
+    fp32 = loader_fp32_model(path, tmp_path / "fp32")
+    assert aot_package.is_quantized(eager) and not aot_package.is_quantized(fp32)
+    assert aot_package.package_key(eager) != aot_package.package_key(fp32)

@@ -23,10 +23,12 @@ import transformers
 from safetensors.torch import load_file
 
 from specdecode import LLM, SamplingParams
-from specdecode.models import loader, packed_linear
+from specdecode.models import loader
+from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.models.loader import BUILTIN_MODELS, ModelLoadError, resolve_model_dir
 from specdecode.models.provision import ProvisionError, check_installed
+from specdecode.models.quant_rows import QuantLinear
 from tests.models.conftest import SMOLLM2
 from tests.models.gguf_files import tiny_with_biases, write_gguf
 
@@ -122,28 +124,53 @@ def test_negative_control_llama_rope_order_on_qwen2_fails(chat_ids, reference_lo
 
 
 @needs_pair
-def test_draft_model_greedy_equals_plain_decoding_on_the_15b(monkeypatch):
-    """K = 0 and the draft-model method with the built-in 0.5B draft give the same 16 greedy tokens."""
-    monkeypatch.setattr(packed_linear, "choice", lambda: "plain")  # a packed copy of the 1.5B: 15.5 GB at peak
-    params = SamplingParams(temperature=0.0, max_tokens=16)
+@pytest.mark.parametrize("name", [DRAFT, TARGET])
+def test_quantized_logits_match_transformers_on_the_gguf(name, chat_ids, reference_logits):
+    """The model as it loads by default, its blocks kept (eager here: the compiled step is checked against the
+    eager one in test_gguf_quantized), against transformers' fp32 dequantization of the same file."""
+    model = load_gguf_quantized(gguf_file(name))
+    assert isinstance(model.lm_head, QuantLinear) and model.cfg.qkv_bias
+    assert (our_logits(model, chat_ids) - reference_logits(name)).abs().max() < 1e-3
+    del model
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def plain_15b() -> LLM:
+    """K = 0 on the 1.5B as it serves by default: blocks kept, compiled step (shared by the drafters' LLMs)."""
+    llm = LLM(target=TARGET, method="none", controller="fixed", max_num_seqs=1, max_model_len=1024, enforce_eager=False)
+    assert isinstance(llm.target.lm_head, QuantLinear) and llm.target.step.compiled
+    yield llm
+    del llm
+    gc.collect()
+
+
+@needs_pair
+@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
+def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(method, plain_15b):
+    """20 greedy tokens of each drafter (K = 4 at every step) are K = 0's; the 0.5B draft loads the same way."""
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     chat = [[{"role": "user", "content": PROMPT}]]
-    plain = LLM(target=TARGET, method="none", max_num_seqs=1, enforce_eager=True)
-    want = plain.chat(chat, params)[0]
+    want = plain_15b.chat(chat, params)[0]
     spec = LLM(
         target=TARGET,
-        method="draft",
+        method=method,
         num_speculative_tokens=4,
-        controller="fixed",  # K = 4 at every step: the draft is really verified, whatever a cost model says
+        controller="fixed",  # K = 4 at every step: drafts are really verified, whatever a cost model says
         max_num_seqs=1,
-        enforce_eager=True,
-        share_target=plain,
+        max_model_len=1024,
+        enforce_eager=False,  # the suite's default is eager (tests/conftest.py): this is the serving step
+        share_target=plain_15b,
     )
-    assert spec.spec.draft == DRAFT  # the 1.5B's default draft
+    if method == "draft":
+        assert spec.spec.draft == DRAFT  # the 1.5B's default draft
+        assert isinstance(spec.draft_model.lm_head, QuantLinear) and spec.draft_model.step.compiled
     got = spec.chat(chat, params)[0]
-    assert len(want.token_ids) == 16 and "def" in want.text
+    assert "def" in want.text
     assert got.token_ids == want.token_ids
-    assert got.metrics["num_accepted"] > 0  # the 0.5B really drafted (same tokenizer, same family)
-    del plain, spec
+    if method == "draft":
+        assert got.metrics["num_accepted"] > 0  # the 0.5B really drafted (same tokenizer, same family)
+    del spec
     gc.collect()
 
 
