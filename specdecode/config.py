@@ -27,6 +27,7 @@ CONTROLLER_NAMES = ("goodput", "fixed", "heuristic", "confidence")  # built by s
 class ConfigError(ValueError):
     """A user-facing configuration error; its message is shown as one line."""
 
+
 def setting(value, cli: bool = True, **flag):
     """A settings field: its default value, and how its command-line flag reads (argparse keywords: help, choices, type,
     action; a `default` here is the flag's own, e.g. None for a repeatable flag); cli=False: no flag."""
@@ -46,7 +47,6 @@ def split_settings(settings: dict, *configs: type) -> list[dict]:
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
     return parts
-
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: the sampling arithmetic is fp32
@@ -238,6 +238,17 @@ class EngineConfig:
         "or load the dequantized fp32 weights (the reference path)",
     )
 
+    # How a quantized model (weights="quantized") multiplies: "exact" with fp32 activations (the reference), "fast"
+    # with int8 activations per row and block (models/quant_int8.py; lossless with respect to that arithmetic).
+    # LLM(arithmetic=None) reads $SPECDECODE_ARITHMETIC, else "exact".
+    arithmetic: str = setting(
+        "exact",
+        choices=("exact", "fast"),
+        default=None,
+        help="quantized weights: multiply with fp32 activations (exact, default, or $SPECDECODE_ARITHMETIC) or "
+        "int8 activations per row and block (fast; speculation stays exact with respect to it)",
+    )
+
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
@@ -247,5 +258,7 @@ class EngineConfig:
             raise ConfigError(f"prefill_chunk must be >= 16, got {self.prefill_chunk}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.arithmetic not in ("exact", "fast"):
+            raise ConfigError(f"arithmetic must be 'exact' or 'fast', got {self.arithmetic!r}")
         if self.weights not in ("quantized", "fp32"):
             raise ConfigError(f"weights must be 'quantized' or 'fp32', got {self.weights!r}")

@@ -18,6 +18,7 @@ from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.drafters.draft_model import load_draft
 from specdecode.engine.engine import Engine
 from specdecode.engine.launch import TensorParallelRuntime, check_tensor_parallel
+from specdecode.models import quant_int8
 from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
 from specdecode.models.gguf_quantized import quantized_source, weights_mode
 from specdecode.models.llama import LlamaModel
@@ -97,7 +98,7 @@ class LLM:
     def __init__(self, target: str = "smollm2-135m-instruct", *, share_target: LLM | None = None, **settings) -> None:
         """settings: the fields of SpeculativeConfig and EngineConfig by name (config.py): method,
         num_speculative_tokens, draft, controller, ngram_min/max, the suffix_* options, max_num_seqs,
-        max_model_len, device, dtype, prefill_chunk, enforce_eager, tensor_parallel_size, weights.
+        max_model_len, device, dtype, prefill_chunk, enforce_eager, tensor_parallel_size, weights, arithmetic.
 
         enforce_eager: skip the compiled step (models/compiled.py); None (the default) reads
         $SPECDECODE_ENFORCE_EAGER.
@@ -105,6 +106,8 @@ class LLM:
         weights: how a GGUF target and draft load on the CPU in float32: "quantized" keeps the file's blocks
         (models/gguf_quantized.py), "fp32" the dequantized conversion (the reference path); None reads
         $SPECDECODE_WEIGHTS, else "quantized". Other devices and dtypes, and tensor parallelism, load fp32.
+        arithmetic: how quantized weights multiply, "exact" or "fast" (int8 activations); None reads
+        $SPECDECODE_ARITHMETIC, else "exact". It applies to the target and the draft model.
 
         tensor_parallel_size: shard the target over this many processes (specdecode/engine/launch.py); call
         `close()` (or use the LLM as a context manager) to stop them before exit.
@@ -125,9 +128,10 @@ class LLM:
             enforce_eager = os.environ.get(ENFORCE_EAGER_ENV, "0") not in ("", "0")
         try:
             weights = weights_mode(engine.pop("weights", None))
+            arithmetic = quant_int8.arithmetic(engine.pop("arithmetic", None))
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        self.engine_config = EngineConfig(**engine, enforce_eager=enforce_eager, weights=weights)
+        self.engine_config = EngineConfig(**engine, enforce_eager=enforce_eager, weights=weights, arithmetic=arithmetic)
         dtype, tensor_parallel_size = self.engine_config.dtype, self.engine_config.tensor_parallel_size
         if device == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)
@@ -142,7 +146,8 @@ class LLM:
             self._close_tp = weakref.finalize(self, self._tp.close)  # also when collected, and at exit
             self.target = self._tp.target
         else:
-            self.target = load_target(target_dir, device, DTYPES[dtype], enforce_eager, gguf=gguf)
+            arith = self.engine_config.arithmetic
+            self.target = load_target(target_dir, device, DTYPES[dtype], enforce_eager, gguf=gguf, arithmetic=arith)
         try:
             self._build_engine(target, target_dir)
         except BaseException:
@@ -159,7 +164,7 @@ class LLM:
 
     def _shared_target(self, other: LLM) -> LlamaModel:
         mine, theirs = self.engine_config, other.engine_config
-        fields = ("device", "dtype", "enforce_eager", "tensor_parallel_size", "weights")
+        fields = ("device", "dtype", "enforce_eager", "tensor_parallel_size", "weights", "arithmetic")
         differ = [f for f in fields if getattr(mine, f) != getattr(theirs, f)]
         if self.target_name != other.target_name:
             differ.insert(0, "target")
@@ -179,7 +184,9 @@ class LLM:
         if draft is not None and method == "draft":
             gguf = self._quantized_source(draft)
             draft_dir = resolve_model_dir(draft, weights=gguf is None)
-            self.draft_model = load_draft(draft_dir, device, DTYPES[dtype], config.enforce_eager, gguf)
+            self.draft_model = load_draft(
+                draft_dir, device, DTYPES[dtype], config.enforce_eager, gguf, arithmetic=config.arithmetic
+            )
             _check_same_vocab(self.target, self.draft_model, self.tokenizer, draft_dir)
         limit = self.target.cfg.context_limit
         self.max_model_len = min(max_model_len or DEFAULT_MAX_MODEL_LEN, limit)

@@ -31,13 +31,18 @@ def draft_confidence(logits: torch.Tensor, q: torch.Tensor, st: SamplingTensors)
 
 
 def load_draft(
-    draft_dir: Path, device: str | torch.device, dtype: torch.dtype, enforce_eager: bool, gguf: Path | None = None
+    draft_dir: Path,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    enforce_eager: bool,
+    gguf: Path | None = None,
+    arithmetic: str = "exact",
 ) -> LlamaModel:
     """The draft model as the engine runs it: on a compiled step like the target's (models/compiled.py; a small
     draft's eager step is mostly call overhead: SmolLM2's 2-layer draft took 4.8 ms eager, 3.0 ms compiled on
     a 2-core AMD EPYC), and with a drafting vocabulary (vocab.npy) scoring only that subset. gguf: load it from
-    this file with its blocks kept (as load_target)."""
-    model = load_target(draft_dir, device, dtype, enforce_eager, role="draft", gguf=gguf)
+    this file with its blocks kept (as load_target), in `arithmetic`."""
+    model = load_target(draft_dir, device, dtype, enforce_eager, role="draft", gguf=gguf, arithmetic=arithmetic)
     if (draft_dir / VOCAB_FILE).is_file():
         SubsetLMHead.install(model, load_subset(draft_dir / VOCAB_FILE, model.cfg.vocab_size))
         model.step = with_head(model.step, model.head)  # a compiled head scores the whole vocabulary

@@ -40,7 +40,7 @@ from torch import nn
 from torch.export import Dim
 
 from specdecode.hardware import cpu_model
-from specdecode.models import attention, few_rows, gguf_quantized, llama, quant_rows
+from specdecode.models import attention, few_rows, gguf_quantized, llama, quant_int8, quant_rows
 from specdecode.models.disk_cache import build_once, cache_root, check_tree, private_dir, remove_least_recent
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 
@@ -55,8 +55,8 @@ MAX_PACKAGES = 4  # packages kept on disk, most recently used first (SmolLM2-135
 
 
 def is_quantized(model: nn.Module) -> bool:
-    """Whether any of the model's linears keeps GGUF blocks (a QuantLinear)."""
-    return any(isinstance(m, quant_rows.QuantLinear) for m in model.modules())
+    """Whether any of the model's linears keeps GGUF blocks (a QuantLinear, or its int8 twin)."""
+    return any(isinstance(m, (quant_rows.QuantLinear, quant_int8.Int8QuantLinear)) for m in model.modules())
 
 
 def package_key(model: LlamaModel) -> str:
@@ -79,7 +79,8 @@ def package_key(model: LlamaModel) -> str:
     }
     if quantized:  # the op's source and how modules are built; the constants by name, shape and type only
         described["quantized"] = {
-            "source": [inspect.getsource(m) for m in (quant_rows, gguf_quantized)] + [quant_rows.SOURCE.read_text()],
+            "source": [inspect.getsource(m) for m in (quant_rows, quant_int8, gguf_quantized)]
+            + [quant_rows.SOURCE.read_text(), quant_int8.SOURCE.read_text()],
             "modules": repr(model),
             "constants": [(n, list(t.shape), str(t.dtype)) for n, t in _constants(model, "").items()],
         }
@@ -186,7 +187,9 @@ def _load(path: Path, model: LlamaModel) -> Callable:
         raise FileNotFoundError(path)
     quantized = is_quantized(model)
     if quantized:
-        quant_rows.library()  # the op the package calls must be registered before it loads
+        quant_rows.library()  # the ops the package calls must be registered before it loads
+        if any(isinstance(m, quant_int8.Int8QuantLinear) for m in model.modules()):
+            quant_int8.library()
     runner = torch._inductor.aoti_load_package(str(path))
     if quantized:  # a package without constants: the model's own tensors, by pointer, no copy
         tensors = _constants(model)

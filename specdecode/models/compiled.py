@@ -40,6 +40,7 @@ from specdecode.models.cuda_graphs import GraphedBody
 from specdecode.models.disk_cache import cache_root
 from specdecode.models.gguf_quantized import load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama
+from specdecode.models.quant_int8 import apply_arithmetic
 
 ENFORCE_EAGER_ENV = "SPECDECODE_ENFORCE_EAGER"  # "1": LLM and the commands default to the eager step
 # Dynamo's cache is per code object, so every compiled model in a process adds one entry to _Body.forward's
@@ -149,6 +150,7 @@ def load_target(
     ahead_of_time: bool | None = None,
     role: str = "target",
     gguf: Path | None = None,
+    arithmetic: str = "exact",
 ) -> LlamaModel:
     """The model as the engine runs it: compiled and warmed, or eager with packed linears (enforce_eager).
     ahead_of_time: see compile_step. role: what the progress bar calls the model ("target", "draft").
@@ -162,9 +164,11 @@ def load_target(
     gguf: load the model from this GGUF file with its linears kept quantized (models/gguf_quantized.py; CPU and
     fp32 only, see `quantized_source`); model_dir then needs only its config and tokenizer. The compiled step
     runs the quantized linears' op at every row count, so no twin is loaded for it either.
+    arithmetic: for a quantized model, "exact" (fp32 activations, models/quant_rows.py) or "fast" (int8
+    activations per row and block, models/quant_int8.py); ignored for fp32 weights.
     """
     if gguf is not None:
-        return _load_quantized(gguf, device, enforce_eager, progress, ahead_of_time, role)
+        return _load_quantized(gguf, device, enforce_eager, progress, ahead_of_time, role, arithmetic)
     if enforce_eager:
         return load_llama(model_dir, device, dtype)
     model = load_llama(model_dir, device, dtype, inference=False)  # inductor packs the weights itself
@@ -180,11 +184,17 @@ def load_target(
 
 
 def _load_quantized(
-    gguf: Path, device: str | torch.device, enforce_eager: bool, progress: bool, ahead_of_time: bool | None, role: str
+    gguf: Path,
+    device: str | torch.device,
+    enforce_eager: bool,
+    progress: bool,
+    ahead_of_time: bool | None,
+    role: str,
+    arithmetic: str = "exact",
 ) -> LlamaModel:
-    """A GGUF model with its blocks kept, eager or on the compiled step; the linears the kernel has no type for
-    (dense fp32) take the few-rows GEMM where it serves."""
-    model = load_gguf_quantized(gguf, device)
+    """A GGUF model with its blocks kept, eager or on the compiled step, in the named arithmetic; the linears
+    the kernel has no type for (dense fp32) take the few-rows GEMM where it serves."""
+    model = apply_arithmetic(load_gguf_quantized(gguf, device), arithmetic)
     if enforce_eager:
         return model
     if few_rows.available(torch.device(device), torch.float32):

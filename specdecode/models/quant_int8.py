@@ -144,17 +144,19 @@ def use_int8(model: nn.Module) -> int:
     return swapped
 
 
-def arithmetic() -> str:
-    """The arithmetic SPECDECODE_ARITHMETIC asks for: "exact" (default) or "fast"."""
-    value = os.environ.get(ARITHMETIC_ENV, "exact")
-    if value not in ("exact", "fast"):
-        raise ValueError(f"{ARITHMETIC_ENV}={value!r}: expected 'exact' or 'fast'")
-    return value
+def arithmetic(value: str | None = None) -> str:
+    """The arithmetic setting: `value` if given, else what SPECDECODE_ARITHMETIC asks for: "exact" (default) or
+    "fast"."""
+    chosen = value if value is not None else os.environ.get(ARITHMETIC_ENV, "exact")
+    if chosen not in ("exact", "fast"):
+        source = "arithmetic" if value is not None else ARITHMETIC_ENV
+        raise ValueError(f"{source}={chosen!r}: expected 'exact' or 'fast'")
+    return chosen
 
 
-def apply_arithmetic(model: nn.Module) -> nn.Module:
-    """The model in the arithmetic SPECDECODE_ARITHMETIC names: under "fast" its QuantLinears become
-    Int8QuantLinears (in place); under "exact" it is returned untouched."""
-    if arithmetic() == "fast":
+def apply_arithmetic(model: nn.Module, value: str | None = None) -> nn.Module:
+    """The model in the arithmetic `value` (else SPECDECODE_ARITHMETIC) names: under "fast" its QuantLinears
+    become Int8QuantLinears (in place); under "exact" it is returned untouched."""
+    if arithmetic(value) == "fast":
         use_int8(model)
     return model
