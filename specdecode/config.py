@@ -170,15 +170,25 @@ class SpeculativeConfig:
         return 0 if self.method == "none" else self.num_speculative_tokens
 
 
+# A step's target-token budget by device. On CPU a forward's time grows with its tokens from the first one, so a
+# prompt chunk delays every running request's next tokens by as much as it costs: 256 keeps a step within a
+# few decode steps' time on two cores while a long prompt still advances ~200 tokens a step (measured by
+# `specdecode bench long-prompt`). A GPU runs a few thousand tokens in about the time of one (vLLM's 2048).
+DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 2048, "mps": 512}
+MIN_PREFILL_TOKENS = 16  # a prompt advances at least this much a step, whatever the decode tokens took
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """Capacity of the engine: concurrent sequences and the longest context a sequence may reach."""
+    """Capacity of the engine: concurrent sequences, the longest context a sequence may reach, and the target
+    tokens one step may run (vLLM's max_num_batched_tokens: the running requests' decode and verify tokens
+    first, prompt chunks from what is left; None = the device's default, DEFAULT_BATCHED_TOKENS)."""
 
     max_num_seqs: int = 8
     max_model_len: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
-    prefill_chunk: int = 512
+    max_num_batched_tokens: int | None = None
     enforce_eager: bool = False  # vLLM's name: run the target eagerly instead of its compiled step
     tensor_parallel_size: int = 1  # ranks the target is sharded over (specdecode/engine/launch.py)
 
@@ -187,7 +197,12 @@ class EngineConfig:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.prefill_chunk < 16:
-            raise ConfigError(f"prefill_chunk must be >= 16, got {self.prefill_chunk}")
+        if self.max_num_batched_tokens is None:
+            device = self.device.split(":")[0]
+            object.__setattr__(self, "max_num_batched_tokens", DEFAULT_BATCHED_TOKENS.get(device, 2048))
+        if self.max_num_batched_tokens < MIN_PREFILL_TOKENS:
+            raise ConfigError(
+                f"max_num_batched_tokens must be >= {MIN_PREFILL_TOKENS}, got {self.max_num_batched_tokens}"
+            )
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")

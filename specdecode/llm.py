@@ -108,7 +108,7 @@ class LLM:
         dtype: str = "float32",
         ngram_min: int = 2,
         ngram_max: int = 4,
-        prefill_chunk: int = 512,
+        max_num_batched_tokens: int | None = None,
         suffix_corpus: list[str] | tuple[str, ...] = (),
         suffix_cache_max_tokens: int = 65_536,
         suffix_max_depth: int = 24,
@@ -149,7 +149,7 @@ class LLM:
         if enforce_eager is None:
             enforce_eager = os.environ.get(ENFORCE_EAGER_ENV, "0") not in ("", "0")
         self.engine_config = EngineConfig(
-            max_num_seqs, max_model_len, device, dtype, prefill_chunk, enforce_eager, tensor_parallel_size
+            max_num_seqs, max_model_len, device, dtype, max_num_batched_tokens, enforce_eager, tensor_parallel_size
         )
         if device == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)

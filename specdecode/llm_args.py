@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from specdecode.config import CONTROLLER_NAMES, MAX_SPECULATIVE_TOKENS, METHODS, SamplingParams, SpeculativeConfig
+from specdecode.config import (
+    CONTROLLER_NAMES,
+    DEFAULT_BATCHED_TOKENS,
+    MAX_SPECULATIVE_TOKENS,
+    METHODS,
+    SamplingParams,
+    SpeculativeConfig,
+)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -54,6 +61,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="target tokens per engine step: decode and verify first, prompt chunks from the rest "
+        f"(default by device: {', '.join(f'{d} {n}' for d, n in DEFAULT_BATCHED_TOKENS.items())})",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument(
@@ -113,6 +127,7 @@ def llm_kwargs(a: argparse.Namespace, **overrides) -> dict:
         ngram_max=a.ngram_max,
         max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len,
+        max_num_batched_tokens=a.max_num_batched_tokens,
         device=a.device,
         enforce_eager=a.enforce_eager,
         dtype=a.dtype,

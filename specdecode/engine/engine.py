@@ -1,8 +1,9 @@
 """The step loop. A decode step reads as four verbs: propose -> verify -> commit -> control.
 
-Requests wait in a queue, take a cache slot when one is free, are prefilled one bounded chunk per step (so a
-long prompt never freezes the others' decoding for more than a chunk), then decode together in a ragged
-batch and leave as they finish. K = 0 is plain autoregressive decoding through the same path.
+Requests wait in a queue, take a cache slot when one is free, are prefilled in chunks, then decode together in
+a ragged batch and leave as they finish. K = 0 is plain autoregressive decoding through the same path. A step
+runs at most `max_num_batched_tokens` target tokens (vLLM's chunked prefill): the running requests' decode and
+verify tokens first, then prompt chunks from the rest, so a long prompt arriving never freezes the others.
 
 A failure that belongs to one request fails that request alone (finish reason "error", the message on
 `Sequence.error`) and releases its state; the others of the step go on with the tokens they would have had
@@ -21,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdecode.config import ConfigError, EngineConfig, SamplingParams
+from specdecode.config import MIN_PREFILL_TOKENS, ConfigError, EngineConfig, SamplingParams
 from specdecode.control.base import Controller, StepStats
 from specdecode.detokenize import IncrementalDetokenizer, find_stop, stop_holdback
 from specdecode.drafters.base import Drafter, Proposal
@@ -192,11 +193,14 @@ class Engine:
     # ---- the step -------------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[SeqUpdate]:
+        """One step within the token budget: the running requests decode and verify, then prompts are
+        prefilled with the budget's rest. A request whose prefill ends here gets its first token next step."""
         self._failed: list[SeqUpdate] = []
         self._admit()
-        self._prefill_chunks()
         decoding = [s for s in self.running if s.status is Status.RUNNING]
         updates = self._decode(decoding) if decoding else []
+        used = self.last_step.num_verified_tokens if decoding else 0  # the step's stats, set by _decode
+        self._prefill_chunks(max(self.config.max_num_batched_tokens - used, MIN_PREFILL_TOKENS))
         self._retire_finished()  # after the controller observed the step, so nothing re-creates their state
         return self._failed + updates
 
@@ -250,13 +254,14 @@ class Engine:
         seq.status = Status.RUNNING
         self.drafter.add_sequence(seq)
 
-    def _prefill_chunks(self) -> None:
-        """Cache prompt[:-1] of prefilling sequences, at most `prefill_chunk` tokens in all this step.
+    def _prefill_chunks(self, budget: int) -> None:
+        """Cache the next chunk of prompt[:-1] of prefilling sequences, at most `budget` tokens in all, oldest
+        request first. A prompt cut anywhere gives the K/V it gives whole: each chunk attends to the cached ones.
 
         The last prompt token stays pending: the first decode step feeds it with the first drafts, so every
-        output token, the first included, comes from one verification path.
+        output token, the first included, comes from one verification path. The drafter gets the request
+        (add_sequence) once its whole prompt is cached; feature drafters see each chunk's features as it runs.
         """
-        budget = self.config.prefill_chunk
         slots, chunks, seqs = [], [], []
         for seq in self.running:
             if seq.status is not Status.PREFILLING or budget <= 0:
