@@ -171,10 +171,12 @@ class SpeculativeConfig:
 
 
 # A step's target-token budget by device. On CPU a forward's time grows with its tokens from the first one, so a
-# prompt chunk delays every running request's next tokens by as much as it costs: 256 keeps a step within a
-# few decode steps' time on two cores while a long prompt still advances ~200 tokens a step (measured by
-# `specdecode bench long-prompt`). A GPU runs a few thousand tokens in about the time of one (vLLM's 2048).
-DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 2048, "mps": 512}
+# prompt chunk delays every running request's next tokens by what it costs. On two cores (SmolLM2, 8 streams,
+# issue 34's measurement: p99 decode gap 49 ms, 1,175 ms with 512-token chunks, ~2.2 ms a prompt token) 128
+# holds the streams' p99 near 3x while a 6k prompt's first token comes ~1.4x later than alone; 256 would be
+# ~10x and ~1.15x. `specdecode bench long-prompt` measures the trade. A GPU runs a few thousand tokens in about
+# the time of one (vLLM's 2048).
+DEFAULT_BATCHED_TOKENS = {"cpu": 128, "cuda": 2048, "mps": 512}
 MIN_PREFILL_TOKENS = 16  # a prompt advances at least this much a step, whatever the decode tokens took
 
 

@@ -205,6 +205,6 @@ def test_a_budget_below_the_minimum_is_a_clear_error(budget):
 
 
 def test_the_default_budget_follows_the_device():
-    assert EngineConfig().max_num_batched_tokens == 256
+    assert EngineConfig().max_num_batched_tokens == 128
     assert EngineConfig(device="cuda:1").max_num_batched_tokens == 2048
     assert EngineConfig(max_num_batched_tokens=64).max_num_batched_tokens == 64
