@@ -252,7 +252,14 @@ class Engine:
         self.cache.set_length(seq.slot, n)
         self.num_shared_prefill_tokens += n
         seq.status = Status.RUNNING
-        self.drafter.add_sequence(seq)
+        self._add_to_drafter(seq)
+
+    def _add_to_drafter(self, seq: Sequence) -> None:
+        """The drafter's state for a request whose prompt is cached; its failure is this request's alone."""
+        try:
+            self.drafter.add_sequence(seq)
+        except Exception as e:  # noqa: BLE001 - its drafter state: this request alone
+            self._fail(seq, e)
 
     def _prefill_chunks(self, budget: int) -> None:
         """Cache the next chunk of prompt[:-1] of prefilling sequences, at most `budget` tokens in all, oldest
@@ -288,10 +295,7 @@ class Engine:
             self.cache.set_length(seq.slot, seq.num_prefilled)
             if seq.num_prefilled == seq.num_cached:
                 seq.status = Status.RUNNING
-                try:
-                    self.drafter.add_sequence(seq)
-                except Exception as e:  # noqa: BLE001 - its drafter state: this request alone
-                    self._fail(seq, e)
+                self._add_to_drafter(seq)
 
     def _decode(self, seqs: list[Sequence]) -> list[SeqUpdate]:
         t0 = time.perf_counter()
