@@ -208,3 +208,13 @@ def test_the_default_budget_follows_the_device():
     assert EngineConfig().max_num_batched_tokens == 128
     assert EngineConfig(device="cuda:1").max_num_batched_tokens == 2048
     assert EngineConfig(max_num_batched_tokens=64).max_num_batched_tokens == 64
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
+def test_the_flag_reaches_the_llm(command):
+    from specdecode.cli import build_parser
+    from specdecode.llm_args import llm_kwargs
+
+    parser = build_parser()
+    assert llm_kwargs(parser.parse_args([command, "--max-num-batched-tokens", "64"]))["max_num_batched_tokens"] == 64
+    assert llm_kwargs(parser.parse_args([command]))["max_num_batched_tokens"] is None  # the device's default
