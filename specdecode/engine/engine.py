@@ -198,9 +198,10 @@ class Engine:
         self._failed: list[SeqUpdate] = []
         self._admit()
         decoding = [s for s in self.running if s.status is Status.RUNNING]
+        self._verified_tokens = 0  # set by _decode: the target tokens its verify forward ran
         updates = self._decode(decoding) if decoding else []
-        used = self.last_step.num_verified_tokens if decoding else 0  # the step's stats, set by _decode
-        self._prefill_chunks(max(self.config.max_num_batched_tokens - used, MIN_PREFILL_TOKENS))
+        budget = self.config.max_num_batched_tokens - self._verified_tokens
+        self._prefill_chunks(max(budget, MIN_PREFILL_TOKENS))
         self._retire_finished()  # after the controller observed the step, so nothing re-creates their state
         return self._failed + updates
 
@@ -212,10 +213,12 @@ class Engine:
 
     def _isolated(self, seqs: list[Sequence], stage):
         """`stage(seqs)`, or when it raises: the rows it raises for alone are failed, and it runs again for the
-        rest. Returns (the rows kept, its result for them); an error every row hits alone is raised."""
+        rest. Returns (the rows kept, its result for them; None when none is kept). The stages run here are the
+        requests' own (sampling tensors, drafts): when every row fails alone each fails with its own error,
+        and the requests not in the stage (waiting, prefilling) go on; a shared target forward is not run here."""
         try:
             return seqs, stage(seqs)
-        except Exception as batch_error:  # noqa: BLE001 - attributed below, or raised
+        except Exception:  # noqa: BLE001 - attributed to its rows below
             kept = []
             for seq in seqs:
                 try:
@@ -223,9 +226,7 @@ class Engine:
                     kept.append(seq)
                 except Exception as e:  # noqa: BLE001 - this row's own failure
                     self._fail(seq, e)
-            if not kept:
-                raise batch_error from None if len(seqs) > 1 else batch_error
-            return kept, stage(kept)
+            return (kept, stage(kept)) if kept else ([], None)
 
     def _admit(self) -> None:
         """Take waiting sequences into free slots, in order. A later sample of a request waits for sample 0's
@@ -301,6 +302,8 @@ class Engine:
         t0 = time.perf_counter()
         vocab = self.target.cfg.vocab_size
         seqs, st = self._isolated(seqs, lambda rows: sampling_tensors(rows, self.device, vocab))
+        if not seqs:  # every row failed alone
+            return []
         chosen = self._clamp_k(seqs, self.controller.choose(seqs, self.k_max))
         ks = {id(s): k for s, k in zip(seqs, chosen, strict=True)}
         batch = seqs
@@ -311,6 +314,8 @@ class Engine:
 
         if getattr(self.drafter, "retryable_propose", False):  # propose
             seqs, proposal = self._isolated(seqs, propose)
+            if not seqs:
+                return []
         else:
             proposal = propose(seqs)
         if seqs is not batch:  # a row failed: the survivors' sampling tensors, without it
@@ -341,6 +346,7 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - its grammar, stop strings or detokenizer: this request alone
                 self._fail(seq, e)
         self._after_commit(seqs, verified)
+        self._verified_tokens = len(seqs) * (proposal.token_ids.shape[1] + 1)
         self.last_step = StepStats(
             seqs,
             num_proposed,

@@ -234,7 +234,9 @@ class FaultMachine(RuleBasedStateMachine):
             self.engine.step()
         except Exception as e:  # noqa: BLE001 - the step failed as a whole
             live = [s.request_id for s in [*self.engine.running, *self.engine.waiting]]
-            self.collateral += [f"{rid}: the step raised {e!r}" for rid in live if rid not in self.victims]
+            self.collateral += [
+                f"{rid}: the step raised {e!r} ({self.seqs[rid].error})" for rid in live if rid not in self.victims
+            ]
             self.engine = None  # an engine whose step raised is not used again; the example ends here
             if self.collateral:
                 raise AssertionError(f"collateral failures: {self.collateral}") from e
