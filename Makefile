@@ -27,7 +27,7 @@ test: $(STAMP)
 # The long forms of the property-based engine tests (>20,000 examples, about an hour on 2 cores) and of the
 # server soak (thousands of requests on loopback); `make test` runs short forms of both.
 property-long: $(STAMP)
-	SPECDECODE_PROPERTY=long $(PY) -m pytest -q tests/engine/test_properties.py
+	SPECDECODE_PROPERTY=long $(PY) -m pytest -q tests/engine/test_properties.py tests/engine/test_fault_injection.py
 
 soak: $(STAMP)
 	SPECDECODE_SOAK=long $(PY) -m pytest -q -s tests/server/test_soak.py

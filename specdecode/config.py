@@ -206,16 +206,33 @@ class SpeculativeConfig:
         return 0 if self.method == "none" else self.num_speculative_tokens
 
 
+# A step's target-token budget by device. On CPU a forward's time grows with its tokens from the first one, so a
+# prompt chunk delays every running request's next tokens by what it costs. On two cores (SmolLM2, 8 streams,
+# issue 34's measurement: p99 decode gap 49 ms, 1,175 ms with 512-token chunks, ~2.2 ms a prompt token) 128
+# holds the streams' p99 near 3x while a 6k prompt's first token comes ~1.4x later than alone; 256 would be
+# ~10x and ~1.15x. `specdecode bench long-prompt` measures the trade. A GPU runs a few thousand tokens in about
+# the time of one (vLLM's 2048).
+DEFAULT_BATCHED_TOKENS = {"cpu": 128, "cuda": 2048, "mps": 512}
+MIN_PREFILL_TOKENS = 16  # a prompt advances at least this much a step, whatever the decode tokens took
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """Capacity of the engine: concurrent sequences and the longest context a sequence may reach. Fields are
+    """Capacity of the engine: concurrent sequences, the longest context a sequence may reach, and the target
+    tokens one step may run (vLLM's max_num_batched_tokens: the running requests' decode and verify tokens
+    first, prompt chunks from what is left; None = the device's default, DEFAULT_BATCHED_TOKENS). Fields are
     `LLM(...)` keywords and command-line flags, as SpeculativeConfig's."""
 
     max_num_seqs: int = setting(8)
     max_model_len: int | None = setting(None, type=int)
     device: str = setting("cpu")
     dtype: str = setting("float32", choices=("float32", "bfloat16", "float16"))
-    prefill_chunk: int = setting(512, cli=False)
+    max_num_batched_tokens: int | None = setting(
+        None,
+        type=int,
+        help="target tokens per engine step: decode and verify first, prompt chunks from the rest "
+        f"(default by device: {', '.join(f'{d} {n}' for d, n in DEFAULT_BATCHED_TOKENS.items())})",
+    )
     # vLLM's name: run the target eagerly instead of its compiled step. LLM(enforce_eager=None) reads
     # $SPECDECODE_ENFORCE_EAGER.
     enforce_eager: bool = setting(
@@ -254,8 +271,13 @@ class EngineConfig:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.prefill_chunk < 16:
-            raise ConfigError(f"prefill_chunk must be >= 16, got {self.prefill_chunk}")
+        if self.max_num_batched_tokens is None:
+            device = self.device.split(":")[0]
+            object.__setattr__(self, "max_num_batched_tokens", DEFAULT_BATCHED_TOKENS.get(device, 2048))
+        if self.max_num_batched_tokens < MIN_PREFILL_TOKENS:
+            raise ConfigError(
+                f"max_num_batched_tokens must be >= {MIN_PREFILL_TOKENS}, got {self.max_num_batched_tokens}"
+            )
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.arithmetic not in ("exact", "fast"):

@@ -98,7 +98,7 @@ class LLM:
     def __init__(self, target: str = "smollm2-135m-instruct", *, share_target: LLM | None = None, **settings) -> None:
         """settings: the fields of SpeculativeConfig and EngineConfig by name (config.py): method,
         num_speculative_tokens, draft, controller, ngram_min/max, the suffix_* options, max_num_seqs,
-        max_model_len, device, dtype, prefill_chunk, enforce_eager, tensor_parallel_size, weights, arithmetic.
+        max_model_len, device, dtype, max_num_batched_tokens, enforce_eager, tensor_parallel_size, weights, arithmetic.
 
         enforce_eager: skip the compiled step (models/compiled.py); None (the default) reads
         $SPECDECODE_ENFORCE_EAGER.

@@ -26,10 +26,10 @@ def configs(argv: list[str]) -> tuple[SpeculativeConfig, EngineConfig]:
     return SpeculativeConfig(**spec), EngineConfig(**engine)
 
 
-def test_every_setting_but_prefill_chunk_is_a_flag():
+def test_every_setting_is_a_flag():
     names = {f.name for f in cli_fields(SpeculativeConfig, EngineConfig)}
     every = {f.name for c in (SpeculativeConfig, EngineConfig) for f in fields(c)}
-    assert every - names == {"prefill_chunk"}
+    assert every == names
 
 
 def test_no_flags_give_the_defaults():
@@ -45,7 +45,7 @@ def test_each_flag_reaches_its_field(tmp_path):
         "controller": "fixed", "suffix_corpus": (str(corpus),), "suffix_cache_max_tokens": 7, "suffix_max_depth": 5,
         "suffix_spec_factor": 2.0, "suffix_min_prob": 0.3, "suffix_request_spec_factor": 3.0, "max_num_seqs": 3,
         "max_model_len": 99, "device": "cuda", "dtype": "bfloat16", "enforce_eager": True, "tensor_parallel_size": 2,
-        "weights": "fp32", "arithmetic": "fast",
+        "weights": "fp32", "arithmetic": "fast", "max_num_batched_tokens": 64,
     }  # fmt: skip
     assert set(values) == {f.name for f in cli_fields(SpeculativeConfig, EngineConfig)}
     argv = []

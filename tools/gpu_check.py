@@ -191,7 +191,7 @@ def distribution(device: str, steps: tuple[str, ...], root: Path, n: int = DIST_
         for path, (method, prompt, fault) in DIST_PATHS.items():
             for faulty in (False, True):
                 arm = llm(target, method, device, step == "eager", draft=assets[method], num_speculative_tokens=4,
-                          max_num_seqs=1024, max_model_len=32, prefill_chunk=16384)
+                          max_num_seqs=1024, max_model_len=32, max_num_batched_tokens=16384)
                 with pytest_monkeypatch() as mp:
                     if faulty:
                         fault(mp, arm)

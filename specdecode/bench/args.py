@@ -43,6 +43,12 @@ BENCH_MODES = {
         {"max_tokens": 32, "output": "results/startup.json"},
         needs_prompts=False,
     ),
+    "long-prompt": BenchMode(
+        "specdecode.bench.long_prompt",
+        "a long prompt arriving while short streams decode: their p99 TPOT and its TTFT per token budget",
+        {"max_tokens": 256, "output": "results/long_prompt.json"},
+        needs_prompts=False,
+    ),
     "serve": BenchMode(
         "specdecode.bench.serve",
         "open-loop Poisson arrivals against live servers: TTFT, TPOT, throughput per request rate",
@@ -92,6 +98,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_sweep_args(p.add_argument_group("sweep"))
     add_serve_bench_args(p.add_argument_group("serve"))
     add_cost_args(p.add_argument_group("cost"))
+    from specdecode.bench.long_prompt import add_long_prompt_args  # numpy only at import
+
+    add_long_prompt_args(p.add_argument_group("long-prompt"))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ class DrafterContext:
 def _draft_model(ctx: DrafterContext) -> Drafter:
     if ctx.draft is None:
         raise ConfigError("method 'draft' needs a draft model (--draft)")
-    return DraftModelDrafter(ctx.draft, ctx.engine.max_num_seqs, ctx.max_len, ctx.engine.prefill_chunk)
+    return DraftModelDrafter(ctx.draft, ctx.engine.max_num_seqs, ctx.max_len, ctx.engine.max_num_batched_tokens)
 
 
 def _heads_dir(ctx: DrafterContext, kind: str) -> Path:
@@ -69,7 +69,7 @@ def _head_drafter(kind: str):
             subset = load_subset(vocab, ctx.target.cfg.vocab_size) if vocab.is_file() else None
             engine = ctx.engine
             return EagleDrafter(
-                ctx.target, heads, shape, engine.max_num_seqs, ctx.max_len, subset, engine.prefill_chunk
+                ctx.target, heads, shape, engine.max_num_seqs, ctx.max_len, subset, engine.max_num_batched_tokens
             )
         drafter = MedusaDrafter if kind == "medusa" else MtpDrafter
         return drafter(ctx.target, heads, cfg.num_heads, shape)
@@ -103,7 +103,9 @@ DRAFTERS = {
     "ngram_tree": lambda ctx: NgramTreeDrafter(ctx.spec.ngram_min, ctx.spec.ngram_max, ctx.engine.device),
     "suffix": _suffix(tree=False),
     "suffix_tree": _suffix(tree=True),
-    "self": lambda ctx: self_drafter(ctx.target, ctx.engine.max_num_seqs, ctx.max_len, ctx.engine.prefill_chunk),
+    "self": lambda ctx: self_drafter(
+        ctx.target, ctx.engine.max_num_seqs, ctx.max_len, ctx.engine.max_num_batched_tokens
+    ),
     "eagle": _head_drafter("eagle"),
     "medusa": _head_drafter("medusa"),
     "mtp": _head_drafter("mtp"),

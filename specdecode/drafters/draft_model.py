@@ -60,10 +60,10 @@ class DraftModelDrafter(DrafterBase):
 
     retryable_propose = True  # propose starts from the committed cache (drafters/base.py)
 
-    def __init__(self, model: LlamaModel, max_num_seqs: int, max_len: int, prefill_chunk: int = 512) -> None:
+    def __init__(self, model: LlamaModel, max_num_seqs: int, max_len: int, prefill_budget: int = 512) -> None:
         self.model = model
         self.cache = model.new_cache(max_num_seqs, max_len)
-        self.prefill_chunk = prefill_chunk
+        self.prefill_budget = prefill_budget
         self.slots: dict[str, int] = {}
 
     def add_sequence(self, seq: Sequence) -> None:
@@ -101,7 +101,7 @@ class DraftModelDrafter(DrafterBase):
             len(s.token_ids) - self.cache.lengths[slot] if k else 0
             for s, slot, k in zip(seqs, slots, num_tokens, strict=True)
         ]
-        take = share_budget(backlogs, self.prefill_chunk)
+        take = share_budget(backlogs, self.prefill_budget)
         rows = [b for b, n in enumerate(take) if n]
         vocab = self.model.cfg.vocab_size
         logits = torch.zeros((len(seqs), 1, vocab), device=self.model.embed.weight.device)  # [num_seqs, 1, vocab]

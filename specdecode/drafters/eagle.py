@@ -34,7 +34,7 @@ class EagleDrafter(DrafterBase):
         max_num_seqs: int,
         max_len: int,
         vocab_subset: torch.Tensor | None = None,  # [S] token ids: candidates only from these (a cheaper head)
-        prefill_chunk: int = 512,
+        prefill_budget: int = 512,
     ) -> None:
         self.target = target
         self.head = head
@@ -42,7 +42,7 @@ class EagleDrafter(DrafterBase):
         self.shape = shape
         # Past the committed length, room for the largest re-run of a tree level (the beam and its ancestors).
         self.cache = head.new_cache(max_num_seqs, max_len + shape.beam * shape.max_depth)
-        self.prefill_chunk = prefill_chunk
+        self.prefill_budget = prefill_budget
         self.slots: dict[str, int] = {}
         self.features = FeatureStore(keep_last=False)
 
@@ -75,7 +75,7 @@ class EagleDrafter(DrafterBase):
         slots = [self.slots[s.request_id] for s in seqs]
         starts = [self.cache.lengths[slot] for slot in slots]
         backlogs = [s.num_cached - n for s, n in zip(seqs, starts, strict=True)]
-        take = share_budget(backlogs, self.prefill_chunk)
+        take = share_budget(backlogs, self.prefill_budget)
         got = [self.features.take(s, n + t) for s, n, t in zip(seqs, starts, take, strict=True)]
         assert all(f.start == n for f, n in zip(got, starts, strict=True)), "head cache and features out of step"
         ready = [k if 0 < t == want else 0 for k, t, want in zip(num_tokens, take, backlogs, strict=True)]

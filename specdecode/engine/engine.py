@@ -1,8 +1,9 @@
 """The step loop. A decode step reads as four verbs: propose -> verify -> commit -> control.
 
-Requests wait in a queue, take a cache slot when one is free, are prefilled one bounded chunk per step (so a
-long prompt never freezes the others' decoding for more than a chunk), then decode together in a ragged
-batch and leave as they finish. K = 0 is plain autoregressive decoding through the same path.
+Requests wait in a queue, take a cache slot when one is free, are prefilled in chunks, then decode together in
+a ragged batch and leave as they finish. K = 0 is plain autoregressive decoding through the same path. A step
+runs at most `max_num_batched_tokens` target tokens (vLLM's chunked prefill): the running requests' decode and
+verify tokens first, then prompt chunks from the rest, so a long prompt arriving never freezes the others.
 
 A failure that belongs to one request fails that request alone (finish reason "error", the message on
 `Sequence.error`) and releases its state; the others of the step go on with the tokens they would have had
@@ -21,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdecode.config import ConfigError, EngineConfig, SamplingParams
+from specdecode.config import MIN_PREFILL_TOKENS, ConfigError, EngineConfig, SamplingParams
 from specdecode.control.base import Controller, StepStats
 from specdecode.detokenize import IncrementalDetokenizer, find_stop, stop_holdback
 from specdecode.drafters.base import Drafter, Proposal
@@ -190,11 +191,15 @@ class Engine:
     # ---- the step -------------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[SeqUpdate]:
+        """One step within the token budget: the running requests decode and verify, then prompts are
+        prefilled with the budget's rest. A request whose prefill ends here gets its first token next step."""
         self._failed: list[SeqUpdate] = []
         self._admit()
-        self._prefill_chunks()
         decoding = [s for s in self.running if s.status is Status.RUNNING]
+        self._verified_tokens = 0  # set by _decode: the target tokens its verify forward ran
         updates = self._decode(decoding) if decoding else []
+        budget = self.config.max_num_batched_tokens - self._verified_tokens
+        self._prefill_chunks(max(budget, MIN_PREFILL_TOKENS))
         self._retire_finished()  # after the controller observed the step, so nothing re-creates their state
         return self._failed + updates
 
@@ -206,10 +211,12 @@ class Engine:
 
     def _isolated(self, seqs: list[Sequence], stage):
         """`stage(seqs)`, or when it raises: the rows it raises for alone are failed, and it runs again for the
-        rest. Returns (the rows kept, its result for them); an error every row hits alone is raised."""
+        rest. Returns (the rows kept, its result for them; None when none is kept). The stages run here are the
+        requests' own (sampling tensors, drafts): when every row fails alone each fails with its own error,
+        and the requests not in the stage (waiting, prefilling) go on; a shared target forward is not run here."""
         try:
             return seqs, stage(seqs)
-        except Exception as batch_error:  # noqa: BLE001 - attributed below, or raised
+        except Exception:  # noqa: BLE001 - attributed to its rows below
             kept = []
             for seq in seqs:
                 try:
@@ -217,9 +224,7 @@ class Engine:
                     kept.append(seq)
                 except Exception as e:  # noqa: BLE001 - this row's own failure
                     self._fail(seq, e)
-            if not kept:
-                raise batch_error from None if len(seqs) > 1 else batch_error
-            return kept, stage(kept)
+            return (kept, stage(kept)) if kept else ([], None)
 
     def _admit(self) -> None:
         """Take waiting sequences into free slots, in order. A later sample of a request waits for sample 0's
@@ -246,15 +251,23 @@ class Engine:
         self.cache.set_length(seq.slot, n)
         self.num_shared_prefill_tokens += n
         seq.status = Status.RUNNING
-        self.drafter.add_sequence(seq)
+        self._add_to_drafter(seq)
 
-    def _prefill_chunks(self) -> None:
-        """Cache prompt[:-1] of prefilling sequences, at most `prefill_chunk` tokens in all this step.
+    def _add_to_drafter(self, seq: Sequence) -> None:
+        """The drafter's state for a request whose prompt is cached; its failure is this request's alone."""
+        try:
+            self.drafter.add_sequence(seq)
+        except Exception as e:  # noqa: BLE001 - its drafter state: this request alone
+            self._fail(seq, e)
+
+    def _prefill_chunks(self, budget: int) -> None:
+        """Cache the next chunk of prompt[:-1] of prefilling sequences, at most `budget` tokens in all, oldest
+        request first. A prompt cut anywhere gives the K/V it gives whole: each chunk attends to the cached ones.
 
         The last prompt token stays pending: the first decode step feeds it with the first drafts, so every
-        output token, the first included, comes from one verification path.
+        output token, the first included, comes from one verification path. The drafter gets the request
+        (add_sequence) once its whole prompt is cached; feature drafters see each chunk's features as it runs.
         """
-        budget = self.config.prefill_chunk
         slots, chunks, seqs = [], [], []
         for seq in self.running:
             if seq.status is not Status.PREFILLING or budget <= 0:
@@ -281,15 +294,14 @@ class Engine:
             self.cache.set_length(seq.slot, seq.num_prefilled)
             if seq.num_prefilled == seq.num_cached:
                 seq.status = Status.RUNNING
-                try:
-                    self.drafter.add_sequence(seq)
-                except Exception as e:  # noqa: BLE001 - its drafter state: this request alone
-                    self._fail(seq, e)
+                self._add_to_drafter(seq)
 
     def _decode(self, seqs: list[Sequence]) -> list[SeqUpdate]:
         t0 = time.perf_counter()
         vocab = self.target.cfg.vocab_size
         seqs, st = self._isolated(seqs, lambda rows: sampling_tensors(rows, self.device, vocab))
+        if not seqs:  # every row failed alone
+            return []
         chosen = self._clamp_k(seqs, self.controller.choose(seqs, self.k_max))
         ks = {id(s): k for s, k in zip(seqs, chosen, strict=True)}
         batch = seqs
@@ -300,6 +312,8 @@ class Engine:
 
         if self.drafter.retryable_propose:  # propose
             seqs, proposal = self._isolated(seqs, propose)
+            if not seqs:
+                return []
         else:
             proposal = propose(seqs)
         if seqs is not batch:  # a row failed: the survivors' sampling tensors, without it
@@ -330,6 +344,7 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - its grammar, stop strings or detokenizer: this request alone
                 self._fail(seq, e)
         self._after_commit(seqs, verified)
+        self._verified_tokens = len(seqs) * (proposal.token_ids.shape[1] + 1)
         self.last_step = StepStats(
             seqs,
             num_proposed,

@@ -31,7 +31,7 @@ def compiled_llm(models) -> LLM:  # noqa: F811
         controller="fixed",
         max_num_seqs=1024,
         max_model_len=32,
-        prefill_chunk=16384,
+        max_num_batched_tokens=16384,
         enforce_eager=False,
     )
     assert compiled.target.step.compiled

@@ -62,7 +62,7 @@ def test_prefill_near_the_limit_beside_short_prompts(tiny_target, tiny_draft, me
     prompts = [ramp(9, 7), ramp(199, 5), ramp(150, 11)]
     params = [greedy(200 - len(p)) for p in prompts]
     draft = str(tiny_draft) if method == "draft" else None
-    llm = LLM(target=str(tiny_target), draft=draft, method=method, max_model_len=200, prefill_chunk=100)
+    llm = LLM(target=str(tiny_target), draft=draft, method=method, max_model_len=200, max_num_batched_tokens=100)
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == plain_outputs(tiny_target, prompts, 200, params)
 
@@ -76,7 +76,7 @@ def test_eagle_newcomer_beside_a_row_near_the_limit(tiny_target, eagle_heads):
         num_speculative_tokens=4,
         controller="fixed",
         max_model_len=300,
-        prefill_chunk=100,
+        max_num_batched_tokens=100,
         max_num_seqs=2,
     )
     prompts = [ramp(40, 7), ramp(150, 5)]
@@ -127,7 +127,7 @@ def test_drafter_prefill_is_one_chunk_per_step(tiny_target, tiny_draft, eagle_he
         num_speculative_tokens=k,
         controller="fixed",
         max_model_len=400,
-        prefill_chunk=chunk,
+        max_num_batched_tokens=chunk,
         max_num_seqs=2,
     )
     engine = llm.engine

@@ -71,7 +71,7 @@ def make(models: dict[str, str], method: str, controller: str = "fixed", k: int 
         controller=controller,
         max_num_seqs=1024,
         max_model_len=32,  # a small cache for 1024 rows: attention and allocation stay cheap
-        prefill_chunk=16384,
+        max_num_batched_tokens=16384,
     )
 
 

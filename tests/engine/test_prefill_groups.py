@@ -44,7 +44,7 @@ def prefill_rows(llm: LLM, monkeypatch) -> tuple[int, int]:
 
 
 def test_unlike_chunks_are_not_padded_to_the_longest(tiny_target, monkeypatch):
-    llm = LLM(target=str(tiny_target), method="none", max_num_seqs=4, prefill_chunk=512)
+    llm = LLM(target=str(tiny_target), method="none", max_num_seqs=4, max_num_batched_tokens=512)
     real, padded = prefill_rows(llm, monkeypatch)
     assert real == sum(len(p) - 1 for p in PROMPTS)  # the last prompt token is fed with the first decode
     assert padded <= real + PAD_SLACK * len(PROMPTS)
@@ -53,7 +53,7 @@ def test_unlike_chunks_are_not_padded_to_the_longest(tiny_target, monkeypatch):
 def test_the_padding_count_sees_one_padded_forward(tiny_target, monkeypatch):
     """Negative control: the same count with every chunk in one forward (the old prefill) shows the waste."""
     monkeypatch.setattr(engine_module, "pad_groups", lambda lengths, slack: [list(range(len(lengths)))])
-    llm = LLM(target=str(tiny_target), method="none", max_num_seqs=4, prefill_chunk=512)
+    llm = LLM(target=str(tiny_target), method="none", max_num_seqs=4, max_num_batched_tokens=512)
     real, padded = prefill_rows(llm, monkeypatch)
     assert padded > 1.8 * real
 

@@ -190,7 +190,7 @@ def sampled_tree_llm(small_target) -> LLM:
         num_speculative_tokens=4,
         controller="fixed",
         max_num_seqs=1024,
-        prefill_chunk=8192,
+        max_num_batched_tokens=8192,
         suffix_corpus=[corpus],
         suffix_spec_factor=4.0,  # trees of up to K nodes from a short match: siblings to reject and accept
         suffix_min_prob=0.02,

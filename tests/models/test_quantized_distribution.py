@@ -37,7 +37,7 @@ def quantized_llm() -> LLM:
         controller="fixed",
         max_num_seqs=N,
         max_model_len=32,
-        prefill_chunk=4096,
+        max_num_batched_tokens=4096,
         enforce_eager=False,
     )
     assert isinstance(llm.target.lm_head, QuantLinear) and llm.target.step.compiled

@@ -1,0 +1,220 @@
+"""Chunked prefill under a per-step token budget (EngineConfig.max_num_batched_tokens).
+
+A long prompt arrives while three short requests decode. With a small budget the engine runs the short ones'
+decode and verify tokens first and the prompt's chunks from the rest, so the prompt is cut at boundaries that
+move with the step's decode tokens; with a large one it is prefilled in one piece. Every request's tokens must be
+the same either way (greedy and seeded sampled), on every drafter: chain and tree drafters, the draft model and
+the target drafting for itself (own caches fed a chunk per step), EAGLE, Medusa and MTP (features of each chunk),
+layer skip (the target's cache) and the suffix drafters (an index over the prompt). The drafters' state over the
+prompt is checked as well: at every position both runs drafted from, they proposed the same tokens. And the long
+request's log-probabilities agree to float rounding, so a wrong cache that happens to move no argmax is seen.
+
+Negative controls cut the chunk boundaries wrong through the real engine (each chunk after the first starts one
+position early, repeating one, or one late, skipping one) and the same comparison fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from specdecode.engine.sequence import Status
+
+import specdecode.engine.engine as engine_module
+from specdecode.config import ConfigError, EngineConfig, SamplingParams
+from specdecode.engine.engine import Engine
+from specdecode.llm import LLM
+from tests.engine.machine import DRAFTER_METHODS, World
+from tests.engine.test_context_edges import ramp
+
+MAX_LEN = 256
+LONG = ramp(170, 5)  # the long prompt: 169 tokens to prefill, the last one stays pending
+SHORT = [ramp(6, 7), ramp(9, 11), ramp(4, 13)]
+SHORT_PARAMS = [
+    SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+    SamplingParams(temperature=1.0, top_k=8, seed=5, max_tokens=40, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+]
+LONG_PARAMS = {
+    "greedy": SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2),
+    "seeded": SamplingParams(temperature=0.9, top_p=0.95, seed=17, max_tokens=16, ignore_eos=True, logprobs=2),
+}
+SMALL, WHOLE = 40, 1024  # budgets: chunks of 16..28 tokens beside three rows of K + 1 = 4, or the prompt whole
+K = 3
+CASES = [(m, False) for m in DRAFTER_METHODS] + [("draft", True)]  # ("draft", True): the target drafts for itself
+
+
+@pytest.fixture(scope="module")
+def world(tiny_target, tiny_draft, drafts):
+    llm = LLM(target=str(tiny_target), draft=str(tiny_draft), method="draft")  # loads both as LLM does
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest, and the box is shared
+    yield World(llm.target, llm.draft_model, llm.tokenizer, drafts, llm._eos_ids())
+    torch.set_num_threads(threads)
+
+
+class Run:
+    """One engine run of the scene, with what the test reads of it: tokens, the long prompt's chunks, the
+    long request's proposals by position, and each step's target tokens."""
+
+    def __init__(self, world: World, method: str, self_draft: bool, budget: int, monkeypatch) -> None:
+        self.engine = world.engine(method, "fixed", MAX_LEN, budget, 4, K, self_draft)
+        self.chunks: list[tuple[int, int]] = []  # (first position, length) of each chunk of the long prompt
+        self.proposals: dict[int, tuple] = {}  # long request's pending position -> its drafts (and tree parents)
+        self.step_tokens: list[tuple[int, int]] = []  # (decode and verify tokens, prefill tokens) per step
+        self._prefill_tokens = 0
+        self._long = None  # the long request, once added
+        self._watch(monkeypatch)
+
+    def _watch(self, monkeypatch) -> None:
+        forward = engine_module.forward_ragged  # the engine's prefill forwards (decode runs the target directly)
+
+        def seen(model, cache, slots, chunks, last_only, *args, **kwargs):
+            for slot, chunk in zip(slots, chunks, strict=True):
+                if self._long is not None and slot == self._long.slot:
+                    self.chunks.append((cache.lengths[slot], len(chunk)))
+            self._prefill_tokens += sum(map(len, chunks))
+            return forward(model, cache, slots, chunks, last_only, *args, **kwargs)
+
+        monkeypatch.setattr(engine_module, "forward_ragged", seen)
+        propose = self.engine.drafter.propose
+
+        def recorded(seqs, num_tokens, st):
+            proposal = propose(seqs, num_tokens, st)
+            for b, seq in enumerate(seqs):
+                n = int(proposal.num_tokens[b])
+                if seq is self._long and n:
+                    parents = None if proposal.parents is None else proposal.parents[b, :n].tolist()
+                    self.proposals[seq.num_cached] = (proposal.token_ids[b, :n].tolist(), parents)
+            return proposal
+
+        monkeypatch.setattr(self.engine.drafter, "propose", recorded)
+
+    def play(self, long_params: SamplingParams) -> list[list[int]]:
+        """The short requests decode for three steps; then the long prompt arrives; all run to the end."""
+        engine = self.engine
+        seqs = [engine.add_request(f"s{i}", p, sp) for i, (p, sp) in enumerate(zip(SHORT, SHORT_PARAMS, strict=True))]
+        for _ in range(3):
+            self._step()
+        self._long = engine.add_request("long", LONG, long_params)
+        seqs.append(self._long)
+        self.interleaved = 0  # steps in which the long prompt was prefilled and every short request got tokens
+        while engine.has_work():
+            prefilling = self._long.status is not Status.RUNNING and self._long.status is not Status.FINISHED
+            updates = self._step()
+            short_served = {u.seq.request_id for u in updates if u.new_token_ids} >= {"s0", "s1", "s2"}
+            self.interleaved += prefilling and short_served
+        assert all(s.finish_reason == "length" for s in seqs), [s.error for s in seqs]
+        self.logprobs = torch.tensor([t.logprob for t in self._long.logprobs])  # [16] of the long one's tokens
+        return [s.output_ids for s in seqs]
+
+    def _step(self) -> list:
+        self._prefill_tokens = 0
+        before = self.engine.last_step
+        updates = self.engine.step()
+        decoded = self.engine.last_step.num_verified_tokens if self.engine.last_step is not before else 0
+        self.step_tokens.append((decoded, self._prefill_tokens))
+        return updates
+
+
+def check_chunked_equals_whole(
+    world: World, method: str, self_draft: bool, sampling: str, monkeypatch, fault=None
+) -> Run:
+    """The scene with the prompt whole, then chunked (with `fault` injected first, for the controls)."""
+    whole = Run(world, method, self_draft, WHOLE, monkeypatch)
+    want = whole.play(LONG_PARAMS[sampling])
+    monkeypatch.undo()  # the chunked run watches its own engine
+    if fault is not None:
+        fault(monkeypatch)
+    chunked = Run(world, method, self_draft, SMALL, monkeypatch)
+    got = chunked.play(LONG_PARAMS[sampling])
+    assert whole.chunks == [(0, len(LONG) - 1)], whole.chunks  # the reference prefilled the prompt in one piece
+    assert got == want, "a chunked prefill changed the tokens"
+    # Exact tokens could hide a wrong cache that moves no argmax: the long request's log-probabilities agree too
+    # (to float rounding: a chunk's matmuls are shaped unlike the whole prompt's).
+    assert torch.allclose(chunked.logprobs, whole.logprobs, atol=1e-4), "a chunked prefill changed the logprobs"
+    common = set(whole.proposals) & set(chunked.proposals)
+    for pos in sorted(common):
+        assert chunked.proposals[pos] == whole.proposals[pos], f"the drafter proposed otherwise at position {pos}"
+    return chunked
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
+@pytest.mark.parametrize(("method", "self_draft"), CASES)
+def test_chunked_prefill_gives_the_tokens_of_one_piece(world, method, self_draft, sampling, monkeypatch):
+    chunked = check_chunked_equals_whole(world, method, self_draft, sampling, monkeypatch)
+    # The prompt was cut in contiguous chunks that cover it once, while the others kept decoding.
+    starts = [start for start, _ in chunked.chunks]
+    assert len(chunked.chunks) >= 5 and starts == sorted(set(starts))
+    assert starts[0] == 0 and sum(n for _, n in chunked.chunks) == len(LONG) - 1
+    assert chunked.interleaved >= len(chunked.chunks) - 1
+    # Each step stays within the budget; a prompt always advances by MIN_PREFILL_TOKENS at least.
+    for decoded, prefilled in chunked.step_tokens:
+        assert decoded + prefilled <= max(SMALL, decoded + engine_module.MIN_PREFILL_TOKENS), (decoded, prefilled)
+
+
+def test_the_proposals_are_compared(world, monkeypatch):
+    """The drafter-state check is not vacuous: both runs drafted from many of the same positions."""
+    whole = Run(world, "suffix", False, WHOLE, monkeypatch)
+    whole.play(LONG_PARAMS["greedy"])
+    monkeypatch.undo()
+    chunked = Run(world, "suffix", False, SMALL, monkeypatch)
+    chunked.play(LONG_PARAMS["greedy"])
+    assert len(set(whole.proposals) & set(chunked.proposals)) >= 3
+
+
+def shifted_boundaries(monkeypatch, shift: int) -> None:
+    """Fault: every prompt chunk after the first starts `shift` positions off (-1 repeats the position before
+    it, +1 skips one), its length and the cache's bookkeeping unchanged."""
+    prefill = Engine._prefill_chunks
+
+    def faulty(self, budget):
+        forward = engine_module.forward_ragged
+
+        def off(model, cache, slots, chunks, last_only, *args, **kwargs):
+            by_slot = {s.slot: s for s in self.running}
+            moved = []
+            for slot, chunk in zip(slots, chunks, strict=True):
+                start = cache.lengths[slot] + shift
+                prompt = by_slot[slot].prompt_ids
+                moved.append(prompt[start : start + len(chunk)] if cache.lengths[slot] else chunk)
+            return forward(model, cache, slots, moved, last_only, *args, **kwargs)
+
+        monkeypatch.setattr(engine_module, "forward_ragged", off)
+        try:
+            return prefill(self, budget)
+        finally:
+            monkeypatch.setattr(engine_module, "forward_ragged", forward)
+
+    monkeypatch.setattr(Engine, "_prefill_chunks", faulty)
+
+
+@pytest.mark.parametrize("shift", [-1, 1])
+@pytest.mark.parametrize("method", ["ngram", "ngram_tree", "eagle"])
+def test_control_a_boundary_off_by_one_changes_the_tokens(world, method, shift, monkeypatch):
+    def fault(mp) -> None:
+        shifted_boundaries(mp, shift)
+
+    with pytest.raises(AssertionError, match="a chunked prefill changed the (tokens|logprobs)"):
+        check_chunked_equals_whole(world, method, False, "greedy", monkeypatch, fault)
+
+
+@pytest.mark.parametrize("budget", [0, 15, -4])
+def test_a_budget_below_the_minimum_is_a_clear_error(budget):
+    with pytest.raises(ConfigError, match="max_num_batched_tokens must be >= 16"):
+        EngineConfig(max_num_batched_tokens=budget)
+
+
+def test_the_default_budget_follows_the_device():
+    assert EngineConfig().max_num_batched_tokens == 128
+    assert EngineConfig(device="cuda:1").max_num_batched_tokens == 2048
+    assert EngineConfig(max_num_batched_tokens=64).max_num_batched_tokens == 64
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
+def test_the_flag_reaches_the_llm(command):
+    from specdecode.cli import build_parser
+    from specdecode.llm_args import llm_kwargs
+
+    parser = build_parser()
+    assert llm_kwargs(parser.parse_args([command, "--max-num-batched-tokens", "64"]))["max_num_batched_tokens"] == 64
+    assert llm_kwargs(parser.parse_args([command]))["max_num_batched_tokens"] is None  # the device's default
