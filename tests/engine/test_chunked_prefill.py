@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from specdecode.engine.sequence import Status
 
 import specdecode.engine.engine as engine_module
 from specdecode.config import ConfigError, EngineConfig, SamplingParams
 from specdecode.engine.engine import Engine
 from specdecode.llm import LLM
+from specdecode.step.sequence import Status
 from tests.engine.machine import DRAFTER_METHODS, World
 from tests.engine.test_context_edges import ramp
 
