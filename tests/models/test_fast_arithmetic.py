@@ -24,7 +24,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
 
 @pytest.fixture(scope="module")
 def fast_plain() -> tuple[LLM, list[list[int]]]:
-    llm = LLM(target=TARGET, method="none", max_num_seqs=2, arithmetic="fast")
+    llm = LLM(target=TARGET, method="none", max_num_seqs=2, arithmetic="fast", enforce_eager=False)
     return llm, [o.token_ids for o in llm.chat(CHATS, GREEDY)]
 
 
@@ -48,6 +48,7 @@ def test_greedy_speculation_equals_fast_plain_decoding(fast_plain, method, k):
         controller="fixed",
         max_num_seqs=2,
         arithmetic="fast",
+        enforce_eager=False,
         share_target=llm,
     )
     outs = spec.chat(CHATS, GREEDY)
