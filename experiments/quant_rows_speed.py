@@ -22,22 +22,29 @@ SHAPES = [
     ("qkv 0.5B", Q.Q5_0, 1152, 896),
 ]
 ROWS = [1, 2, 5, 9]
-torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)  # 1: CPU time measures work even on a busy machine
-gen = np.random.default_rng(0)
-quant_rows.library()
-print(f"{'matrix':14} {'type':5} {'out x in':>13} " + " ".join(f"{r:>3} rows ms   GB/s" for r in ROWS))
-for name, qt, out, k in SHAPES:
-    blocks = random_blocks(qt, out, k, gen)
-    cells = []
-    for r in ROWS:
-        x = torch.randn(r, k)
-        quant_rows.quant_rows_linear(x, blocks, qt, k)
-        reps = max(3, int(0.1e9 / blocks.numel()))
-        best = 1e9
-        for _ in range(3):
-            t = time.process_time()
-            for _ in range(reps):
-                quant_rows.quant_rows_linear(x, blocks, qt, k)
-            best = min(best, (time.process_time() - t) / reps)
-        cells.append(f"{best * 1e3:9.3f} {blocks.numel() / best / 1e9:6.1f}")
-    print(f"{name:14} {qt.name:5} {out:>6}x{k:<6} " + " ".join(cells), flush=True)
+
+
+def main(threads: int) -> None:
+    torch.set_num_threads(threads)  # 1: CPU time measures work even on a busy machine
+    gen = np.random.default_rng(0)
+    quant_rows.library()
+    print(f"{'matrix':14} {'type':5} {'out x in':>13} " + " ".join(f"{r:>3} rows ms   GB/s" for r in ROWS))
+    for name, qt, out, k in SHAPES:
+        blocks = random_blocks(qt, out, k, gen)
+        cells = []
+        for r in ROWS:
+            x = torch.randn(r, k)
+            quant_rows.quant_rows_linear(x, blocks, qt, k)
+            reps = max(3, int(0.1e9 / blocks.numel()))
+            best = 1e9
+            for _ in range(3):
+                t = time.process_time()
+                for _ in range(reps):
+                    quant_rows.quant_rows_linear(x, blocks, qt, k)
+                best = min(best, (time.process_time() - t) / reps)
+            cells.append(f"{best * 1e3:9.3f} {blocks.numel() / best / 1e9:6.1f}")
+        print(f"{name:14} {qt.name:5} {out:>6}x{k:<6} " + " ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
