@@ -43,12 +43,22 @@ import torch
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.models.loader import resolve_model_dir
 torch.set_num_threads(os.cpu_count() or 1)
-if sys.argv[4] in ("compiled", "jit"):
+try:  # a GGUF on the CPU keeps its blocks (the engine's default; $SPECDECODE_WEIGHTS=fp32 the reference)
+    from specdecode.models.gguf_quantized import quantized_source
+    gguf = quantized_source(sys.argv[1], "cpu", "float32")
+except ImportError:  # a --baseline checkout from before quantized weights
+    gguf = None
+model_dir = resolve_model_dir(sys.argv[1], progress=False, **({"weights": False} if gguf else {}))
+if sys.argv[4] in ("compiled", "jit", "fast"):
     from specdecode.models.compiled import load_target
-    aot = sys.argv[4] == "compiled"
-    model = load_target(resolve_model_dir(sys.argv[1], progress=False), "cpu", torch.float32, False, False, aot)
+    aot = sys.argv[4] != "jit"
+    quantized = {"gguf": gguf, "arithmetic": "fast" if sys.argv[4] == "fast" else "exact"} if gguf else {}
+    model = load_target(model_dir, "cpu", torch.float32, False, False, aot, **quantized)
+elif gguf:
+    from specdecode.models.compiled import load_target
+    model = load_target(model_dir, "cpu", torch.float32, True, False, gguf=gguf)
 else:
-    model = load_llama(resolve_model_dir(sys.argv[1], progress=False))
+    model = load_llama(model_dir)
 cache = model.new_cache(int(sys.argv[2]), int(sys.argv[3]))
 print("ready", flush=True)
 for line in sys.stdin:
@@ -228,6 +238,8 @@ def run_from_args(a: argparse.Namespace) -> None:
     arms = [Worker.start("compiled", here, a.target, slots, max_len, "compiled")]
     if a.jit:
         arms.append(Worker.start("torch.compile", here, a.target, slots, max_len, "jit"))
+    if a.arithmetic == "fast":  # the int8 arithmetic on the compiled step, beside the exact one
+        arms.append(Worker.start("compiled fast", here, a.target, slots, max_len, "fast"))
     arms.append(Worker.start("eager", here, a.target, slots, max_len, "eager"))
     if a.baseline:
         name = f"baseline {a.baseline_step}"
