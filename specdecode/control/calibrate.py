@@ -21,6 +21,7 @@ import torch
 from specdecode.control.cost import CostModel, load_or_default
 from specdecode.models.disk_cache import cache_root
 from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.models.quant_int8 import Int8QuantLinear
 from specdecode.models.quant_rows import QuantLinear
 
 # ~40 grid points x (1 warm-up + 3 timed) forwards: roughly 20-40 s for the 135M model on a few CPU cores.
@@ -50,8 +51,12 @@ def model_fingerprint(model: LlamaModel) -> dict:
     tp = getattr(model, "tensor_parallel_size", 1)  # a sharded target (engine/tensor_parallel.py) costs otherwise
     if tp > 1:  # only then: single-process fingerprints, and the profiles saved under them, stay as they were
         fingerprint["tensor_parallel_size"] = tp
-    if any(isinstance(m, QuantLinear) for m in model.modules()):  # GGUF blocks kept: another kernel, another curve
+    # GGUF blocks kept: another kernel, another curve (a sharded target is an fp32 module of another process).
+    modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
+    if any(isinstance(m, (QuantLinear, Int8QuantLinear)) for m in modules):
         fingerprint["weights"] = "quantized"
+    if any(isinstance(m, Int8QuantLinear) for m in modules):  # the int8 arithmetic: a third curve
+        fingerprint["arithmetic"] = "fast"
     return fingerprint
 
 
