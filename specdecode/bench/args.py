@@ -98,8 +98,6 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_sweep_args(p.add_argument_group("sweep"))
     add_serve_bench_args(p.add_argument_group("serve"))
     add_cost_args(p.add_argument_group("cost"))
-    from specdecode.bench.long_prompt import add_long_prompt_args  # numpy only at import
-
     add_long_prompt_args(p.add_argument_group("long-prompt"))
 
 
@@ -259,3 +257,10 @@ def run_bench(a: argparse.Namespace) -> None:
         if getattr(a, key) is None:
             setattr(a, key, value)
     importlib.import_module(mode.module).run_from_args(a)
+
+
+def add_long_prompt_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--budgets", type=positive_int_list, default=[64, 128, 512], help="max_num_batched_tokens")
+    g.add_argument("--long-tokens", type=int, default=6000, help="the long prompt's tokens (16000 on Qwen2.5-Coder)")
+    g.add_argument("--streams", type=int, default=8, help="short streaming requests decoding beside it")
+    g.add_argument("--warm-steps", type=int, default=30, help="steps timed before the long prompt arrives")

@@ -168,7 +168,7 @@ def set_budget(llm, budget: int) -> None:
 
 
 def run_from_args(a: argparse.Namespace) -> None:
-    from specdecode.bench.specbench import provenance
+    from specdecode.bench.lib import provenance, write_result
     from specdecode.llm_args import llm_from_args
 
     budgets, alone_budget = a.budgets, max(a.budgets)
@@ -195,8 +195,6 @@ def run_from_args(a: argparse.Namespace) -> None:
             f"long TTFT {row['long_ttft_s']:.2f} s ({row['ttft_ratio']:.2f}x alone)",
             flush=True,
         )
-    out = Path(a.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         **provenance(),
         "target": a.target,
@@ -208,15 +206,6 @@ def run_from_args(a: argparse.Namespace) -> None:
         "targets": {"tpot_ratio_max": 3.0, "ttft_ratio_max": 1.5},
         "budgets": rows,
     }
-    out.write_text(json.dumps(result, indent=2))
+    out = write_result(a.output, result)
     plot(rows, out.with_suffix(".png"), f"{a.target}, {a.method}: {len(long_ids)}-token prompt, {a.streams} streams")
     print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)
-
-
-def add_long_prompt_args(g: argparse._ArgumentGroup) -> None:
-    from specdecode.bench.args import positive_int_list
-
-    g.add_argument("--budgets", type=positive_int_list, default=[64, 128, 512], help="max_num_batched_tokens")
-    g.add_argument("--long-tokens", type=int, default=6000, help="the long prompt's tokens (16000 on Qwen2.5-Coder)")
-    g.add_argument("--streams", type=int, default=8, help="short streaming requests decoding beside it")
-    g.add_argument("--warm-steps", type=int, default=30, help="steps timed before the long prompt arrives")

@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import subprocess
 from pathlib import Path
 
 import torch
 from gguf import GGMLQuantizationType
 from torch import nn
-from torch.utils import cpp_extension
 
-from specdecode.models.disk_cache import build_once, cache_root
 from specdecode.models.few_rows import KernelBuildError
-from specdecode.models.quant_rows import TYPES, QuantLinear, compiler
+from specdecode.models.quant_rows import TYPES, QuantLinear
+from specdecode.models.torch_op import build_op, compiler  # noqa: F401 (compiler: the kernel tests' skip)
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
 # No -mavx512*: the vector functions carry their own target attribute and are chosen at run time.
@@ -40,30 +37,13 @@ FAULT_NONE, FAULT_SCALE, FAULT_SHARED = 0, 1, 2  # set_fault's modes
 ARITHMETIC_ENV = "SPECDECODE_ARITHMETIC"  # "exact" (default): fp32 activations; "fast": this module's int8
 
 
-def _build(out: Path, cxx: str) -> None:
-    lib = Path(torch.__file__).parent / "lib"
-    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
-    links = [f"-L{lib}", f"-Wl,-rpath,{lib}", "-ltorch_cpu", "-lc10"]
-    cmd = [cxx, *FLAGS, abi, *includes, str(SOURCE), *links, "-o", str(out / "quant_int8.so")]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise KernelBuildError(f"{cxx} failed to build the int8 quantized kernel: {done.stderr.strip()[-500:]}")
-
-
 @functools.cache
 def library() -> Path:
     """Build the op into the cache (keyed by source, flags, compiler and torch) the first time and load it into
     this process; returns the library's path."""
-    cxx = compiler()
-    if cxx is None:
-        raise KernelBuildError("no C++ compiler (g++ or $CXX) to build the int8 quantized kernel")
-    h = hashlib.blake2b(digest_size=8)
-    h.update(SOURCE.read_bytes())
-    h.update(" ".join([cxx, *FLAGS, torch.__version__]).encode())
-    final = build_once(cache_root() / "kernels" / f"quant_int8-{h.hexdigest()}", lambda tmp: _build(tmp, cxx))
-    _load(final / "quant_int8.so")
-    return final / "quant_int8.so"
+    path = build_op("quant_int8", SOURCE, FLAGS, "int8 quantized kernel")
+    _load(path)
+    return path
 
 
 @functools.cache

@@ -23,10 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import gguf
@@ -34,10 +30,9 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 from torch import nn
-from torch.utils import cpp_extension
 
-from specdecode.models.disk_cache import build_once, cache_root
 from specdecode.models.few_rows import KernelBuildError
+from specdecode.models.torch_op import build_op, compiler  # noqa: F401 (compiler: the kernel tests' skip)
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_rows.cpp"
 # No -mavx512f: the AVX-512 functions carry their own target attribute and are chosen at run time.
@@ -53,34 +48,13 @@ TYPES = (
 AUTO, AVX512, PORTABLE = 0, 1, 2  # the op's `path`
 
 
-def compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-
-
-def _build(out: Path, cxx: str) -> None:
-    lib = Path(torch.__file__).parent / "lib"
-    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
-    links = [f"-L{lib}", f"-Wl,-rpath,{lib}", "-ltorch_cpu", "-lc10"]
-    cmd = [cxx, *FLAGS, abi, *includes, str(SOURCE), *links, "-o", str(out / "quant_rows.so")]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise KernelBuildError(f"{cxx} failed to build the quantized few-rows kernel: {done.stderr.strip()[-500:]}")
-
-
 @functools.cache
 def library() -> Path:
     """Build the op into the cache (keyed by source, flags, compiler and torch) the first time and load it into
     this process; returns the library's path."""
-    cxx = compiler()
-    if cxx is None:
-        raise KernelBuildError("no C++ compiler (g++ or $CXX) to build the quantized few-rows kernel")
-    h = hashlib.blake2b(digest_size=8)
-    h.update(SOURCE.read_bytes())
-    h.update(" ".join([cxx, *FLAGS, torch.__version__]).encode())
-    final = build_once(cache_root() / "kernels" / f"quant_rows-{h.hexdigest()}", lambda tmp: _build(tmp, cxx))
-    _load(final / "quant_rows.so")
-    return final / "quant_rows.so"
+    path = build_op("quant_rows", SOURCE, FLAGS, "quantized few-rows kernel")
+    _load(path)
+    return path
 
 
 @functools.cache
