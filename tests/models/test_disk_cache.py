@@ -91,7 +91,7 @@ def test_a_planted_step_package_is_refused_before_loading(tmp_path, monkeypatch)
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
     monkeypatch.setattr(aot_package, "package_key", lambda model: "k" * 32)
     loaded, compiled = [], []
-    monkeypatch.setattr(aot_package, "_load", loaded.append)
+    monkeypatch.setattr(aot_package, "_load", lambda path, model: loaded.append(path))
     monkeypatch.setattr(aot_package, "compile_packages", lambda model, out: compiled.append(out))
     planted = tmp_path / "aoti" / ("k" * 32)
     planted.mkdir(parents=True)
