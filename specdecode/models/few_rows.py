@@ -85,7 +85,11 @@ def library() -> Path:
 
 @functools.cache
 def _load(path: Path) -> None:
-    """Load the op and register its fake (for export and compile): once per library per process."""
+    """Load the op and register its fake (for export and compile): once per process. A second copy of the library
+    (built into another cache directory, as the kernel tests do) would register the same ops again, which aborts
+    the process: the ops already loaded serve."""
+    if hasattr(torch.ops.specdecode, "few_rows_linear"):
+        return
     torch.ops.load_library(str(path))
     if not hasattr(torch.ops.specdecode, "few_rows_linear"):
         raise KernelBuildError(f"{path} does not define specdecode::few_rows_linear")
