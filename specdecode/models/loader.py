@@ -253,11 +253,24 @@ def gguf_to_config_dir(gguf_path: Path, out_dir: Path, *, progress: bool = True)
     """Write the config.json and tokenizer of a Llama-family GGUF file into `out_dir`, no weights: what a model
     loaded straight from the file (models/gguf_quantized.py) needs beside it."""
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    config = _hf_config(_open_gguf(gguf_path), gguf_path)
+    reader = _open_gguf(gguf_path)
+    config = _hf_config(reader, gguf_path)
+    _check_tensor_types(reader, gguf_path)  # before the tokenizer: the error a user can act on comes first
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     _save_tokenizer(gguf_path, out_dir)
     return out_dir
+
+
+def _check_tensor_types(reader: gguf.GGUFReader, path: Path) -> None:
+    """ModelLoadError for a tensor type `gguf` cannot dequantize, found by decoding one row of each type."""
+    for qtype in {t.tensor_type: t for t in reader.tensors}.values():
+        try:
+            gguf.quants.dequantize(np.asarray(qtype.data[:1]), qtype.tensor_type)
+        except NotImplementedError:
+            raise ModelLoadError(f"unsupported GGUF tensor type {qtype.tensor_type.name} in {path}") from None
+        except Exception:  # noqa: S110 - corrupt data is reported when the tensor itself loads
+            pass
 
 
 def _open_gguf(path: Path) -> gguf.GGUFReader:
