@@ -1,13 +1,14 @@
 """The "fast" arithmetic: GGUF-block linears with int8-quantized activations (llama.cpp's CPU arithmetic, defined).
 
-`QuantLinear` (models/quant_rows.py) multiplies the file's blocks by fp32 activations: exact, and on the 1.5B target
-bound by its fp32 FMAs at a few rows. The op here, `specdecode::quant_int8_linear` (kernels/quant_int8.cpp, whose
-header defines the arithmetic to the last rounding), quantizes each activation row on its own, per block of 32
-values (per 256-value super-block against Q4_K and Q6_K), to int8 with scale max|x| / 127; takes integer dot
-products with the weight quants per weight sub-block (exact in int32: AVX512-VNNI where the CPU has it, else
-AVX-512BW, else portable scalar code, all three bitwise equal); and combines them with the fp32 scales in one fixed
-order. It is not the dequantized model's product, but it is a function of each row alone: a row's output is
-bitwise the same alone or in any batch, so speculation under it stays exact with respect to it.
+`QuantLinear` (models/quant_rows.py) multiplies the file's blocks by fp32 activations: exact, and at one row bound
+by decoding each weight to fp32 (3-10 vector operations per 16 weights). The op here, `specdecode::quant_int8_linear`
+(kernels/quant_int8.cpp, whose header defines the arithmetic to the last rounding), quantizes each activation row on
+its own, per block of 32 values (per 256-value super-block against Q4_K and Q6_K), to int8 with scale max|x| / 127;
+takes integer dot products with the weight quants in 16 lanes of 4 positions each (exact in int32: AVX512-VNNI where
+the CPU has it, else AVX-512BW, else portable scalar code, all three bitwise equal); and applies the fp32 scales lane
+by lane, once per block, with one horizontal sum per output, as llama.cpp's CPU kernels do. It is not the
+dequantized model's product, but it is a function of each row alone: a row's output is bitwise the same alone or in
+any batch, so speculation under it stays exact with respect to it.
 
 `use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s sharing their blocks; `apply_arithmetic`
 does so when SPECDECODE_ARITHMETIC=fast (default `exact`: the model is left as it is).

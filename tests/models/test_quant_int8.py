@@ -113,29 +113,78 @@ def decode(blocks: np.ndarray, qtype: Q) -> dict[str, np.ndarray]:
     return f
 
 
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fp32 fma(a, b, c) with one rounding: the product is exact in fp64, the fp64 sum's error is kept (TwoSum),
+    and where the fp64 sum falls exactly halfway between two fp32 values the error says which side is nearer."""
+    p, c64 = a.astype(np.float64) * b.astype(np.float64), c.astype(np.float64)
+    s = p + c64
+    bp = s - p
+    e = (p - (s - bp)) + (c64 - bp)  # s + e == p + c exactly
+    r = s.astype(np.float32)
+    r64 = r.astype(np.float64)
+    toward = np.where(s > r64, np.nextafter(r, np.float32(np.inf)), np.nextafter(r, np.float32(-np.inf)))
+    tie = (s != r64) & (2 * s == r64 + toward.astype(np.float64))
+    up, down = tie & (e > 0), tie & (e < 0)
+    r = np.where(up & (r64 < s), toward, r)
+    return np.where(down & (r64 > s), toward, r).astype(np.float32)
+
+
+def lanes(xq: np.ndarray, wt: np.ndarray) -> np.ndarray:
+    """Step 2's lane integers before any grouping: xq [M, K], wt [N, K] -> [M, N, K / 4], each the sum of the
+    products over one group of 4 positions (group g is lane g % 16 of its chunk of 64)."""
+    m, k = xq.shape
+    return np.einsum("mgt,ngt->mng", xq.reshape(m, k // 4, 4), wt.reshape(wt.shape[0], k // 4, 4))
+
+
+def tree(acc: np.ndarray) -> np.ndarray:
+    """The fixed sum of the 16 lanes (last axis)."""
+    v = acc.copy()
+    for width in (8, 4, 2, 1):
+        v[..., :width] = v[..., :width] + v[..., width : 2 * width]
+    return v[..., 0]
+
+
 def reference(x: np.ndarray, blocks: np.ndarray, qtype: Q, bias: np.ndarray | None = None) -> np.ndarray:
     """The header's steps 1-3: [M, K] x [N, bytes] -> [M, N] fp32."""
     f = decode(blocks, qtype)
     qb = gguf.GGML_QUANT_SIZES[qtype][0]
     xq, dx = quantize_rows(x, qb)  # [M, nb, qb], [M, nb]
     m, n, nb = x.shape[0], blocks.shape[0], dx.shape[1]
-    sub = {Q.Q4_K: 32, Q.Q6_K: 16}.get(qtype, 32)
-    dots = np.einsum("mbjs,nbjs->mnbj", xq.reshape(m, nb, -1, sub), f["q"].reshape(n, nb, -1, sub))  # int64
-    sums = xq.reshape(m, nb, -1, sub).sum(-1)  # [M, nb, sub-blocks]
+    acc = np.zeros((m, n, 16), dtype=np.float32)
     if qtype in (Q.Q4_K, Q.Q6_K):
-        S = (dots * f["sc"][None]).sum(-1)  # [M, N, nb]
+        sub = {Q.Q4_K: 32, Q.Q6_K: 16}[qtype]
+        stored = f["q"] + (32 if qtype == Q.Q6_K else 0)  # [N, nb, 256]
+        wt = (stored.reshape(n, nb, -1, sub) * f["sc"][..., None]).reshape(n, -1)
+        ints = lanes(xq.reshape(m, -1), wt).reshape(m, n, nb, 4, 16).sum(3)  # [M, N, nb, 16]
+        sums = xq.reshape(m, nb, -1, sub).sum(-1)  # [M, nb, sub-blocks]
+        pairs = (f["sc" if qtype == Q.Q6_K else "mn"][None] * sums[:, None]).reshape(m, n, nb, -1, 2).sum(-1)
+        if qtype == Q.Q6_K:
+            ints[..., :8] -= 32 * pairs  # lanes 0-7: the q6 - 32 correction
+        for b in range(nb):
+            dxb = dx[:, None, b, None]  # [M, 1, 1]
+            acc = fma32(ints[:, :, b].astype(np.float32), f["d"][None, :, b, None] * dxb, acc)
+            if qtype == Q.Q4_K:
+                M = np.zeros((m, n, 16), dtype=np.int64)
+                M[..., :4] = pairs[:, :, b]
+                acc = fma32(M.astype(np.float32), -(f["dmin"][None, :, b, None] * dxb), acc)
     else:
-        S = dots[..., 0]
-    acc = np.zeros((m, n), dtype=np.float32)
-    for j in range(nb):
-        P = S[:, :, j].astype(np.float32) * (f["d"][None, :, j] * dx[:, None, j])
-        if qtype == Q.Q4_1:
-            P = P + sums[:, None, j, 0].astype(np.float32) * (f["m"][None, :, j] * dx[:, None, j])
-        if qtype == Q.Q4_K:
-            Mn = (sums[:, None, j, :] * f["mn"][None, :, j, :]).sum(-1)
-            P = P - Mn.astype(np.float32) * (f["dmin"][None, :, j] * dx[:, None, j])
-        acc = acc + P
-    return acc if bias is None else acc + bias[None, :]
+        nc = (nb + 1) // 2  # chunks of two blocks; a missing last block is zeros
+        pad = 2 * nc - nb
+        wq = np.pad(f["q"], ((0, 0), (0, pad), (0, 0))).reshape(n, -1)
+        xp = np.pad(xq, ((0, 0), (0, pad), (0, 0))).reshape(m, -1)
+        ints = lanes(xp, wq).reshape(m, n, nc, 16)
+        s4 = xp.reshape(m, nc, 16, 4).sum(-1)  # [M, nc, 16]
+
+        def per_lane(v: np.ndarray) -> np.ndarray:  # [..., nb] per block -> [..., nc, 16] per lane (0: missing)
+            return np.repeat(np.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, pad)]), 8, axis=-1).reshape(*v.shape[:-1], nc, 16)
+
+        dl, wd = per_lane(dx), per_lane(f["d"])  # [M, nc, 16], [N, nc, 16]
+        for c in range(nc):
+            acc = fma32(ints[:, :, c].astype(np.float32), wd[None, :, c] * dl[:, None, c], acc)
+            if qtype == Q.Q4_1:
+                acc = fma32(s4[:, None, c].astype(np.float32), per_lane(f["m"])[None, :, c] * dl[:, None, c], acc)
+    out = tree(acc)
+    return out if bias is None else out + bias[None, :]
 
 
 def weight_values(blocks: np.ndarray, qtype: Q) -> np.ndarray:

@@ -7,31 +7,39 @@
 //    32-weight types (Q4_1, Q5_0, Q8_0), QB = 256 (one super-block) for Q4_K and Q6_K. For a block x[0..QB):
 //      amax = max |x[i]|;  dx = amax / 127.0f (fp32 division);
 //      q[i] = 0 if dx == 0, else clamp(round_half_even(x[i] / dx), -127, 127)   (fp32 division, int8 result).
-//    Block sums s16 (per 16 values) and s32 (per 32 values) of q are integers. Non-finite x are undefined.
-// 2. Integers per weight block b of a weight row and activation block b of an activation row (exact in int32):
-//      Q4_1:  S = sum_i q4[i] x[i];                  (w = d * q4 + m)
-//      Q5_0:  S = sum_i (q5[i] - 16) x[i];           (w = d * (q5 - 16))
-//      Q8_0:  S = sum_i q8[i] x[i];                  (w = d * q8, q8 signed)
-//      Q4_K:  S = sum_j sc[j] * sum_{i in sub-block j} q4[i] x[i];  Mn = sum_j mn[j] * s32[j]   (8 sub-blocks of 32;
-//             w = d * sc[j] * q4 - dmin * mn[j], sc and mn the 6-bit scales)
-//      Q6_K:  S = sum_j sc[j] * sum_{i in sub-block j} (q6[i] - 32) x[i]   (16 sub-blocks of 16; sc int8)
-//    where x[i] are the activation quants of the same 32 (or 256) positions.
-// 3. fp32, in this order, each operation rounded to fp32 (no fused multiply-adds: -ffp-contract=off), with d, dmin,
-//    m the block's fp16 values converted exactly and float(S) int32 -> fp32 round-to-nearest-even:
-//      P = float(S) * (d * dx)
-//      Q4_1: t = P + float(s32) * (m * dx);   Q4_K: t = P - float(Mn) * (dmin * dx);   others: t = P
-//      acc = +0; acc = acc + t for b = 0, 1, 2, ... in increasing order;   y = acc (+ bias[n] if a bias).
+//    Non-finite x are undefined.
+// 2. Lanes. The K positions of a row fall in chunks of 64 (k = 64 c + p, p = 0..63); position p of every chunk
+//    belongs to lane l = p / 4 (16 lanes, four positions each). Per chunk (Q4_1, Q5_0, Q8_0: the two blocks 2c,
+//    2c + 1, lanes 0-7 and 8-15; a missing last block adds nothing) or per super-block b of 4 chunks (Q4_K,
+//    Q6_K), each lane l gets one exact integer I[l], the sum over its positions of
+//      Q4_1: q4 * x      Q5_0: (q5 - 16) * x      Q8_0: q8 * x (q8 signed)
+//      Q4_K: sc[j] * q4 * x      Q6_K: sc[j] * q6 * x      (j: the position's sub-block)
+//    where x is the position's activation quant and q6 the stored 6-bit quant (0..63); Q6_K's lanes l < 8 then
+//    take away 32 * (sc[2l] * s16[2l] + sc[2l + 1] * s16[2l + 1]) (s16[j]: the sum of x over sub-block j), so
+//    that the 16 lanes together hold sum sc[j] * (q6 - 32) * x; and, for the terms with their own scale,
+//      Q4_1: s[l] = the sum of x over the lane's four positions;
+//      Q4_K: M[l] = mn[2l] * s32[2l] + mn[2l + 1] * s32[2l + 1] for l < 4, 0 for l >= 4 (s32[j]: the sum of x
+//            over sub-block j; mn the 6-bit mins).
+// 3. fp32, per lane, in this order, each operation rounded to fp32 (fma: one rounding), starting from acc = +0,
+//    with d, dmin, m the weight block's fp16 fields converted exactly, dx the activation block's scale of the
+//    lane's positions and float() int32 -> fp32 round-to-nearest-even:
+//      acc = fma(float(I), d * dx, acc)
+//      Q4_1: acc = fma(float(s), m * dx, acc);   Q4_K: acc = fma(float(M), -(dmin * dx), acc)
+//    for chunks (super-blocks) c = 0, 1, 2, ... in increasing order; then the 16 lanes are summed by the tree
+//    acc_i += acc_{i+8} (i < 8), acc_i += acc_{i+4} (i < 4), acc_i += acc_{i+2} (i < 2), acc_0 + acc_1; then
+//    + bias[n] if there is a bias.
 //
-// The integers are exact whatever instructions compute them, and the fp32 part is one scalar code shared by every
-// path, so the AVX512-VNNI path (vpdpbusd for the 32-weight types, vpmaddubsw + vpdpwssd with the sub-block scales
-// for the K-quants), the AVX-512BW path (vpmaddubsw + vpmaddwd; vpmaddubsw's int16 pair sums cannot saturate
-// because its unsigned operand is a weight quant <= 63, at most 2 * 63 * 127 = 16002, and Q8_0's signed weights go
-// through vpmaddwd on int16 instead) and the portable scalar path give identical bits. A row's quantization and
-// sums never read another row, so its output is bitwise the same alone or in any batch.
+// This is llama.cpp's shape of the work: integer dot products inside a block, fp32 scales applied lane-wise, one
+// horizontal sum per output. The integers are exact whatever instructions compute them (VNNI's vpdpbusd and
+// vpdpwssd, or AVX-512BW's vpmaddubsw and vpmaddwd, where no int16 pair sum can saturate: a quant <= 63 times
+// |x| <= 127, twice, or |q8| <= 128 against the sign-adjusted x), and the fp32 steps are the same operations on
+// every path, so the AVX512-VNNI, AVX-512BW and portable scalar paths give identical bits. A row's quantization
+// and sums never read another row, so its output is bitwise the same alone or in any batch.
 //
-// Work: every activation row is quantized once per call, before the threads start; threads split pairs of output
-// rows; each weight block is decoded once per call and chunk of 16 activation rows, and meets every row of the
-// chunk (the row count a template argument, so the row loop unrolls).
+// Work: every activation row is quantized once per call, before the threads start. Threads split groups of 1, 2
+// or 4 weight rows (4 at one activation row, so that enough independent chains are in flight); each weight chunk
+// is decoded once into registers and meets every activation row of the call, up to 8 at a time (a template
+// argument, so the row loop unrolls), before the next chunk.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -68,8 +76,9 @@ struct Layout<kQ4_K> { static constexpr int kWeights = 256, kBytes = 144; };
 template <>
 struct Layout<kQ6_K> { static constexpr int kWeights = 256, kBytes = 210; };
 
-constexpr int kMaxRows = 16;  // activation rows per chunk: their quants (16 x 256 bytes) stay in L1
-constexpr int kPair = 2;      // weight rows per task
+constexpr int kLanes = 16;
+constexpr int kChunk = 64;    // positions per chunk: 16 lanes of 4
+constexpr int kMaxRows = 8;   // activation rows per pass over a weight chunk
 // Faults for negative controls (specdecode_quant_int8_fault): kFaultScale makes sub-block 5 of each K-quant
 // super-block (or every 32-weight block b with b % 8 == 5) take its neighbour's scale; kFaultShared quantizes
 // every activation block with one scale shared by all the rows of the call (the largest amax among them).
@@ -99,57 +108,91 @@ float half_to_float(const uint8_t* p) {
 // ---- activations: quantized once per call, shared read-only by the threads ----
 
 struct Acts {
-    int64_t K = 0, QB = 0;
-    std::vector<int8_t> q;     // [rows, K]
-    std::vector<float> d;      // [rows, K / QB]
-    std::vector<int16_t> s16;  // [rows, K / 16]
-    std::vector<int16_t> s32;  // [rows, K / 32]
+    int64_t K = 0, stride = 0, QB = 0;  // stride: K rounded up to a chunk; the padding quants are 0
+    std::vector<int8_t> q;      // [rows, stride]
+    std::vector<float> d;       // [rows, K / QB]
+    std::vector<float> dl;      // [rows, stride / 4]: each lane position group's dx (32-weight types; 0 in padding)
+    std::vector<int32_t> s4;    // [rows, stride / 4]: the sum of the quants of each group of 4 positions
+    std::vector<int16_t> s16;   // [rows, K / 16]
+    std::vector<int16_t> s32;   // [rows, K / 32]
 };
 
-void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, Acts& a) {
-    a.K = K, a.QB = QB;
-    a.q.assign(rows * K, 0);
-    a.d.assign(rows * (K / QB), 0.0f);
+// One block's dx and quants, as step 1 defines them (the portable code every path's result must equal).
+float quantize_block_portable(const float* x, int64_t n, float shared_amax, bool shared, int8_t* q) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float dx = (shared ? shared_amax : amax) / 127.0f;
+    if (dx != 0.0f) {
+        for (int64_t i = 0; i < n; ++i) {
+            const float r = std::nearbyint(x[i] / dx);  // the default rounding mode: half to even
+            q[i] = int8_t(std::min(127.0f, std::max(-127.0f, r)));
+        }
+    }
+    return dx;
+}
+
+#if QUANT_INT8_X86
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw")
+// The same block with AVX-512: max, division and rounding are exact operations, so the bits are the portable ones.
+float quantize_block_avx(const float* x, int64_t n, float shared_amax, bool shared, int8_t* q) {
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    const float dx = (shared ? shared_amax : _mm512_reduce_max_ps(m)) / 127.0f;
+    if (dx != 0.0f) {
+        const __m512 vdx = _mm512_set1_ps(dx), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+        for (int64_t i = 0; i < n; i += 16) {
+            const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + i), vdx),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i),
+                             _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, r)))));
+        }
+    }
+    return dx;
+}
+#pragma GCC pop_options
+#endif
+
+void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, bool vector, Acts& a) {
+    a.K = K, a.QB = QB, a.stride = (K + kChunk - 1) / kChunk * kChunk;
+    const int64_t nb = K / QB, groups = a.stride / 4;
+    a.q.assign(rows * a.stride, 0);
+    a.d.assign(rows * nb, 0.0f);
+    a.dl.assign(rows * groups, 0.0f);
+    a.s4.assign(rows * groups, 0);
     a.s16.assign(rows * (K / 16), 0);
     a.s32.assign(rows * (K / 32), 0);
-    for (int64_t b = 0; b < K / QB; ++b) {
+    for (int64_t b = 0; b < nb; ++b) {
         float batch_amax = 0.0f;  // only the shared-scale fault reads it
         for (int64_t m = 0; shared && m < rows; ++m)
             for (int64_t i = 0; i < QB; ++i) batch_amax = std::max(batch_amax, std::fabs(x[m * K + b * QB + i]));
         for (int64_t m = 0; m < rows; ++m) {
             const float* xb = x + m * K + b * QB;
-            float amax = 0.0f;
-            for (int64_t i = 0; i < QB; ++i) amax = std::max(amax, std::fabs(xb[i]));
-            const float dx = (shared ? batch_amax : amax) / 127.0f;
-            a.d[m * (K / QB) + b] = dx;
-            int8_t* qb = a.q.data() + m * K + b * QB;
-            if (dx != 0.0f) {
-                for (int64_t i = 0; i < QB; ++i) {
-                    const float r = std::nearbyint(xb[i] / dx);  // the default rounding mode: half to even
-                    qb[i] = int8_t(std::min(127.0f, std::max(-127.0f, r)));
-                }
+            int8_t* qb = a.q.data() + m * a.stride + b * QB;
+#if QUANT_INT8_X86
+            if (vector) {
+                a.d[m * nb + b] = quantize_block_avx(xb, QB, batch_amax, shared, qb);
+                continue;
             }
+#endif
+            a.d[m * nb + b] = quantize_block_portable(xb, QB, batch_amax, shared, qb);
         }
     }
     for (int64_t m = 0; m < rows; ++m) {
-        for (int64_t c = 0; c < K / 16; ++c) {
-            int s = 0;
-            for (int i = 0; i < 16; ++i) s += a.q[m * K + 16 * c + i];
-            a.s16[m * (K / 16) + c] = int16_t(s);
+        const int8_t* q = a.q.data() + m * a.stride;
+        for (int64_t g = 0; g < groups; ++g) {
+            a.s4[m * groups + g] = q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3];
+            if (4 * g < K) a.dl[m * groups + g] = a.d[m * nb + 4 * g / QB];
         }
+        for (int64_t c = 0; c < K / 16; ++c)
+            a.s16[m * (K / 16) + c] = int16_t(a.s4[m * groups + 4 * c] + a.s4[m * groups + 4 * c + 1] +
+                                              a.s4[m * groups + 4 * c + 2] + a.s4[m * groups + 4 * c + 3]);
         for (int64_t c = 0; c < K / 32; ++c)
             a.s32[m * (K / 32) + c] = int16_t(a.s16[m * (K / 16) + 2 * c] + a.s16[m * (K / 16) + 2 * c + 1]);
     }
 }
 
-// ---- weights: one block decoded to unsigned quants in natural order and integer scales ----
-
-struct alignas(64) WBlock {
-    uint8_t q[256];     // Q4_1, Q4_K 0..15; Q5_0 0..31; Q6_K 0..63; Q8_0 the signed bytes as stored
-    int16_t sc[16];     // Q4_K 8, Q6_K 16 sub-block scales
-    int16_t mn[8];      // Q4_K sub-block mins
-    float d = 0, d2 = 0;  // d; and dmin (Q4_K) or m (Q4_1)
-};
+// ---- weights: the scalar fields and the quants in natural order (the portable decoding) ----
 
 // Q4_K's 6-bit scale and min of sub-block j (0..7) from its 12 packed bytes.
 void q4k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
@@ -162,9 +205,22 @@ void q4k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
     }
 }
 
-// The scalar fields of block b (shared by all paths, so the fault hits all of them alike).
+// One weight block: fields and quants as stored (q: Q4_1, Q4_K 0..15; Q5_0 0..31, the value + 16; Q6_K 0..63,
+// the value + 32; Q8_0 signed).
+struct WBlock {
+    int32_t q[256];
+    int32_t sc[16], mn[8];
+    float d = 0, d2 = 0;  // d; and dmin (Q4_K) or m (Q4_1)
+};
+
+// The fp16 scale of 32-weight block b of a row: its own, or under the fault its neighbour's.
 template <int64_t T>
-void decode_scales(const uint8_t* row, int64_t b, bool fault, WBlock& w) {
+float block_d(const uint8_t* row, int64_t b, bool fault) {
+    return half_to_float(row + (fault && b % 8 == kFaultSub ? b - 1 : b) * Layout<T>::kBytes);
+}
+
+template <int64_t T>
+void decode_portable(const uint8_t* row, int64_t b, bool fault, WBlock& w) {
     const uint8_t* blk = row + b * Layout<T>::kBytes;
     if constexpr (T == kQ4_K) {
         w.d = half_to_float(blk), w.d2 = half_to_float(blk + 2);
@@ -172,86 +228,35 @@ void decode_scales(const uint8_t* row, int64_t b, bool fault, WBlock& w) {
             int sc, mn, unused;
             q4k_scale_min(blk + 4, j, sc, mn);
             if (fault && j == kFaultSub) q4k_scale_min(blk + 4, j - 1, sc, unused);
-            w.sc[j] = int16_t(sc), w.mn[j] = int16_t(mn);
+            w.sc[j] = sc, w.mn[j] = mn;
         }
-    } else if constexpr (T == kQ6_K) {
-        w.d = half_to_float(blk + 208);
-        for (int j = 0; j < 16; ++j) w.sc[j] = int8_t(blk[192 + (fault && j == kFaultSub ? j - 1 : j)]);
-    } else {
-        const int64_t src = fault && b % 8 == kFaultSub ? b - 1 : b;
-        w.d = half_to_float(row + src * Layout<T>::kBytes);
-        if constexpr (T == kQ4_1) w.d2 = half_to_float(blk + 2);
-    }
-}
-
-template <int64_t T>
-void decode_quants_portable(const uint8_t* blk, WBlock& w) {
-    if constexpr (T == kQ4_1) {
-        for (int j = 0; j < 16; ++j) w.q[j] = blk[4 + j] & 0xf, w.q[j + 16] = blk[4 + j] >> 4;
-    } else if constexpr (T == kQ5_0) {
-        uint32_t qh;
-        std::memcpy(&qh, blk + 2, 4);
-        for (int j = 0; j < 16; ++j) {
-            w.q[j] = uint8_t((blk[6 + j] & 0xf) | (((qh >> j) & 1) << 4));
-            w.q[j + 16] = uint8_t((blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
-        }
-    } else if constexpr (T == kQ8_0) {
-        std::memcpy(w.q, blk + 2, 32);
-    } else if constexpr (T == kQ4_K) {
         for (int i = 0; i < 4; ++i)
             for (int l = 0; l < 32; ++l)
                 w.q[64 * i + l] = blk[16 + 32 * i + l] & 0xf, w.q[64 * i + 32 + l] = blk[16 + 32 * i + l] >> 4;
-    } else {
+    } else if constexpr (T == kQ6_K) {
+        w.d = half_to_float(blk + 208);
+        for (int j = 0; j < 16; ++j) w.sc[j] = int8_t(blk[192 + (fault && j == kFaultSub ? j - 1 : j)]);
         for (int l = 0; l < 256; ++l) {
             const int h = l / 128, r = l % 128;
             const int lo = (blk[64 * h + r % 64] >> (4 * (r / 64))) & 0xf;
             const int hi = (blk[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3;
-            w.q[l] = uint8_t(lo | (hi << 4));
+            w.q[l] = lo | (hi << 4);
         }
-    }
-}
-
-struct Ints {
-    int32_t S, Mn;  // Mn: Q4_K's mins term, Q4_1's activation sum; unused otherwise
-};
-
-template <int64_t T>
-Ints dot_portable(const WBlock& w, const Acts& a, int64_t m, int64_t b) {
-    constexpr int kW = Layout<T>::kWeights;
-    const int8_t* x = a.q.data() + m * a.K + b * kW;
-    const int16_t* s16 = a.s16.data() + m * (a.K / 16) + b * (kW / 16);
-    const int16_t* s32 = a.s32.data() + m * (a.K / 32) + b * (kW / 32);
-    int32_t S = 0, Mn = 0;
-    if constexpr (T == kQ8_0) {
-        for (int i = 0; i < 32; ++i) S += int8_t(w.q[i]) * x[i];
-    } else if constexpr (T == kQ4_1 || T == kQ5_0) {
-        for (int i = 0; i < 32; ++i) S += w.q[i] * x[i];
-        if constexpr (T == kQ5_0) S -= 16 * s32[0];
-        Mn = s32[0];
-    } else if constexpr (T == kQ4_K) {
-        for (int j = 0; j < 8; ++j) {
-            int32_t s = 0;
-            for (int i = 0; i < 32; ++i) s += w.q[32 * j + i] * x[32 * j + i];
-            S += w.sc[j] * s;
-            Mn += w.mn[j] * s32[j];
+    } else if constexpr (T == kQ8_0) {
+        w.d = block_d<T>(row, b, fault);
+        for (int i = 0; i < 32; ++i) w.q[i] = int8_t(blk[2 + i]);
+    } else if constexpr (T == kQ5_0) {
+        w.d = block_d<T>(row, b, fault);
+        uint32_t qh;
+        std::memcpy(&qh, blk + 2, 4);
+        for (int j = 0; j < 16; ++j) {
+            w.q[j] = (blk[6 + j] & 0xf) | (((qh >> j) & 1) << 4);
+            w.q[j + 16] = (blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
         }
     } else {
-        for (int j = 0; j < 16; ++j) {
-            int32_t s = 0;
-            for (int i = 0; i < 16; ++i) s += w.q[16 * j + i] * x[16 * j + i];
-            S += w.sc[j] * (s - 32 * s16[j]);
-        }
+        w.d = block_d<T>(row, b, fault), w.d2 = half_to_float(blk + 2);
+        for (int j = 0; j < 16; ++j) w.q[j] = blk[4 + j] & 0xf, w.q[j + 16] = blk[4 + j] >> 4;
     }
-    return {S, Mn};
-}
-
-// Step 3 of the header: the one fp32 code every path ends in.
-template <int64_t T>
-float block_term(const WBlock& w, Ints v, float dx) {
-    const float P = float(v.S) * (w.d * dx);
-    if constexpr (T == kQ4_1) return P + float(v.Mn) * (w.d2 * dx);
-    if constexpr (T == kQ4_K) return P - float(v.Mn) * (w.d2 * dx);
-    return P;
 }
 
 struct Args {
@@ -263,110 +268,128 @@ struct Args {
     bool fault;
 };
 
-using PairFn = void (*)(const Args&, const int64_t*, int64_t, int);
-
-template <int64_t T>
-void pair_portable(const Args& a, const int64_t* n, int64_t m0, int rows) {
-    constexpr int kW = Layout<T>::kWeights;
-    float acc[kPair][kMaxRows] = {};
-    WBlock w[kPair];
-    for (int64_t b = 0; b < a.K / kW; ++b) {
-        for (int g = 0; g < kPair; ++g) {
-            const uint8_t* row = a.w + n[g] * a.row_bytes;
-            decode_scales<T>(row, b, a.fault, w[g]);
-            decode_quants_portable<T>(row + b * Layout<T>::kBytes, w[g]);
-        }
-        for (int m = 0; m < rows; ++m) {
-            const float dx = a.acts->d[(m0 + m) * (a.K / kW) + b];
-            for (int g = 0; g < kPair; ++g)
-                acc[g][m] = acc[g][m] + block_term<T>(w[g], dot_portable<T>(w[g], *a.acts, m0 + m, b), dx);
-        }
-    }
-    for (int g = 0; g < kPair; ++g)
-        for (int m = 0; m < rows; ++m)
-            a.out[(m0 + m) * a.N + n[g]] = a.bias ? acc[g][m] + a.bias[n[g]] : acc[g][m];
+// The fixed tree of step 3, then the bias.
+float reduce_lanes(const float* acc, float bias) {
+    float v[kLanes];
+    std::memcpy(v, acc, sizeof v);
+    for (int width = kLanes / 2; width >= 1; width /= 2)
+        for (int i = 0; i < width; ++i) v[i] = v[i] + v[i + width];
+    return v[0] + bias;
 }
 
+// ---- the portable path: steps 2 and 3 written out per lane ----
+
+template <int64_t T>
+void row_portable(const Args& a, int64_t n, int64_t m) {
+    constexpr int kW = Layout<T>::kWeights;
+    const Acts& A = *a.acts;
+    const uint8_t* row = a.w + n * a.row_bytes;
+    const int8_t* x = A.q.data() + m * A.stride;
+    const int64_t groups = A.stride / 4;
+    float acc[kLanes] = {};
+    WBlock w, w2;
+    if constexpr (kW == 256) {
+        for (int64_t b = 0; b < a.K / 256; ++b) {
+            decode_portable<T>(row, b, a.fault, w);
+            const float dx = A.d[m * (a.K / 256) + b];
+            const int8_t* xb = x + 256 * b;
+            for (int l = 0; l < kLanes; ++l) {
+                int32_t I = 0, M = 0;
+                for (int i = 0; i < 4; ++i)
+                    for (int t = 0; t < 4; ++t) {
+                        const int p = 64 * i + 4 * l + t;
+                        I += w.sc[p / (T == kQ6_K ? 16 : 32)] * w.q[p] * xb[p];
+                    }
+                if constexpr (T == kQ6_K) {
+                    const int16_t* s16 = A.s16.data() + m * (a.K / 16) + 16 * b;
+                    if (l < 8) I -= 32 * (w.sc[2 * l] * s16[2 * l] + w.sc[2 * l + 1] * s16[2 * l + 1]);
+                }
+                acc[l] = std::fma(float(I), w.d * dx, acc[l]);
+                if constexpr (T == kQ4_K) {
+                    const int16_t* s32 = A.s32.data() + m * (a.K / 32) + 8 * b;
+                    if (l < 4) M = w.mn[2 * l] * s32[2 * l] + w.mn[2 * l + 1] * s32[2 * l + 1];
+                    acc[l] = std::fma(float(M), -(w.d2 * dx), acc[l]);
+                }
+            }
+        }
+    } else {
+        const int64_t nb = a.K / 32;
+        for (int64_t c = 0; c < (nb + 1) / 2; ++c) {
+            const bool two = 2 * c + 1 < nb;
+            decode_portable<T>(row, 2 * c, a.fault, w);
+            if (two) decode_portable<T>(row, 2 * c + 1, a.fault, w2);
+            for (int l = 0; l < kLanes; ++l) {
+                const bool second = l >= 8;
+                const WBlock& wb = second ? w2 : w;
+                int32_t I = 0;
+                float d = 0.0f, d2 = 0.0f;
+                if (!second || two) {
+                    for (int t = 0; t < 4; ++t) {
+                        const int p = 4 * (l % 8) + t;
+                        const int32_t q = T == kQ5_0 ? wb.q[p] - 16 : wb.q[p];
+                        I += q * x[64 * c + 32 * second + p];
+                    }
+                    d = wb.d, d2 = wb.d2;
+                }
+                const float dl = A.dl[m * groups + 16 * c + l];
+                acc[l] = std::fma(float(I), d * dl, acc[l]);
+                if constexpr (T == kQ4_1) acc[l] = std::fma(float(A.s4[m * groups + 16 * c + l]), d2 * dl, acc[l]);
+            }
+        }
+    }
+    a.out[m * a.N + n] = reduce_lanes(acc, a.bias ? a.bias[n] : 0.0f);
+}
+
+// ---- the vector paths (AVX512-VNNI, or AVX-512BW without it): the same integers and fp32 operations ----
 #if QUANT_INT8_X86
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")
 
-// Vector decoding of the quants (integers: any correct code gives the portable path's bytes).
-template <int64_t T>
-void decode_quants_avx(const uint8_t* blk, WBlock& w) {
-    const __m256i low4 = _mm256_set1_epi8(0xf);
-    if constexpr (T == kQ4_K) {
-        for (int i = 0; i < 4; ++i) {
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * i));
-            _mm256_store_si256(reinterpret_cast<__m256i*>(w.q + 64 * i), _mm256_and_si256(v, low4));
-            _mm256_store_si256(reinterpret_cast<__m256i*>(w.q + 64 * i + 32),
-                               _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
-        }
-    } else if constexpr (T == kQ6_K) {
-        const __m512i m4 = _mm512_set1_epi8(0xf), m2 = _mm512_set1_epi8(3);
-        for (int h = 0; h < 2; ++h) {
-            const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
-            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
-            // bytes r < 32: qh bits 0-1 / 4-5; bytes 32..63: qh bits 2-3 / 6-7
-            const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-            const __m512i hi0 = _mm512_slli_epi16(_mm512_and_si512(qh2, m2), 4);
-            const __m512i hi1 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh2, 4), m2), 4);
-            _mm512_store_si512(w.q + 128 * h, _mm512_or_si512(_mm512_and_si512(ql, m4), hi0));
-            _mm512_store_si512(w.q + 128 * h + 64,
-                               _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), hi1));
-        }
-    } else if constexpr (T == kQ8_0) {
-        std::memcpy(w.q, blk + 2, 32);
-    } else {  // Q4_1 and Q5_0: 16 bytes of nibbles, weights j (low) and j + 16 (high)
-        const __m128i m4 = _mm_set1_epi8(0xf);
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == kQ4_1 ? 4 : 6)));
-        __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-        if constexpr (T == kQ5_0) {  // weight j's fifth bit is bit j of qh
-            uint32_t qh;
-            std::memcpy(&qh, blk + 2, 4);
-            const __m128i bit4 = _mm_set1_epi8(16);
-            lo = _mm_mask_add_epi8(lo, __mmask16(qh & 0xffff), lo, bit4);
-            hi = _mm_mask_add_epi8(hi, __mmask16(qh >> 16), hi, bit4);
-        }
-        _mm_store_si128(reinterpret_cast<__m128i*>(w.q), lo);
-        _mm_store_si128(reinterpret_cast<__m128i*>(w.q + 16), hi);
-    }
-}
-
-int32_t hsum8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
-int32_t hsum4(__m128i s) {
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
-// Per weight block, the int16 scale vectors each 64-weight chunk multiplies its pair sums by.
-struct KScales {
-    __m512i sc[4];
-    __m128i mn;
-};
-
-// The fields of block b, read with F16C (exact) and vector shuffles: the values decode_scales gives, plus the
-// int16 scale vectors each 64-weight chunk multiplies its pair sums by (Q4_K: chunk i = sub-blocks 2i, 2i + 1,
-// 16 pair sums each; Q6_K: chunk i = sub-blocks 4i .. 4i + 3, 8 pair sums each).
 float half_hw(const uint8_t* p) {
     uint16_t h;
     std::memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
 
+// acc + the int16 pair sums p times the int16 scales s, summed by lane (vpdpwssd, or vpmaddwd + vpaddd).
+template <bool V>
+__m512i dot_pairs(__m512i acc, __m512i p, __m512i s) {
+    if constexpr (V) return _mm512_dpwssd_epi32(acc, p, s);
+    else return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
+}
+
+// The lane sums of u * s (u unsigned <= 63, s signed: no int16 pair sum saturates).
+template <bool V>
+__m512i dot_quads(__m512i u, __m512i s) {
+    if constexpr (V) return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+    else return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+}
+
+// Nibbles in natural order from bytes laid out twice: each 16-bit lane shifted right by its count in `shifts`
+// (0 or 4), then the low nibble of every byte.
+__m512i nibbles(__m512i twice, __m512i shifts) {
+    return _mm512_and_si512(_mm512_srlv_epi16(twice, shifts), _mm512_set1_epi8(0xf));
+}
+constexpr long long kBy4 = 0x0004000400040004LL;
+// Q4_K: 32 bytes in both 256-bit halves -> low nibbles (sub-block 2i), then high nibbles (sub-block 2i + 1).
+__m512i halves_shift() { return _mm512_setr_epi64(0, 0, 0, 0, kBy4, kBy4, kBy4, kBy4); }
+// 32-weight types: blocks a, b's 16 bytes laid out [a, a, b, b] -> a's 32 weights, then b's.
+__m512i quarters_shift() { return _mm512_setr_epi64(0, 0, kBy4, kBy4, 0, 0, kBy4, kBy4); }
+
+// ---- K-quants: a super-block's fields, its 4 chunks' quants and int16 scale vectors, and its fp32 step ----
+
 template <int64_t T>
-void decode_scales_avx(const uint8_t* row, int64_t b, bool fault, WBlock& w, KScales& k) {
-    const uint8_t* blk = row + b * Layout<T>::kBytes;
-    if constexpr (T == kQ4_K) {
-        w.d = half_hw(blk), w.d2 = half_hw(blk + 2);
+struct KBlock;
+
+template <>
+struct KBlock<kQ4_K> {
+    const uint8_t* blk;
+    float d, dmin;
+    __m128i sc, mn;  // 8 int16 each
+    void read(const uint8_t* b, bool fault) {
+        blk = b;
+        d = half_hw(blk), dmin = half_hw(blk + 2);
         uint32_t u[4];  // llama.cpp's unpacking: bytes 0-7 the 8 scales, bytes 8-15 the 8 mins
         std::memcpy(u, blk + 4, 12);
         u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
@@ -377,116 +400,208 @@ void decode_scales_avx(const uint8_t* row, int64_t b, bool fault, WBlock& w, KSc
         uint8_t* bytes = reinterpret_cast<uint8_t*>(u);
         if (fault) bytes[kFaultSub] = bytes[kFaultSub - 1];
         const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
-        const __m128i sc = _mm_cvtepu8_epi16(v), mn = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(w.sc), sc);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(w.mn), mn);
-        k.mn = mn;
-        const __m512i all = _mm512_castsi128_si512(sc);
-        for (int i = 0; i < 4; ++i)
-            k.sc[i] = _mm512_permutexvar_epi16(
-                _mm512_inserti64x4(_mm512_set1_epi16(2 * i), _mm256_set1_epi16(2 * i + 1), 1), all);
-    } else {
-        w.d = half_hw(blk + 208);
+        sc = _mm_cvtepu8_epi16(v), mn = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
+    }
+    __m512i quants(int i) const {  // sub-blocks 2i (low nibbles), 2i + 1 (high nibbles)
+        return nibbles(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * i))),
+                       halves_shift());
+    }
+    __m512i scales(int i) const {  // int16 lanes 0-15: sc[2i], 16-31: sc[2i + 1]
+        const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16(short(2 * i)), _mm256_set1_epi16(short(2 * i + 1)), 1);
+        return _mm512_permutexvar_epi16(idx, _mm512_castsi128_si512(sc));
+    }
+    template <bool V>
+    __m512 finish(__m512i I, float dx, const Acts& A, int64_t m, int64_t b, __m512 acc) const {
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(d * dx), acc);
+        const __m128i s32 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(A.s32.data() + m * (A.K / 32) + 8 * b));
+        const __m512i M = _mm512_zextsi128_si512(_mm_madd_epi16(mn, s32));  // lanes 0-3
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_set1_ps(-(dmin * dx)), acc);
+    }
+};
+
+template <>
+struct KBlock<kQ6_K> {
+    const uint8_t* blk;
+    float d;
+    __m256i sc;  // 16 int16
+    void read(const uint8_t* b, bool fault) {
+        blk = b;
+        d = half_hw(blk + 208);
         alignas(16) int8_t raw[16];
         std::memcpy(raw, blk + 192, 16);
         if (fault) raw[kFaultSub] = raw[kFaultSub - 1];
-        const __m256i sc = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(raw)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.sc), sc);
-        const __m512i all = _mm512_castsi256_si512(sc);
-        for (int i = 0; i < 4; ++i) {
-            const __m512i idx = _mm512_set_epi64(0x0001000100010001LL * (4 * i + 3), 0x0001000100010001LL * (4 * i + 3),
-                                                 0x0001000100010001LL * (4 * i + 2), 0x0001000100010001LL * (4 * i + 2),
-                                                 0x0001000100010001LL * (4 * i + 1), 0x0001000100010001LL * (4 * i + 1),
-                                                 0x0001000100010001LL * (4 * i), 0x0001000100010001LL * (4 * i));
-            k.sc[i] = _mm512_permutexvar_epi16(idx, all);
+        sc = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(raw)));
+    }
+    __m512i quants(int i) const {  // weights 64i .. 64i + 63 = 128h + r, r = 64 (i % 2) + p, as q6 + 32
+        const int h = i / 2;
+        const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
+        const __m512i m4 = _mm512_set1_epi8(0xf), m30 = _mm512_set1_epi8(0x30);
+        // qh's 2 bits for r at bit 2 (r / 32) of byte r % 32; moved to bits 4-5 (the per-byte 0x30 mask drops
+        // what the 16-bit shifts carry in from the neighbouring byte)
+        if (i % 2 == 0) {
+            const __m512i up = _mm512_sllv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1));
+            return _mm512_ternarylogic_epi32(_mm512_and_si512(ql, m4), up, m30, 0xf8);  // a | (b & c)
         }
+        const __m512i down = _mm512_srlv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1));
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), down, m30, 0xf8);
     }
-}
+    __m512i scales(int i) const {  // int16 lanes 8t .. 8t + 7: sc[4i + t]
+        const __m512i idx = _mm512_setr_epi64(0x0001000100010001LL * (4 * i), 0x0001000100010001LL * (4 * i),
+                                              0x0001000100010001LL * (4 * i + 1), 0x0001000100010001LL * (4 * i + 1),
+                                              0x0001000100010001LL * (4 * i + 2), 0x0001000100010001LL * (4 * i + 2),
+                                              0x0001000100010001LL * (4 * i + 3), 0x0001000100010001LL * (4 * i + 3));
+        return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(sc));
+    }
+    template <bool V>
+    __m512 finish(__m512i I, float dx, const Acts& A, int64_t m, int64_t b, __m512 acc) const {
+        // - 32 sc[j] s16[j], pairs of sub-blocks in lanes 0-7 (the quants above are q6 + 32)
+        const __m256i s16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.s16.data() + m * (A.K / 16) + 16 * b));
+        I = _mm512_sub_epi32(I, _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(sc, s16), 5)));
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(d * dx), acc);
+    }
+};
 
-template <int64_t T, bool kVnniOps>
-Ints dot_k(const WBlock& w, const KScales& k, const Acts& a, int64_t m, int64_t b) {
-    const int8_t* x = a.q.data() + m * a.K + b * 256;
-    __m512i acc = _mm512_setzero_si512();
-    for (int i = 0; i < 4; ++i) {
-        const __m512i pairs = _mm512_maddubs_epi16(_mm512_load_si512(w.q + 64 * i), _mm512_loadu_si512(x + 64 * i));
-        if constexpr (kVnniOps)
-            acc = _mm512_dpwssd_epi32(acc, pairs, k.sc[i]);
-        else
-            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, k.sc[i]));
-    }
-    if constexpr (T == kQ4_K) {
-        const __m128i s32 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.s32.data() + m * (a.K / 32) + b * 8));
-        return {_mm512_reduce_add_epi32(acc), hsum4(_mm_madd_epi16(k.mn, s32))};
-    } else {
-        const __m256i s16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.s16.data() + m * (a.K / 16) + b * 16));
-        const __m256i sc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sc));
-        const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc, s16), 5);  // 32 * sc[j] * s16[j]
-        return {_mm512_reduce_add_epi32(acc) - hsum8(corr), 0};
-    }
-}
-
-template <int64_t T, bool kVnniOps>
-Ints dot_32(const WBlock& w, const Acts& a, int64_t m, int64_t b) {
-    const int8_t* x = a.q.data() + m * a.K + b * 32;
-    const int32_t s32 = a.s32[m * (a.K / 32) + b];
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(w.q));
-    int32_t S;
-    if constexpr (kVnniOps) {
-        // vpdpbusd wants unsigned weights: Q8_0's q + 128 (the sign bit flipped), corrected by 128 * s32.
-        const __m256i wu = T == kQ8_0 ? _mm256_xor_si256(wv, _mm256_set1_epi8(char(0x80))) : wv;
-        S = hsum8(_mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, xv));
-        if constexpr (T == kQ8_0) S -= 128 * s32;
-    } else if constexpr (T == kQ8_0) {
-        S = hsum8(_mm256_add_epi32(
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(wv)), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(xv))),
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(wv, 1)),
-                              _mm256_cvtepi8_epi16(_mm256_extracti128_si256(xv, 1)))));
-    } else {
-        S = hsum8(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), _mm256_set1_epi16(1)));
-    }
-    if constexpr (T == kQ5_0) S -= 16 * s32;
-    return {S, s32};
-}
-
-// R rows, a compile-time count: the row loop unrolls and the per-row integers stay in registers.
-template <int64_t T, bool kVnniOps, int R>
-void pair_avx(const Args& a, const int64_t* n, int64_t m0, int) {
-    constexpr int kW = Layout<T>::kWeights;
-    constexpr bool kK = kW == 256;
-    float acc[kPair][kMaxRows] = {};
-    WBlock w[kPair];
-    KScales ks[kPair];
-    for (int64_t b = 0; b < a.K / kW; ++b) {
-        for (int g = 0; g < kPair; ++g) {
-            const uint8_t* row = a.w + n[g] * a.row_bytes;
-            if constexpr (kK) {
-                decode_scales_avx<T>(row, b, a.fault, w[g], ks[g]);
-            } else {
-                w[g].d = half_hw(row + (a.fault && b % 8 == kFaultSub ? b - 1 : b) * Layout<T>::kBytes);
-                if constexpr (T == kQ4_1) w[g].d2 = half_hw(row + b * Layout<T>::kBytes + 2);
+// G weight rows from n0 (clamped to the last row: duplicates compute the same value) x R activation rows.
+template <int64_t T, bool V, int G, int R>
+void kquant_rows(const Args& a, int64_t n0, int64_t m0) {
+    const Acts& A = *a.acts;
+    const uint8_t* w[G];
+    int64_t n[G];
+    for (int g = 0; g < G; ++g) n[g] = std::min(n0 + g, a.N - 1), w[g] = a.w + n[g] * a.row_bytes;
+    __m512 acc[G][R];
+    for (int g = 0; g < G; ++g)
+        for (int m = 0; m < R; ++m) acc[g][m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < a.K / 256; ++b) {
+        KBlock<T> kb[G];
+        for (int g = 0; g < G; ++g) kb[g].read(w[g] + b * Layout<T>::kBytes, a.fault);
+        __m512i I[G][R];
+        for (int g = 0; g < G; ++g)
+            for (int m = 0; m < R; ++m) I[g][m] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+            __m512i q[G], s[G];
+            for (int g = 0; g < G; ++g) q[g] = kb[g].quants(i), s[g] = kb[g].scales(i);
+            for (int m = 0; m < R; ++m) {
+                const __m512i x = _mm512_loadu_si512(A.q.data() + (m0 + m) * A.stride + 256 * b + 64 * i);
+                for (int g = 0; g < G; ++g) I[g][m] = dot_pairs<V>(I[g][m], _mm512_maddubs_epi16(q[g], x), s[g]);
             }
-            decode_quants_avx<T>(row + b * Layout<T>::kBytes, w[g]);
         }
         for (int m = 0; m < R; ++m) {
-            const float dx = a.acts->d[(m0 + m) * (a.K / kW) + b];
-            for (int g = 0; g < kPair; ++g) {
-                Ints v;
-                if constexpr (kK)
-                    v = dot_k<T, kVnniOps>(w[g], ks[g], *a.acts, m0 + m, b);
-                else
-                    v = dot_32<T, kVnniOps>(w[g], *a.acts, m0 + m, b);
-                acc[g][m] = acc[g][m] + block_term<T>(w[g], v, dx);
+            const float dx = A.d[(m0 + m) * (a.K / 256) + b];
+            for (int g = 0; g < G; ++g) acc[g][m] = kb[g].template finish<V>(I[g][m], dx, A, m0 + m, b, acc[g][m]);
+        }
+    }
+    for (int g = 0; g < G; ++g)
+        for (int m = 0; m < R; ++m) {
+            alignas(64) float v[kLanes];
+            _mm512_store_ps(v, acc[g][m]);
+            a.out[(m0 + m) * a.N + n[g]] = reduce_lanes(v, a.bias ? a.bias[n[g]] : 0.0f);
+        }
+}
+
+// ---- 32-weight types: chunk c = blocks 2c (lanes 0-7) and 2c + 1 (lanes 8-15) ----
+
+// [lo] * 8 then [hi] * 8 (AVX-512F only: insertf32x8 would need DQ).
+__m512 halves(float lo, float hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(lo)), _mm256_castps_pd(_mm256_set1_ps(hi)), 1));
+}
+
+struct Chunk32 {
+    __m512i q;   // the quants as the lane dot takes them
+    __m512 d, m; // the blocks' d (and Q4_1's m) per lane; 0 for a missing block
+};
+
+template <int64_t T, bool V>
+Chunk32 chunk32(const uint8_t* row, int64_t c, int64_t nb, bool fault) {
+    constexpr int kB = Layout<T>::kBytes;
+    const bool two = 2 * c + 1 < nb;
+    const uint8_t* a = row + 2 * c * kB;
+    const uint8_t* b = two ? a + kB : a;  // read but zeroed below when missing
+    Chunk32 k;
+    const float da = half_hw(row + (fault && (2 * c) % 8 == kFaultSub ? 2 * c - 1 : 2 * c) * kB);
+    const float db = two ? half_hw(row + (fault && (2 * c + 1) % 8 == kFaultSub ? 2 * c : 2 * c + 1) * kB) : 0.0f;
+    k.d = halves(da, db);
+    const __mmask64 keep = two ? ~__mmask64(0) : __mmask64(0xffffffffULL);
+    if constexpr (T == kQ8_0) {
+        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2))),
+                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), 1);
+        k.q = _mm512_maskz_mov_epi8(keep, q);  // signed; VNNI's vpdpbusd takes q + 128, the sign bit flipped
+        if constexpr (V) k.q = _mm512_xor_si512(k.q, _mm512_set1_epi8(char(0x80)));
+    } else {
+        constexpr int off = T == kQ4_1 ? 4 : 6;
+        const __m512i both = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + off)))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + off))), 1);
+        __m512i q = nibbles(both, quarters_shift());
+        if constexpr (T == kQ5_0) {  // weight j's fifth bit is qh bit j
+            uint32_t ha, hb;
+            std::memcpy(&ha, a + 2, 4);
+            std::memcpy(&hb, b + 2, 4);
+            q = _mm512_mask_add_epi8(q, _cvtu64_mask64(uint64_t(ha) | (uint64_t(hb) << 32)), q, _mm512_set1_epi8(16));
+        }
+        k.q = _mm512_maskz_mov_epi8(keep, q);
+        if constexpr (T == kQ4_1)
+            k.m = halves(half_hw(a + 2), two ? half_hw(b + 2) : 0.0f);
+    }
+    return k;
+}
+
+// Step 2's lane integers of one chunk against one activation row (x its 64 quants, s4 its 16 lane sums).
+template <int64_t T, bool V>
+__m512i lane_ints(__m512i q, __m512i x, __m512i s4) {
+    if constexpr (T == kQ8_0) {
+        if constexpr (V)  // q + 128 (see chunk32), less 128 times the lane sum
+            return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x), _mm512_slli_epi32(s4, 7));
+        // |q| against x with q's sign: pair sums <= 2 * 128 * 127, no saturation
+        const __m512i xs = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(q), _mm512_setzero_si512(), x);
+        return _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(q), xs), _mm512_set1_epi16(1));
+    } else if constexpr (T == kQ5_0) {
+        return _mm512_sub_epi32(dot_quads<V>(q, x), _mm512_slli_epi32(s4, 4));
+    } else {
+        return dot_quads<V>(q, x);
+    }
+}
+
+template <int64_t T, bool V, int G, int R>
+void block32_rows(const Args& a, int64_t n0, int64_t m0) {
+    const Acts& A = *a.acts;
+    const int64_t nb = a.K / 32, groups = A.stride / 4;
+    const uint8_t* w[G];
+    int64_t n[G];
+    for (int g = 0; g < G; ++g) n[g] = std::min(n0 + g, a.N - 1), w[g] = a.w + n[g] * a.row_bytes;
+    __m512 acc[G][R];
+    for (int g = 0; g < G; ++g)
+        for (int m = 0; m < R; ++m) acc[g][m] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < (nb + 1) / 2; ++c) {
+        Chunk32 k[G];
+        for (int g = 0; g < G; ++g) k[g] = chunk32<T, V>(w[g], c, nb, a.fault);
+        for (int m = 0; m < R; ++m) {
+            const int64_t row = m0 + m;
+            const __m512i x = _mm512_loadu_si512(A.q.data() + row * A.stride + 64 * c);
+            const __m512i s4 = _mm512_loadu_si512(A.s4.data() + row * groups + 16 * c);
+            const __m512 dl = _mm512_loadu_ps(A.dl.data() + row * groups + 16 * c);
+            for (int g = 0; g < G; ++g) {
+                const __m512i I = lane_ints<T, V>(k[g].q, x, s4);
+                acc[g][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(k[g].d, dl), acc[g][m]);
+                if constexpr (T == kQ4_1)
+                    acc[g][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s4), _mm512_mul_ps(k[g].m, dl), acc[g][m]);
             }
         }
     }
-    for (int g = 0; g < kPair; ++g)
-        for (int m = 0; m < R; ++m)
-            a.out[(m0 + m) * a.N + n[g]] = a.bias ? acc[g][m] + a.bias[n[g]] : acc[g][m];
+    for (int g = 0; g < G; ++g)
+        for (int m = 0; m < R; ++m) {
+            alignas(64) float v[kLanes];
+            _mm512_store_ps(v, acc[g][m]);
+            a.out[(m0 + m) * a.N + n[g]] = reduce_lanes(v, a.bias ? a.bias[n[g]] : 0.0f);
+        }
 }
 
-template <int64_t T, bool kVnniOps, int... Rs>
-constexpr PairFn kAvxPairs[] = {nullptr, pair_avx<T, kVnniOps, Rs>...};  // indexed by row count
+template <int64_t T, bool V, int G, int R>
+void rows_avx(const Args& a, int64_t n0, int64_t m0) {
+    if constexpr (Layout<T>::kWeights == 256) kquant_rows<T, V, G, R>(a, n0, m0);
+    else block32_rows<T, V, G, R>(a, n0, m0);
+}
 
 #pragma GCC pop_options
 
@@ -508,28 +623,58 @@ int64_t features() {
 #endif
 }
 
-template <int64_t T>
-void run(const Args& a, int64_t path) {
-    const PairFn portable[kMaxRows + 1] = {nullptr, pair_portable<T>, pair_portable<T>, pair_portable<T>,
-                                           pair_portable<T>, pair_portable<T>, pair_portable<T>, pair_portable<T>,
-                                           pair_portable<T>, pair_portable<T>, pair_portable<T>, pair_portable<T>,
-                                           pair_portable<T>, pair_portable<T>, pair_portable<T>, pair_portable<T>,
-                                           pair_portable<T>};
-    const PairFn* fns = portable;
+using RowsFn = void (*)(const Args&, int64_t, int64_t);
+
+// Weight rows per task: 4 at one activation row, 2 at 2-3, else 1 (the rows then give the independent chains;
+// passes then hold 4-8 rows each).
+constexpr int group_for(int rows) { return rows <= 1 ? 4 : rows <= 3 ? 2 : 1; }
+
 #if QUANT_INT8_X86
-    if (path == kVnni) fns = kAvxPairs<T, true, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16>;
-    if (path == kBw) fns = kAvxPairs<T, false, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16>;
-#endif
-    const int64_t num_pairs = (a.N + 1) / kPair;
+// The function for `rows` activation rows at weight group G: the pairs run_avx asks for (G = 4: 1 row; G = 2:
+// 2-3 rows; G = 1: passes of 4-8 rows), so that only those are compiled.
+template <int64_t T, bool V>
+RowsFn pick(int group, int rows) {
+    static constexpr RowsFn one[kMaxRows + 1] = {nullptr,
+                                                 nullptr,
+                                                 nullptr,
+                                                 nullptr,
+                                                 rows_avx<T, V, 1, 4>,
+                                                 rows_avx<T, V, 1, 5>,
+                                                 rows_avx<T, V, 1, 6>,
+                                                 rows_avx<T, V, 1, 7>,
+                                                 rows_avx<T, V, 1, 8>};
+    if (group == 4) return rows_avx<T, V, 4, 1>;
+    if (group == 2) return rows == 2 ? rows_avx<T, V, 2, 2> : rows_avx<T, V, 2, 3>;
+    return one[rows];
+}
+
+template <int64_t T, bool V>
+void run_avx(const Args& a) {
+    const int G = group_for(int(std::min<int64_t>(a.M, kMaxRows)));
+    const int64_t tasks = (a.N + G - 1) / G;
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < num_pairs; ++p) {
-        // An odd N's last pair computes its one weight row twice: same work, one code path.
-        const int64_t n[kPair] = {kPair * p, std::min(kPair * p + 1, a.N - 1)};
-        for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
-            const int rows = int(std::min<int64_t>(kMaxRows, a.M - m0));
-            fns[rows](a, n, m0, rows);
+    for (int64_t t = 0; t < tasks; ++t) {
+        // Passes of near-equal rows (9 = 5 + 4, not 8 + 1: a lone row would run one dependent chain); the task's
+        // weight rows stay in L1 for the later passes.
+        const int64_t passes = (a.M + kMaxRows - 1) / kMaxRows;
+        for (int64_t p = 0, m0 = 0; p < passes; ++p) {
+            const int rows = int((a.M - m0 + (passes - p) - 1) / (passes - p));
+            pick<T, V>(G, rows)(a, t * G, m0);
+            m0 += rows;
         }
     }
+}
+#endif
+
+template <int64_t T>
+void run(const Args& a, int64_t path) {
+#if QUANT_INT8_X86
+    if (path == kVnni) return run_avx<T, true>(a);
+    if (path == kBw) return run_avx<T, false>(a);
+#endif
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < a.N; ++n)
+        for (int64_t m = 0; m < a.M; ++m) row_portable<T>(a, n, m);
 }
 
 std::pair<int64_t, int64_t> layout(int64_t qtype) {
@@ -576,7 +721,7 @@ at::Tensor quant_int8_linear(const at::Tensor& x, const at::Tensor& blocks, int6
     Acts acts;
     const int64_t M = rows.size(0);
     if (M > 0 && n > 0) {
-        quantize(rows.data_ptr<float>(), M, in_features, weights, g_fault == kFaultShared, acts);
+        quantize(rows.data_ptr<float>(), M, in_features, weights, g_fault == kFaultShared, path != kPortable, acts);
         const Args a{&acts, blocks.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr,
                      out.data_ptr<float>(), M, in_features, n, blocks.size(1), g_fault == kFaultScale};
         switch (qtype) {
