@@ -1,6 +1,6 @@
 """Top-1 agreement of the int8 ("fast") arithmetic with the exact one, teacher-forced on the target's own answers.
 
-    python -m experiments.int8_agreement [--model qwen2.5-coder-1.5b-instruct] [--new-tokens 64]
+    python -m experiments.int8_agreement [--model qwen2.5-coder-1.5b-instruct] [--new-tokens 64] [--out FILE]
 
 The exact eager model (GGUF blocks, fp32 activations: models/gguf_quantized.py) answers each code prompt greedily
 (chat template); then the prompt + answer is run once through the exact model and once through the same model with
@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
-import gguf
-import numpy as np
 import torch
-from torch import nn
 from transformers import AutoTokenizer
 
-from specdecode.models import gguf_quantized, quant_int8
+from specdecode.bench.lib import provenance, write_result
+from specdecode.models import quant_int8
 from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 from specdecode.models.loader import resolve_model_dir
@@ -37,38 +34,6 @@ PROMPTS = (
     "Write a C function `int is_palindrome(const char *s)` that ignores case and non-alphanumeric characters.",
     "Implement a thread-safe LRU cache class in Python with get and put methods, using collections.OrderedDict.",
 )
-
-
-class WithBias(nn.Module):
-    """A linear plus a bias [out] the quantized loader left out."""
-
-    def __init__(self, linear: nn.Module, bias: torch.Tensor) -> None:
-        super().__init__()
-        self.linear, self.bias = linear, bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x) + self.bias
-
-
-def load_exact(path: Path) -> LlamaModel:
-    """The eager quantized model of a GGUF file. models/gguf_quantized.py (as of this branch's base) reads a qwen2
-    file as if it were llama: it undoes llama.cpp's rope row order, which only llama files have, and drops the
-    q/k/v biases; for a qwen2 file both are put right here, for this study only."""
-    reader = gguf.GGUFReader(path)
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    if arch != "qwen2":
-        return load_gguf_quantized(path)
-    unpermute = gguf_quantized._unpermute_rope_rows
-    gguf_quantized._unpermute_rope_rows = lambda rows, heads: rows
-    try:
-        model = load_gguf_quantized(path)
-    finally:
-        gguf_quantized._unpermute_rope_rows = unpermute
-    tensors = {t.name: t for t in reader.tensors}
-    for i, block in enumerate(model.layers):
-        bias = [np.array(tensors[f"blk.{i}.attn_{n}.bias"].data, dtype=np.float32) for n in "qkv"]
-        block.attn.wqkv = WithBias(block.attn.wqkv, torch.from_numpy(np.concatenate(bias)))  # [q + 2 kv dims]
-    return model
 
 
 @torch.inference_mode()
@@ -101,8 +66,9 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N of the prompts")
+    parser.add_argument("--out", default=None, help="results file (default results/int8_agreement_<model>.json)")
     args = parser.parse_args()
-    model = load_exact(gguf_file(args.model))
+    model = load_gguf_quantized(gguf_file(args.model))
     tok = AutoTokenizer.from_pretrained(resolve_model_dir(args.model))
     runs = []
     for p in PROMPTS[: args.prompts]:
@@ -132,6 +98,18 @@ def main() -> None:
         f"all {total} answer tokens: exact prefill agrees with the greedy answer {agree_exact / total:.4f}; "
         f"int8 agrees with it {agree_fast / total:.4f} and with exact prefill {fast_exact / total:.4f}"
     )
+    out = write_result(
+        args.out or f"results/int8_agreement_{args.model}.json",
+        {
+            **provenance("experiments.int8_agreement"),
+            "model": args.model,
+            "answer_tokens": total,
+            "exact_prefill_vs_answer": agree_exact / total,
+            "fast_vs_answer": agree_fast / total,
+            "fast_vs_exact_prefill": fast_exact / total,
+        },
+    )
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
