@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import argparse
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 
 MAX_SPECULATIVE_TOKENS = 64
@@ -22,21 +23,66 @@ METHODS = (
     "none",
 )
 CONTROLLER_NAMES = ("goodput", "fixed", "heuristic", "confidence")  # built by specdecode.control.CONTROLLERS
+HEAD_KINDS = ("eagle", "medusa", "mtp")  # draft heads (specdecode/heads/)
 
 
 class ConfigError(ValueError):
     """A user-facing configuration error; its message is shown as one line."""
 
 
-def setting(value, cli: bool = True, **flag):
-    """A settings field: its default value, and how its command-line flag reads (argparse keywords: help, choices, type,
-    action; a `default` here is the flag's own, e.g. None for a repeatable flag); cli=False: no flag."""
-    return field(default=value, metadata={"cli": cli, "flag": flag})
+def setting(value=MISSING, cli: bool = True, option: str | None = None, **flag):
+    """A settings field: its default value (none: a required flag, unless the flag has a default of its own), and
+    how its command-line flag reads (argparse keywords: help, choices, type, action, nargs; a `default` here is the
+    flag's own, e.g. None for a repeatable flag); option: the flag's name where it is not the field's
+    (`--layers` for num_layers; `--no-pack` with action="store_false" for pack); cli=False: no flag."""
+    return field(default=value, metadata={"cli": cli, "option": option, "flag": flag})
+
+
+def setting_of(config: type, name: str, value=MISSING, **flag):
+    """Another config's field for the setting `config.name` (an LLM keyword a command passes on by name): the same
+    flag, with its own default `value` (else the same) and any argparse keywords in `flag` replaced."""
+    f = next(f for f in fields(config) if f.name == name)
+    value = f.default if value is MISSING else value
+    return setting(value, f.metadata["cli"], f.metadata["option"], **{**f.metadata["flag"], **flag})
 
 
 def cli_fields(*configs: type) -> list:
     """The fields of the given config classes that are command-line flags, in order."""
     return [f for c in configs for f in fields(c) if f.metadata.get("cli", False)]
+
+
+def flag_name(f: Field) -> str:
+    """A settings field's command-line flag: `--num-speculative-tokens` for num_speculative_tokens, or its option."""
+    return f.metadata["option"] or "--" + f.name.replace("_", "-")
+
+
+def add_flags(p: argparse.ArgumentParser, *configs: type) -> None:
+    """One flag per settings field of `configs`, from the field's metadata; each stores into the field's name."""
+    for f in cli_fields(*configs):
+        flag = dict(f.metadata["flag"])
+        if f.default is not MISSING:
+            flag.setdefault("default", f.default)
+        elif "default" not in flag:
+            flag["required"] = True
+        if "action" not in flag and "type" not in flag and flag.get("default") is not None:
+            flag["type"] = type(flag["default"])
+        p.add_argument(flag_name(f), dest=f.name, **flag)
+
+
+def check_choices(config, flags: bool = False) -> None:
+    """A ConfigError for a settings field whose value is not one of its flag's choices (None passes where it is the
+    field's default). The message names the field, or with flags=True its command-line flag."""
+    for f in cli_fields(type(config)):
+        choices, value = f.metadata["flag"].get("choices"), getattr(config, f.name)
+        if choices is None or value in choices or (value is None and f.default is None):
+            continue
+        name = flag_name(f) if flags else f.name
+        raise ConfigError(f"unknown {name} {value!r}; expected one of {', '.join(choices)}")
+
+
+def from_flags(config: type, a: argparse.Namespace, **others):
+    """`config` built from its flags' values by field name; `others` are its fields that are not flags."""
+    return config(**{f.name: getattr(a, f.name) for f in cli_fields(config)}, **others)
 
 
 def split_settings(settings: dict, *configs: type) -> list[dict]:
@@ -284,3 +330,9 @@ class EngineConfig:
             raise ConfigError(f"arithmetic must be 'exact' or 'fast', got {self.arithmetic!r}")
         if self.weights not in ("quantized", "fp32"):
             raise ConfigError(f"weights must be 'quantized' or 'fp32', got {self.weights!r}")
+
+
+def llm_settings(config) -> dict:
+    """The fields of `config` that are LLM keywords (SpeculativeConfig's and EngineConfig's names), by name."""
+    names = {f.name for c in (SpeculativeConfig, EngineConfig) for f in fields(c)}
+    return {f.name: getattr(config, f.name) for f in fields(config) if f.name in names}

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from specdecode.config import EngineConfig, SamplingParams, SpeculativeConfig, cli_fields, split_settings
+from specdecode.config import EngineConfig, SamplingParams, SpeculativeConfig, add_flags, cli_fields, split_settings
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """--target, then one flag per speculation and engine setting, from the config fields' metadata."""
     p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
-    for f in cli_fields(SpeculativeConfig, EngineConfig):
-        flag = {"default": f.default, **f.metadata["flag"]}
-        if "action" not in flag and "type" not in flag:
-            flag["type"] = type(f.default)
-        p.add_argument("--" + f.name.replace("_", "-"), **flag)
+    add_flags(p, SpeculativeConfig, EngineConfig)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
