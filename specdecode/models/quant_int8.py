@@ -24,9 +24,8 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from specdecode.models.few_rows import KernelBuildError
 from specdecode.models.quant_rows import TYPES, QuantLinear
-from specdecode.models.torch_op import build_op, compiler  # noqa: F401 (compiler: the kernel tests' skip)
+from specdecode.models.torch_op import build_op, compiler, load_op  # noqa: F401 (compiler: the kernel tests' skip)
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
 # No -mavx512*: the vector functions carry their own target attribute and are chosen at run time.
@@ -42,16 +41,8 @@ def library() -> Path:
     """Build the op into the cache (keyed by source, flags, compiler and torch) the first time and load it into
     this process; returns the library's path."""
     path = build_op("quant_int8", SOURCE, FLAGS, "int8 quantized kernel")
-    _load(path)
+    load_op(path, "quant_int8_linear", _fake_quant_int8_linear)
     return path
-
-
-@functools.cache
-def _load(path: Path) -> None:
-    torch.ops.load_library(str(path))
-    if not hasattr(torch.ops.specdecode, "quant_int8_linear"):
-        raise KernelBuildError(f"{path} does not define specdecode::quant_int8_linear")
-    torch.library.register_fake("specdecode::quant_int8_linear", _fake_quant_int8_linear)
 
 
 def _fake_quant_int8_linear(
