@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 
@@ -24,6 +25,11 @@ METHODS = (
 )
 CONTROLLER_NAMES = ("goodput", "fixed", "heuristic", "confidence")  # built by specdecode.control.CONTROLLERS
 HEAD_KINDS = ("eagle", "medusa", "mtp")  # draft heads (specdecode/heads/)
+DTYPES = ("float32", "bfloat16", "float16")
+WEIGHTS = ("quantized", "fp32")  # EngineConfig.weights; the first is the default
+ARITHMETICS = ("exact", "fast")  # EngineConfig.arithmetic; the first is the default
+WEIGHTS_ENV = "SPECDECODE_WEIGHTS"  # weights=None reads it
+ARITHMETIC_ENV = "SPECDECODE_ARITHMETIC"  # arithmetic=None reads it
 
 
 class ConfigError(ValueError):
@@ -220,13 +226,10 @@ class SpeculativeConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ConfigError(f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}")
+        check_choices(self)
         k = self.num_speculative_tokens
         if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
-        if self.controller not in CONTROLLER_NAMES:
-            raise ConfigError(f"unknown controller {self.controller!r}; expected one of {', '.join(CONTROLLER_NAMES)}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
         self._check_suffix()
@@ -272,7 +275,7 @@ class EngineConfig:
     max_num_seqs: int = setting(8)
     max_model_len: int | None = setting(None, type=int)
     device: str = setting("cpu")
-    dtype: str = setting("float32", choices=("float32", "bfloat16", "float16"))
+    dtype: str = setting("float32", choices=DTYPES)
     max_num_batched_tokens: int | None = setting(
         None,
         type=int,
@@ -292,22 +295,20 @@ class EngineConfig:
     )
     # A GGUF model on the CPU in float32: "quantized" keeps its blocks (models/gguf_quantized.py), "fp32" loads the
     # dequantized fp32 conversion (the reference path). Elsewhere the weights are fp32 whatever this says.
-    # LLM(weights=None) reads $SPECDECODE_WEIGHTS, else "quantized".
+    # None (the default) reads $SPECDECODE_WEIGHTS, else "quantized": here, once; the loaders get the value.
     weights: str = setting(
-        "quantized",
-        choices=("quantized", "fp32"),
-        default=None,
+        None,
+        choices=WEIGHTS,
         help="a GGUF model on the CPU in float32: keep its quantized blocks (default, or $SPECDECODE_WEIGHTS) "
         "or load the dequantized fp32 weights (the reference path)",
     )
 
     # How a quantized model (weights="quantized") multiplies: "exact" with fp32 activations (the reference), "fast"
     # with int8 activations per row and block (models/quant_int8.py; lossless with respect to that arithmetic).
-    # LLM(arithmetic=None) reads $SPECDECODE_ARITHMETIC, else "exact".
+    # None (the default) reads $SPECDECODE_ARITHMETIC, else "exact", as weights does.
     arithmetic: str = setting(
-        "exact",
-        choices=("exact", "fast"),
-        default=None,
+        None,
+        choices=ARITHMETICS,
         help="quantized weights: multiply with fp32 activations (exact, default, or $SPECDECODE_ARITHMETIC) or "
         "int8 activations per row and block (fast; speculation stays exact with respect to it)",
     )
@@ -315,8 +316,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        self._from_environment()
+        check_choices(self)
         if self.max_num_batched_tokens is None:
             device = self.device.split(":")[0]
             object.__setattr__(self, "max_num_batched_tokens", DEFAULT_BATCHED_TOKENS.get(device, 2048))
@@ -326,10 +327,17 @@ class EngineConfig:
             )
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if self.arithmetic not in ("exact", "fast"):
-            raise ConfigError(f"arithmetic must be 'exact' or 'fast', got {self.arithmetic!r}")
-        if self.weights not in ("quantized", "fp32"):
-            raise ConfigError(f"weights must be 'quantized' or 'fp32', got {self.weights!r}")
+
+    def _from_environment(self) -> None:
+        """weights and arithmetic: the value given, else their variable's, else their first choice; a bad one is
+        refused naming where it came from."""
+        for name, env, choices in (("weights", WEIGHTS_ENV, WEIGHTS), ("arithmetic", ARITHMETIC_ENV, ARITHMETICS)):
+            given = getattr(self, name)
+            value = given if given is not None else os.environ.get(env, choices[0])
+            if value not in choices:
+                source = name if given is not None else env
+                raise ConfigError(f"{source}={value!r}: expected {' or '.join(map(repr, choices))}")
+            object.__setattr__(self, name, value)
 
 
 def llm_settings(config) -> dict:

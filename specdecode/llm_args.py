@@ -44,12 +44,13 @@ def llm_kwargs(a: argparse.Namespace, **overrides) -> dict:
     return {**kwargs, **overrides}
 
 
-def spec_from_args(a: argparse.Namespace) -> SpeculativeConfig:
-    """The speculation settings the flags describe, checked before any model loads."""
+def configs_from_args(a: argparse.Namespace) -> tuple[SpeculativeConfig, EngineConfig]:
+    """The speculation and engine settings the flags describe, checked (and the environment's defaults read)
+    before any model loads."""
     kwargs = llm_kwargs(a)
     del kwargs["target"]
-    spec, _ = split_settings(kwargs, SpeculativeConfig, EngineConfig)
-    return SpeculativeConfig(**spec)
+    spec, engine = split_settings(kwargs, SpeculativeConfig, EngineConfig)
+    return SpeculativeConfig(**spec), EngineConfig(**engine)
 
 
 def llm_from_args(a: argparse.Namespace, **overrides):

@@ -10,14 +10,13 @@ order. It is not the dequantized model's product, but it is a function of each r
 bitwise the same alone or in any batch, so speculation under it stays exact with respect to it.
 
 `use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s sharing their blocks; `apply_arithmetic`
-does so when SPECDECODE_ARITHMETIC=fast (default `exact`: the model is left as it is).
+does so for arithmetic "fast" (EngineConfig.arithmetic; `exact`, the default, leaves the model as it is).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
 import torch
@@ -33,7 +32,6 @@ SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
 AUTO, VNNI, BW, PORTABLE = 0, 1, 2, 3  # the op's `path`
 FAULT_NONE, FAULT_SCALE, FAULT_SHARED = 0, 1, 2  # set_fault's modes
-ARITHMETIC_ENV = "SPECDECODE_ARITHMETIC"  # "exact" (default): fp32 activations; "fast": this module's int8
 
 
 @functools.cache
@@ -115,19 +113,9 @@ def use_int8(model: nn.Module) -> int:
     return swapped
 
 
-def arithmetic(value: str | None = None) -> str:
-    """The arithmetic setting: `value` if given, else what SPECDECODE_ARITHMETIC asks for: "exact" (default) or
-    "fast"."""
-    chosen = value if value is not None else os.environ.get(ARITHMETIC_ENV, "exact")
-    if chosen not in ("exact", "fast"):
-        source = "arithmetic" if value is not None else ARITHMETIC_ENV
-        raise ValueError(f"{source}={chosen!r}: expected 'exact' or 'fast'")
-    return chosen
-
-
-def apply_arithmetic(model: nn.Module, value: str | None = None) -> nn.Module:
-    """The model in the arithmetic `value` (else SPECDECODE_ARITHMETIC) names: under "fast" its QuantLinears
-    become Int8QuantLinears (in place); under "exact" it is returned untouched."""
-    if arithmetic(value) == "fast":
+def apply_arithmetic(model: nn.Module, value: str) -> nn.Module:
+    """The model in the arithmetic `value` names (EngineConfig.arithmetic): under "fast" its QuantLinears become
+    Int8QuantLinears (in place); under "exact" it is returned untouched."""
+    if value == "fast":
         use_int8(model)
     return model

@@ -15,6 +15,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from specdecode.config import ARITHMETIC_ENV, EngineConfig
 from specdecode.models import quant_int8
 from specdecode.models.quant_int8 import (
     AUTO,
@@ -333,15 +334,15 @@ def test_arithmetic_switch(monkeypatch):
     def model() -> torch.nn.Module:
         return torch.nn.Sequential(QuantLinear(random_blocks(Q.Q4_K, 4, 256, gen), Q.Q4_K, 256))
 
-    monkeypatch.delenv(quant_int8.ARITHMETIC_ENV, raising=False)
-    assert isinstance(quant_int8.apply_arithmetic(model())[0], QuantLinear)
-    monkeypatch.setenv(quant_int8.ARITHMETIC_ENV, "fast")
-    assert isinstance(quant_int8.apply_arithmetic(model())[0], Int8QuantLinear)
-    monkeypatch.setenv(quant_int8.ARITHMETIC_ENV, "exact")
-    assert isinstance(quant_int8.apply_arithmetic(model())[0], QuantLinear)
-    monkeypatch.setenv(quant_int8.ARITHMETIC_ENV, "int8")
+    monkeypatch.delenv(ARITHMETIC_ENV, raising=False)  # the setting resolves at EngineConfig, the model gets it
+    assert isinstance(quant_int8.apply_arithmetic(model(), EngineConfig().arithmetic)[0], QuantLinear)
+    monkeypatch.setenv(ARITHMETIC_ENV, "fast")
+    assert isinstance(quant_int8.apply_arithmetic(model(), EngineConfig().arithmetic)[0], Int8QuantLinear)
+    monkeypatch.setenv(ARITHMETIC_ENV, "exact")
+    assert isinstance(quant_int8.apply_arithmetic(model(), EngineConfig().arithmetic)[0], QuantLinear)
+    monkeypatch.setenv(ARITHMETIC_ENV, "int8")
     with pytest.raises(ValueError, match="expected 'exact' or 'fast'"):
-        quant_int8.apply_arithmetic(model())
+        EngineConfig()
 
 
 def test_errors_and_fake():
