@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType
 from torch import nn
 
 from specdecode.models.quant_rows import TYPES, QuantLinear
-from specdecode.models.torch_op import build_op, compiler, load_op  # noqa: F401 (compiler: the kernel tests' skip)
+from specdecode.models.torch_op import build_op, load_op
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
 # No -mavx512*: the vector functions carry their own target attribute and are chosen at run time.

@@ -31,7 +31,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from specdecode.models.torch_op import build_op, compiler, load_op  # noqa: F401 (compiler: the kernel tests' skip)
+from specdecode.models.torch_op import build_op, load_op
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_rows.cpp"
 # No -mavx512f: the AVX-512 functions carry their own target attribute and are chosen at run time.

@@ -22,7 +22,7 @@ from torch import nn
 
 from specdecode.config import WEIGHTS_ENV, EngineConfig, SamplingParams
 from specdecode.llm import LLM
-from specdecode.models import aot_package, gguf_quantized, quant_rows
+from specdecode.models import aot_package, gguf_quantized
 from specdecode.models.compiled import load_target
 from specdecode.models.gguf_quantized import (
     ConcatLinear,
@@ -40,11 +40,7 @@ TOLERANCE = 1e-5  # max |logit difference| over the largest |logit|: fp32 summat
 CHAT = [{"role": "user", "content": "Name two rivers in Europe."}]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel() -> None:
-    if quant_rows.compiler() is None:
-        pytest.skip("no C++ compiler here")
-    quant_rows.library()  # a build error raises here: the tests error, they do not skip
+pytestmark = pytest.mark.usefixtures("quant_rows_kernel")  # conftest: skips only without a C++ compiler
 
 
 def logits(model: LlamaModel, prompt: list[int], steps: tuple[int, ...]) -> torch.Tensor:

@@ -34,11 +34,7 @@ FP16_FIELDS = {Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_
 SHAPES = {256: ((37, 768), (8, 1536)), 32: ((37, 352), (8, 1024))}  # odd out: a lone last weight row
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel() -> None:
-    if quant_int8.compiler() is None:
-        pytest.skip("no C++ compiler here")
-    quant_int8.library()  # a build error raises here: the tests error, they do not skip
+pytestmark = pytest.mark.usefixtures("quant_int8_kernel")  # conftest: skips only without a C++ compiler
 
 
 @pytest.fixture

@@ -25,11 +25,7 @@ SHAPES = {256: ((37, 256), (8, 768)), 32: ((37, 352), (8, 1024))}
 TOLERANCE = 1e-5  # fp32 rounding of sums over <= 1024 terms, relative to the largest output
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel() -> None:
-    if quant_rows.compiler() is None:
-        pytest.skip("no C++ compiler here")
-    quant_rows.library()  # a build error raises here: the tests error, they do not skip
+pytestmark = pytest.mark.usefixtures("quant_rows_kernel")  # conftest: skips only without a C++ compiler
 
 
 @pytest.fixture
