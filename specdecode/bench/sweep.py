@@ -255,7 +255,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     peer_texts = [texts[i % len(texts)] for i in range(cfg.total_requests(1))]  # the prompts C = 1 saw
     peers = run_peers(a, base, peer_texts, cfg) if a.peers and 1 in cfg.concurrency else {}
     meta = {
-        **provenance(),
+        **provenance(model=base.target),
         "target": a.target,
         "method": a.method,
         "draft": a.draft,
