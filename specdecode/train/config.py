@@ -28,6 +28,18 @@ CACHE_DTYPES = ("float16", "float32")  # of a teacher cache's stored log-probs a
 TEACHER_DTYPES = ("float32", "bfloat16")  # the target's compute dtype while it builds a teacher cache
 SETTINGS_KEYS = ("target", "prompts", "max_tokens", "sampled_fraction", "seed", "max_prompt_tokens")  # generate's
 NO_PROGRESS = dict(option="--no-progress", action="store_false", help="no progress bar")
+NO_PACK = dict(option="--no-pack", action="store_false")  # pack: a batch's short windows share rows (data.py)
+
+
+def check_windows(cfg: DistillConfig | CacheConfig) -> None:
+    """What `distill` and `distill cache` both check: data files given, windows of two tokens at least (an input and
+    its next token), and not both --resume and --overwrite."""
+    if cfg.seq_len < 2:
+        raise ConfigError(f"seq-len must be >= 2, got {cfg.seq_len}")
+    if not cfg.data:
+        raise ConfigError("no --data files given")
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: pick one")
 
 
 @dataclass(frozen=True)
@@ -102,11 +114,9 @@ class DistillConfig:
         help="train the student under bf16 autocast (the teacher stays fp32); faster where the CPU has AVX512_BF16 "
         "or AMX, or on a GPU",
     )
-    # a batch's short windows share rows (data.py); drafts only: heads keep one window a row
-    pack: bool = setting(
+    pack: bool = setting(  # drafts only: heads keep one window a row
         True,
-        option="--no-pack",
-        action="store_false",
+        **NO_PACK,
         help="one window a row, padded (drafts pack a batch's short windows into shared rows by default; the loss "
         "is the same up to float rounding)",
     )
@@ -117,14 +127,9 @@ class DistillConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.seq_len < 2:
-            raise ConfigError(f"seq-len must be >= 2, got {self.seq_len}")
+        check_windows(self)
         if not self.lr > 0 or self.warmup < 0 or self.weight_decay < 0 or self.ce_weight < 0:
             raise ConfigError("lr must be > 0; warmup, weight-decay and ce-weight must be >= 0")
-        if not self.data:
-            raise ConfigError("no --data files given")
-        if self.resume and self.overwrite:
-            raise ConfigError("--resume and --overwrite contradict each other: pick one")
         if self.num_head_tokens < 1:
             raise ConfigError(f"num-head-tokens must be >= 1, got {self.num_head_tokens}")
         if self.eagle_steps < 1 or (self.eagle_steps > 1 and self.head != "eagle"):
@@ -161,11 +166,9 @@ class CacheConfig:
     resume: bool = setting(False, action="store_true", help="finish an interrupted cache in OUT")
     overwrite: bool = setting(False, action="store_true", help="replace an existing OUT")
     save_every: float = setting(30.0, help="seconds between progress commits")  # 0: after every batch
-    # a batch's short windows share rows (data.py); each still attends only to itself
-    pack: bool = setting(
+    pack: bool = setting(  # each window still attends only to itself
         True,
-        option="--no-pack",
-        action="store_false",
+        **NO_PACK,
         help="one window a row, padded (by default a batch's short windows share rows, each attending only to "
         "itself: the same teacher up to float rounding, less padding to compute)",
     )
@@ -180,12 +183,7 @@ class CacheConfig:
             raise ConfigError(f"draft-vocab must be >= 1, got {self.draft_vocab}")
         if self.draft_vocab is not None and self.features:
             raise ConfigError("--features is for heads, which need a full-vocabulary cache: drop --draft-vocab")
-        if self.seq_len < 2:
-            raise ConfigError(f"seq-len must be >= 2, got {self.seq_len}")
-        if not self.data:
-            raise ConfigError("no --data files given")
-        if self.resume and self.overwrite:
-            raise ConfigError("--resume and --overwrite contradict each other: pick one")
+        check_windows(self)
         if self.save_every < 0:
             raise ConfigError(f"save-every must be >= 0 seconds, got {self.save_every}")
 
