@@ -100,7 +100,8 @@ def serve_replicas(a: argparse.Namespace, config: ServerConfig) -> None:
     try:
         if a.ray_address is None:
             ray_app.check_fits(scale)
-        url = ray_app.deploy(llm_kwargs(a), config, scale, a.host, a.port, a.log_level)
+        settings = llm_kwargs(a, weights=c.weights, arithmetic=c.arithmetic)  # resolved here: every replica alike
+        url = ray_app.deploy(settings, config, scale, a.host, a.port, a.log_level)
         print(f"specdecode: {scale.replicas} replicas serving at {url}", flush=True)
         while not stop.wait(1.0):
             pass
