@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specdecode.config import ConfigError
-from specdecode.llm_args import add_model_args, add_sampling_args, llm_from_args, sampling_from_args, spec_from_args
+from specdecode.llm_args import add_model_args, add_sampling_args, configs_from_args, llm_from_args, sampling_from_args
 from specdecode.prompts import PromptError, read_prompts
 
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, PromptError, FileNotFoundError, PermissionError)
@@ -38,7 +38,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, PromptError, FileNotFou
 
 def cmd_generate(a: argparse.Namespace) -> None:
     params = sampling_from_args(a)
-    spec_from_args(a)
+    configs_from_args(a)
     prompts = read_prompts(a.prompts, a.prompts_file, sys.stdin)
     llm = llm_from_args(a)
     chat = a.chat if a.chat is not None else bool(llm.tokenizer.chat_template)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import argparse
+import os
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 
 MAX_SPECULATIVE_TOKENS = 64
@@ -22,21 +24,71 @@ METHODS = (
     "none",
 )
 CONTROLLER_NAMES = ("goodput", "fixed", "heuristic", "confidence")  # built by specdecode.control.CONTROLLERS
+HEAD_KINDS = ("eagle", "medusa", "mtp")  # draft heads (specdecode/heads/)
+DTYPES = ("float32", "bfloat16", "float16")
+WEIGHTS = ("quantized", "fp32")  # EngineConfig.weights; the first is the default
+ARITHMETICS = ("exact", "fast")  # EngineConfig.arithmetic; the first is the default
+WEIGHTS_ENV = "SPECDECODE_WEIGHTS"  # weights=None reads it
+ARITHMETIC_ENV = "SPECDECODE_ARITHMETIC"  # arithmetic=None reads it
 
 
 class ConfigError(ValueError):
     """A user-facing configuration error; its message is shown as one line."""
 
 
-def setting(value, cli: bool = True, **flag):
-    """A settings field: its default value, and how its command-line flag reads (argparse keywords: help, choices, type,
-    action; a `default` here is the flag's own, e.g. None for a repeatable flag); cli=False: no flag."""
-    return field(default=value, metadata={"cli": cli, "flag": flag})
+def setting(value=MISSING, cli: bool = True, option: str | None = None, **flag):
+    """A settings field: its default value (none: a required flag, unless the flag has a default of its own), and
+    how its command-line flag reads (argparse keywords: help, choices, type, action, nargs; a `default` here is the
+    flag's own, e.g. None for a repeatable flag); option: the flag's name where it is not the field's
+    (`--layers` for num_layers; `--no-pack` with action="store_false" for pack); cli=False: no flag."""
+    return field(default=value, metadata={"cli": cli, "option": option, "flag": flag})
+
+
+def setting_of(config: type, name: str, value=MISSING, **flag):
+    """Another config's field for the setting `config.name` (an LLM keyword a command passes on by name): the same
+    flag, with its own default `value` (else the same) and any argparse keywords in `flag` replaced."""
+    f = next(f for f in fields(config) if f.name == name)
+    value = f.default if value is MISSING else value
+    return setting(value, f.metadata["cli"], f.metadata["option"], **{**f.metadata["flag"], **flag})
 
 
 def cli_fields(*configs: type) -> list:
     """The fields of the given config classes that are command-line flags, in order."""
     return [f for c in configs for f in fields(c) if f.metadata.get("cli", False)]
+
+
+def flag_name(f: Field) -> str:
+    """A settings field's command-line flag: `--num-speculative-tokens` for num_speculative_tokens, or its option."""
+    return f.metadata["option"] or "--" + f.name.replace("_", "-")
+
+
+def add_flags(p: argparse.ArgumentParser, *configs: type) -> None:
+    """One flag per settings field of `configs`, from the field's metadata; each stores into the field's name."""
+    for f in cli_fields(*configs):
+        flag = dict(f.metadata["flag"])
+        if f.default is not MISSING:
+            flag.setdefault("default", f.default)
+        elif "default" not in flag:
+            flag["required"] = True
+        if "action" not in flag and "type" not in flag and flag.get("default") is not None:
+            flag["type"] = type(flag["default"])
+        p.add_argument(flag_name(f), dest=f.name, **flag)
+
+
+def check_choices(config, flags: bool = False) -> None:
+    """A ConfigError for a settings field whose value is not one of its flag's choices (None passes where it is the
+    field's default). The message names the field, or with flags=True its command-line flag."""
+    for f in cli_fields(type(config)):
+        choices, value = f.metadata["flag"].get("choices"), getattr(config, f.name)
+        if choices is None or value in choices or (value is None and f.default is None):
+            continue
+        name = flag_name(f) if flags else f.name
+        raise ConfigError(f"unknown {name} {value!r}; expected one of {', '.join(choices)}")
+
+
+def from_flags(config: type, a: argparse.Namespace, **others):
+    """`config` built from its flags' values by field name; `others` are its fields that are not flags."""
+    return config(**{f.name: getattr(a, f.name) for f in cli_fields(config)}, **others)
 
 
 def split_settings(settings: dict, *configs: type) -> list[dict]:
@@ -174,13 +226,10 @@ class SpeculativeConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ConfigError(f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}")
+        check_choices(self)
         k = self.num_speculative_tokens
         if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
-        if self.controller not in CONTROLLER_NAMES:
-            raise ConfigError(f"unknown controller {self.controller!r}; expected one of {', '.join(CONTROLLER_NAMES)}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
         self._check_suffix()
@@ -226,7 +275,7 @@ class EngineConfig:
     max_num_seqs: int = setting(8)
     max_model_len: int | None = setting(None, type=int)
     device: str = setting("cpu")
-    dtype: str = setting("float32", choices=("float32", "bfloat16", "float16"))
+    dtype: str = setting("float32", choices=DTYPES)
     max_num_batched_tokens: int | None = setting(
         None,
         type=int,
@@ -246,22 +295,20 @@ class EngineConfig:
     )
     # A GGUF model on the CPU in float32: "quantized" keeps its blocks (models/gguf_quantized.py), "fp32" loads the
     # dequantized fp32 conversion (the reference path). Elsewhere the weights are fp32 whatever this says.
-    # LLM(weights=None) reads $SPECDECODE_WEIGHTS, else "quantized".
+    # None (the default) reads $SPECDECODE_WEIGHTS, else "quantized": here, once; the loaders get the value.
     weights: str = setting(
-        "quantized",
-        choices=("quantized", "fp32"),
-        default=None,
+        None,
+        choices=WEIGHTS,
         help="a GGUF model on the CPU in float32: keep its quantized blocks (default, or $SPECDECODE_WEIGHTS) "
         "or load the dequantized fp32 weights (the reference path)",
     )
 
     # How a quantized model (weights="quantized") multiplies: "exact" with fp32 activations (the reference), "fast"
     # with int8 activations per row and block (models/quant_int8.py; lossless with respect to that arithmetic).
-    # LLM(arithmetic=None) reads $SPECDECODE_ARITHMETIC, else "exact".
+    # None (the default) reads $SPECDECODE_ARITHMETIC, else "exact", as weights does.
     arithmetic: str = setting(
-        "exact",
-        choices=("exact", "fast"),
-        default=None,
+        None,
+        choices=ARITHMETICS,
         help="quantized weights: multiply with fp32 activations (exact, default, or $SPECDECODE_ARITHMETIC) or "
         "int8 activations per row and block (fast; speculation stays exact with respect to it)",
     )
@@ -269,8 +316,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        self._from_environment()
+        check_choices(self)
         if self.max_num_batched_tokens is None:
             device = self.device.split(":")[0]
             object.__setattr__(self, "max_num_batched_tokens", DEFAULT_BATCHED_TOKENS.get(device, 2048))
@@ -280,7 +327,20 @@ class EngineConfig:
             )
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if self.arithmetic not in ("exact", "fast"):
-            raise ConfigError(f"arithmetic must be 'exact' or 'fast', got {self.arithmetic!r}")
-        if self.weights not in ("quantized", "fp32"):
-            raise ConfigError(f"weights must be 'quantized' or 'fp32', got {self.weights!r}")
+
+    def _from_environment(self) -> None:
+        """weights and arithmetic: the value given, else their variable's, else their first choice; a bad one is
+        refused naming where it came from."""
+        for name, env, choices in (("weights", WEIGHTS_ENV, WEIGHTS), ("arithmetic", ARITHMETIC_ENV, ARITHMETICS)):
+            given = getattr(self, name)
+            value = given if given is not None else os.environ.get(env, choices[0])
+            if value not in choices:
+                source = name if given is not None else env
+                raise ConfigError(f"{source}={value!r}: expected {' or '.join(map(repr, choices))}")
+            object.__setattr__(self, name, value)
+
+
+def llm_settings(config) -> dict:
+    """The fields of `config` that are LLM keywords (SpeculativeConfig's and EngineConfig's names), by name."""
+    names = {f.name for c in (SpeculativeConfig, EngineConfig) for f in fields(c)}
+    return {f.name: getattr(config, f.name) for f in fields(config) if f.name in names}

@@ -18,9 +18,8 @@ from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.drafters.draft_model import load_draft
 from specdecode.engine.engine import Engine
 from specdecode.engine.launch import TensorParallelRuntime, check_tensor_parallel
-from specdecode.models import quant_int8
 from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
-from specdecode.models.gguf_quantized import quantized_source, weights_mode
+from specdecode.models.gguf_quantized import quantized_source
 from specdecode.models.llama import LlamaModel
 from specdecode.models.loader import resolve_model_dir
 from specdecode.models.shipped_draft import DEFAULT_DRAFTS
@@ -104,10 +103,10 @@ class LLM:
         $SPECDECODE_ENFORCE_EAGER.
 
         weights: how a GGUF target and draft load on the CPU in float32: "quantized" keeps the file's blocks
-        (models/gguf_quantized.py), "fp32" the dequantized conversion (the reference path); None reads
-        $SPECDECODE_WEIGHTS, else "quantized". Other devices and dtypes, and tensor parallelism, load fp32.
-        arithmetic: how quantized weights multiply, "exact" or "fast" (int8 activations); None reads
-        $SPECDECODE_ARITHMETIC, else "exact". It applies to the target and the draft model.
+        (models/gguf_quantized.py), "fp32" the dequantized conversion (the reference path); None (the default)
+        reads $SPECDECODE_WEIGHTS, else "quantized" (EngineConfig resolves it). Other devices and dtypes, and
+        tensor parallelism, load fp32. arithmetic: how quantized weights multiply, "exact" or "fast" (int8
+        activations); None reads $SPECDECODE_ARITHMETIC, else "exact". It applies to the target and the draft.
 
         tensor_parallel_size: shard the target over this many processes (specdecode/engine/launch.py); call
         `close()` (or use the LLM as a context manager) to stop them before exit.
@@ -126,12 +125,7 @@ class LLM:
             enforce_eager = check_tensor_parallel(device, enforce_eager)
         if enforce_eager is None:
             enforce_eager = os.environ.get(ENFORCE_EAGER_ENV, "0") not in ("", "0")
-        try:
-            weights = weights_mode(engine.pop("weights", None))
-            arithmetic = quant_int8.arithmetic(engine.pop("arithmetic", None))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        self.engine_config = EngineConfig(**engine, enforce_eager=enforce_eager, weights=weights, arithmetic=arithmetic)
+        self.engine_config = EngineConfig(**engine, enforce_eager=enforce_eager)
         dtype, tensor_parallel_size = self.engine_config.dtype, self.engine_config.tensor_parallel_size
         if device == "cpu":
             torch.set_num_threads(os.cpu_count() or 1)

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from specdecode.config import EngineConfig, SamplingParams, SpeculativeConfig, cli_fields, split_settings
+from specdecode.config import EngineConfig, SamplingParams, SpeculativeConfig, add_flags, cli_fields, split_settings
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """--target, then one flag per speculation and engine setting, from the config fields' metadata."""
     p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
-    for f in cli_fields(SpeculativeConfig, EngineConfig):
-        flag = {"default": f.default, **f.metadata["flag"]}
-        if "action" not in flag and "type" not in flag:
-            flag["type"] = type(f.default)
-        p.add_argument("--" + f.name.replace("_", "-"), **flag)
+    add_flags(p, SpeculativeConfig, EngineConfig)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -48,12 +44,13 @@ def llm_kwargs(a: argparse.Namespace, **overrides) -> dict:
     return {**kwargs, **overrides}
 
 
-def spec_from_args(a: argparse.Namespace) -> SpeculativeConfig:
-    """The speculation settings the flags describe, checked before any model loads."""
+def configs_from_args(a: argparse.Namespace) -> tuple[SpeculativeConfig, EngineConfig]:
+    """The speculation and engine settings the flags describe, checked (and the environment's defaults read)
+    before any model loads."""
     kwargs = llm_kwargs(a)
     del kwargs["target"]
-    spec, _ = split_settings(kwargs, SpeculativeConfig, EngineConfig)
-    return SpeculativeConfig(**spec)
+    spec, engine = split_settings(kwargs, SpeculativeConfig, EngineConfig)
+    return SpeculativeConfig(**spec), EngineConfig(**engine)
 
 
 def llm_from_args(a: argparse.Namespace, **overrides):

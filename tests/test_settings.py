@@ -8,7 +8,15 @@ from dataclasses import fields
 
 import pytest
 
-from specdecode.config import EngineConfig, SpeculativeConfig, cli_fields, split_settings
+from specdecode.config import (
+    ARITHMETIC_ENV,
+    WEIGHTS_ENV,
+    ConfigError,
+    EngineConfig,
+    SpeculativeConfig,
+    cli_fields,
+    split_settings,
+)
 from specdecode.llm_args import add_model_args, llm_kwargs
 
 
@@ -64,3 +72,22 @@ def test_each_flag_reaches_its_field(tmp_path):
 def test_an_unknown_setting_is_a_type_error():
     with pytest.raises(TypeError, match="num_speculative_token"):
         split_settings({"num_speculative_token": 3}, SpeculativeConfig, EngineConfig)
+
+
+def test_weights_and_arithmetic_resolve_once_at_the_config(monkeypatch):
+    """Left out (None), weights and arithmetic take their environment variable, else their default, in
+    EngineConfig itself: what the loaders get is the value. A flag or keyword wins; a bad value is refused."""
+    monkeypatch.delenv(WEIGHTS_ENV, raising=False)
+    monkeypatch.delenv(ARITHMETIC_ENV, raising=False)
+    assert (EngineConfig().weights, EngineConfig().arithmetic) == ("quantized", "exact")
+    monkeypatch.setenv(WEIGHTS_ENV, "fp32")
+    monkeypatch.setenv(ARITHMETIC_ENV, "fast")
+    _, engine = configs([])
+    assert (engine.weights, engine.arithmetic) == ("fp32", "fast")
+    _, engine = configs(["--weights", "quantized", "--arithmetic", "exact"])
+    assert (engine.weights, engine.arithmetic) == ("quantized", "exact")
+    with pytest.raises(ConfigError, match="weights='int4': expected 'quantized' or 'fp32'"):
+        EngineConfig(weights="int4")
+    monkeypatch.setenv(ARITHMETIC_ENV, "int8")
+    with pytest.raises(ConfigError, match="SPECDECODE_ARITHMETIC='int8': expected 'exact' or 'fast'"):
+        EngineConfig()

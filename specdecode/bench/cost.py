@@ -33,6 +33,7 @@ from specdecode.bench import llama_cpp_native
 from specdecode.bench.floor import forward_gflop, peak_gflops
 from specdecode.bench.lib import provenance, write_result
 from specdecode.bench.llama_cpp_cost import llama_bench_ms
+from specdecode.llm_args import configs_from_args
 from specdecode.models.llama import LlamaConfig
 from specdecode.models.loader import resolve_model_dir
 
@@ -43,9 +44,9 @@ import torch
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.models.loader import resolve_model_dir
 torch.set_num_threads(os.cpu_count() or 1)
-try:  # a GGUF on the CPU keeps its blocks (the engine's default; $SPECDECODE_WEIGHTS=fp32 the reference)
+try:  # a GGUF on the CPU keeps its blocks unless the weights setting (argv[5], resolved) says fp32
     from specdecode.models.gguf_quantized import quantized_source
-    gguf = quantized_source(sys.argv[1], "cpu", "float32")
+    gguf = quantized_source(sys.argv[1], "cpu", "float32", sys.argv[5])
 except ImportError:  # a --baseline checkout from before quantized weights
     gguf = None
 model_dir = resolve_model_dir(sys.argv[1], progress=False, **({"weights": False} if gguf else {}))
@@ -79,10 +80,10 @@ class Worker:
     proc: subprocess.Popen
 
     @classmethod
-    def start(cls, name: str, checkout: Path, target: str, slots: int, max_len: int, step: str) -> Worker:
+    def start(cls, name: str, checkout: Path, target: str, slots: int, max_len: int, step: str, weights: str) -> Worker:
         env = {**os.environ, "PYTHONPATH": str(checkout)}
         proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, target, str(slots), str(max_len), step],
+            [sys.executable, "-c", WORKER, target, str(slots), str(max_len), step, weights],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -234,16 +235,17 @@ def plot(
 def run_from_args(a: argparse.Namespace) -> None:
     here = Path(__file__).resolve().parents[2]
     native = llama_cpp_native.require(a.target) if a.llama_cpp_native else None  # before any worker loads
-    slots, max_len = max(a.batches), max(a.contexts) + max(a.new_tokens) + 1
-    arms = [Worker.start("compiled", here, a.target, slots, max_len, "compiled")]
+    _, config = configs_from_args(a)  # weights and arithmetic: the flags, else the environment, else the defaults
+    shape = (a.target, max(a.batches), max(a.contexts) + max(a.new_tokens) + 1)
+    arms = [Worker.start("compiled", here, *shape, "compiled", config.weights)]
     if a.jit:
-        arms.append(Worker.start("torch.compile", here, a.target, slots, max_len, "jit"))
-    if a.arithmetic == "fast":  # the int8 arithmetic on the compiled step, beside the exact one
-        arms.append(Worker.start("compiled fast", here, a.target, slots, max_len, "fast"))
-    arms.append(Worker.start("eager", here, a.target, slots, max_len, "eager"))
+        arms.append(Worker.start("torch.compile", here, *shape, "jit", config.weights))
+    if config.arithmetic == "fast":  # the int8 arithmetic on the compiled step, beside the exact one
+        arms.append(Worker.start("compiled fast", here, *shape, "fast", config.weights))
+    arms.append(Worker.start("eager", here, *shape, "eager", config.weights))
     if a.baseline:
         name = f"baseline {a.baseline_step}"
-        arms.append(Worker.start(name, Path(a.baseline).resolve(), a.target, slots, max_len, a.baseline_step))
+        arms.append(Worker.start(name, Path(a.baseline).resolve(), *shape, a.baseline_step, config.weights))
     try:
         ms = measure(a, arms, native)
     finally:

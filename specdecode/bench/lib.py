@@ -8,14 +8,20 @@ import os
 import platform
 import shlex
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from specdecode.hardware import cpu_model
+from specdecode.models.few_rows import FewRowsLinear
+from specdecode.models.packed_linear import OneDNNLinear, PackedLinear
+from specdecode.models.quant_int8 import Int8QuantLinear
+from specdecode.models.quant_rows import QuantLinear
 
 
 @dataclass
@@ -42,26 +48,51 @@ class Arm(Protocol):
     def run(self, text: str, max_tokens: int) -> Sample: ...
 
 
-def machine() -> str:
-    from specdecode.models import packed_linear
+# The fp32 linear modules the loaders install (exact types: OneDNNLinear wraps torch's MkldnnLinear).
+FP32_LINEARS = {
+    nn.Linear: "plain F.linear",
+    PackedLinear: "MKL-packed",
+    OneDNNLinear: "oneDNN-packed",
+    FewRowsLinear: "few-rows GEMM",
+}
 
+
+def linears(model: nn.Module) -> str:
+    """What the model's linears run, read from its modules, with their counts: GGUF blocks kept quantized (their
+    types, and the arithmetic: fp32 activations, or int8 ones under "fast"), and fp32 linears by kernel."""
+    modules = list(model.modules())
+    exact = [m for m in modules if isinstance(m, QuantLinear)]
+    fast = [m for m in modules if isinstance(m, Int8QuantLinear)]
+    parts = []
+    for blocks, arithmetic in ((exact, "exact arithmetic (fp32 activations)"), (fast, "fast arithmetic (int8)")):
+        if blocks:
+            types = ", ".join(sorted({m.qtype.name for m in blocks}))
+            parts.append(f"{len(blocks)} in quantized GGUF blocks ({types}), {arithmetic}")
+    fp32 = Counter(FP32_LINEARS[type(m)] for m in modules if type(m) in FP32_LINEARS)
+    parts += [f"{n} {kind} fp32" for kind, n in fp32.most_common()]
+    return "linears: " + ("; ".join(parts) or "none")
+
+
+def machine(model: nn.Module | None = None) -> str:
+    """The device, torch and threads; with the loaded target, what its linears run (`linears`). A target in
+    other processes (tensor-parallel ranks, a server, a worker) is not described: its arms say what it ran."""
     if torch.cuda.is_available():
-        return f"{platform.machine()} {torch.cuda.get_device_name()}, torch {torch.__version__}"
-    cpu = cpu_model()
-    packed = {"plain": "plain F.linear", "mkl": "MKL-packed", "onednn": "oneDNN-packed"}[packed_linear.choice()]
-    return (
-        f"{platform.machine()} {os.cpu_count()}-core CPU ({cpu}), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {packed} fp32 linears"
-    )
+        line = f"{platform.machine()} {torch.cuda.get_device_name()}, torch {torch.__version__}"
+    else:
+        line = (
+            f"{platform.machine()} {os.cpu_count()}-core CPU ({cpu_model()}), torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads"
+        )
+    return f"{line}, {linears(model)}" if isinstance(model, nn.Module) else line
 
 
-def provenance(module: str | None = None) -> dict[str, str]:
+def provenance(module: str | None = None, model: nn.Module | None = None) -> dict[str, str]:
     """The command, machine and date every results file carries; `module`: the command ran as `python -m module`
-    rather than as `specdecode`."""
+    rather than as `specdecode`; `model`: the loaded target, whose linears the machine line names."""
     args = sys.argv[1:]
     return {
         "command": shlex.join(["python", "-m", module, *args]) if module else " ".join(["specdecode", *args]),
-        "machine": machine(),
+        "machine": machine(model),
         "date": date.today().isoformat(),
     }
 

@@ -196,7 +196,7 @@ def run_from_args(a: argparse.Namespace) -> None:
             flush=True,
         )
     result = {
-        **provenance(),
+        **provenance(model=llm.target),
         "target": a.target,
         "method": a.method,
         "streams": a.streams,

@@ -275,7 +275,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     md += "\n" + render_tradeoff(tables, costs, console)
     if a.json:
         payload = {
-            **provenance(),
+            **provenance(model=chat_tok.target if chat_tok is not None else None),
             "num_prompts": len(prompts),
             "max_tokens": a.max_tokens,
             "arms": tables,

@@ -41,6 +41,7 @@ from specdecode.control import Controller, StepStats, make_controller
 from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.engine.engine import Engine
 from specdecode.prompts import Prompt
+from specdecode.step.proposal import Proposal
 from specdecode.step.sequence import Sequence
 
 WARMUP_TOKENS = 8
@@ -61,11 +62,14 @@ class RecordingController:
     def observe(self, stats: StepStats) -> None:
         self.inner.observe(stats)
 
+    def truncate(self, seqs: list[Sequence], proposal: Proposal) -> Proposal:
+        return self.inner.truncate(seqs, proposal)
+
     def forget(self, seq: Sequence) -> None:
         self.inner.forget(seq)
 
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)  # optional hooks the engine looks up (truncate, ...) pass through
+    def live_request_ids(self) -> set[str]:
+        return self.inner.live_request_ids()
 
 
 def build_engine(base, arm: ArmSpec, num_seqs: int, max_len: int) -> Engine:
@@ -251,7 +255,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     peer_texts = [texts[i % len(texts)] for i in range(cfg.total_requests(1))]  # the prompts C = 1 saw
     peers = run_peers(a, base, peer_texts, cfg) if a.peers and 1 in cfg.concurrency else {}
     meta = {
-        **provenance(),
+        **provenance(model=base.target),
         "target": a.target,
         "method": a.method,
         "draft": a.draft,

@@ -13,6 +13,13 @@ class Controller(Protocol):
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         """K for each running sequence (0 = no speculation for it this step)."""
 
+    def truncate(self, seqs: list[Sequence], proposal: Proposal) -> Proposal:
+        """The proposal with each row cut to a prefix of its drafts; the engine calls it between propose and verify.
+
+        It may only shorten each row's drafts using draft-side information (tokens, q, confidence), never the
+        target's, so verification stays lossless.
+        """
+
     def observe(self, stats: StepStats) -> None:
         """Outcomes of the step just taken."""
 
@@ -23,12 +30,22 @@ class Controller(Protocol):
         """Request ids this controller holds state for (tests check that only live requests are here)."""
 
 
-class Truncating(Protocol):
-    """Optional controller hook: the engine calls `truncate` between propose and verify when it exists.
+class ControllerBase:
+    """The Protocol's hooks with their defaults (keep every draft, learn nothing, hold nothing): a controller
+    inherits this and writes `choose` and the hooks it needs, and the engine calls every hook without asking
+    whether it exists."""
 
-    It may only shorten each row's drafts using draft-side information (tokens, q, confidence), never the
-    target's, so verification stays lossless.
-    """
+    def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
+        raise NotImplementedError
 
     def truncate(self, seqs: list[Sequence], proposal: Proposal) -> Proposal:
-        """The proposal with each row cut to a prefix of its drafts."""
+        return proposal
+
+    def observe(self, stats: StepStats) -> None:
+        pass
+
+    def forget(self, seq: Sequence) -> None:
+        pass
+
+    def live_request_ids(self) -> set[str]:
+        return set()

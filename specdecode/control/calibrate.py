@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from specdecode.config import EngineConfig
 from specdecode.control.cost import CostModel, load_or_default
 from specdecode.models.disk_cache import cache_root
 from specdecode.models.llama import AttentionMetadata, LlamaModel
@@ -139,7 +140,8 @@ def run(target: str, device: str = "cpu", dtype: str = "float32", enforce_eager:
     from specdecode.models.gguf_quantized import quantized_source
     from specdecode.models.loader import resolve_model_dir
 
-    gguf = quantized_source(target, device, dtype)  # the weights the engine serves it with
+    weights = EngineConfig(device=device, dtype=dtype).weights  # the weights the engine serves it with
+    gguf = quantized_source(target, device, dtype, weights)
     model = load_target(
         resolve_model_dir(target, weights=gguf is None), device, getattr(torch, dtype), enforce_eager, gguf=gguf
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.control.base import StepStats
+from specdecode.control.base import ControllerBase, StepStats
 from specdecode.drafters.base import Proposal
 from specdecode.step.sequence import Sequence
 
@@ -24,7 +24,7 @@ LOW, HIGH = 0.05, 0.95
 ZERO_CUT_SCALE = 0.1  # the downward step after a row was cut to zero drafts, relative to an informative one
 
 
-class ConfidenceController:
+class ConfidenceController(ControllerBase):
     def __init__(self, threshold: float = 0.3, lr: float = 0.05, target_reject: float = 0.3) -> None:
         self.initial = threshold
         self.lr = lr

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from specdecode.control.acceptance import AcceptanceTracker
-from specdecode.control.base import StepStats
+from specdecode.control.base import ControllerBase, StepStats
 from specdecode.control.cost import CostModel, default_cost_model
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
@@ -49,7 +49,7 @@ def goodput_curve(reach: np.ndarray, caps: np.ndarray, cost: CostModel, context:
     return tokens / np.maximum(seconds, 1e-9)
 
 
-class GoodputController:
+class GoodputController(ControllerBase):
     def __init__(
         self,
         cost: CostModel | None = None,

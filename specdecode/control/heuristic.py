@@ -6,11 +6,11 @@ every `probe_every` steps so a request that became predictable is noticed.
 
 from __future__ import annotations
 
-from specdecode.control.base import StepStats
+from specdecode.control.base import ControllerBase, StepStats
 from specdecode.step.sequence import Sequence
 
 
-class HeuristicController:
+class HeuristicController(ControllerBase):
     def __init__(self, probe_every: int = 8) -> None:
         self.probe_every = probe_every
         self.k: dict[str, int] = {}  # current K per request

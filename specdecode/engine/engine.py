@@ -318,9 +318,7 @@ class Engine:
             proposal = propose(seqs)
         if seqs is not batch:  # a row failed: the survivors' sampling tensors, without it
             st = sampling_tensors(seqs, self.device, vocab)
-        truncate = getattr(self.controller, "truncate", None)  # optional hook (control.base.Truncating)
-        if truncate is not None:
-            proposal = truncate(seqs, proposal)
+        proposal = self.controller.truncate(seqs, proposal)  # draft-side only: verification stays lossless
         t1 = time.perf_counter()
         verified = self._verify(seqs, proposal, st)  # verify
         result = verified.result

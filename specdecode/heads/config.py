@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from specdecode.config import ConfigError
+from specdecode.config import HEAD_KINDS, ConfigError
 from specdecode.models.llama import LlamaConfig
-
-HEAD_KINDS = ("eagle", "medusa", "mtp")
 
 
 @dataclass(frozen=True)

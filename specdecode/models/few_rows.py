@@ -32,6 +32,7 @@ from torch.utils import cpp_extension
 
 from specdecode.models.disk_cache import build_once, cache_root
 from specdecode.models.packed_linear import replace_linears
+from specdecode.models.torch_op import KernelBuildError, load_op
 
 ENV = "SPECDECODE_FEW_ROWS_GEMM"  # "0": never install the kernel (nor the attention kernel beside it)
 ATTENTION_ENV = "SPECDECODE_FEW_QUERIES_ATTENTION"  # "0": attention stays on SDPA
@@ -42,10 +43,6 @@ SOURCES = tuple(
 )
 PANEL = 16  # output columns per packed panel (one AVX-512 register of fp32)
 FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
-
-
-class KernelBuildError(RuntimeError):
-    """The kernel could not be compiled or loaded."""
 
 
 def _compiler() -> str | None:
@@ -79,21 +76,8 @@ def library() -> Path:
     for part in (*(p.read_bytes() for p in SOURCES), " ".join([compiler, *FLAGS, torch.__version__]).encode()):
         h.update(part)
     final = build_once(cache_root() / "kernels" / f"few_rows-{h.hexdigest()}", lambda tmp: _build(tmp, compiler))
-    _load(final / "few_rows.so")
+    load_op(final / "few_rows.so", "few_rows_linear", _fake_few_rows_linear)
     return final / "few_rows.so"
-
-
-@functools.cache
-def _load(path: Path) -> None:
-    """Load the op and register its fake (for export and compile): once per process. A second copy of the library
-    (built into another cache directory, as the kernel tests do) would register the same ops again, which aborts
-    the process: the ops already loaded serve."""
-    if hasattr(torch.ops.specdecode, "few_rows_linear"):
-        return
-    torch.ops.load_library(str(path))
-    if not hasattr(torch.ops.specdecode, "few_rows_linear"):
-        raise KernelBuildError(f"{path} does not define specdecode::few_rows_linear")
-    torch.library.register_fake("specdecode::few_rows_linear", _fake_few_rows_linear)
 
 
 def _fake_few_rows_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ quant types are dequantized to fp32 (`load_gguf_quantized` returns which). The m
 `LlamaModel`, and its logits are the dequantized model's up to fp32 summation order: every weight decodes to
 the value `gguf.quants.dequantize` gives, which is what the loader writes.
 
-This is how a GGUF model loads on the CPU in fp32 by default (`weights_mode`); SPECDECODE_WEIGHTS=fp32 (or
+This is how a GGUF model loads on the CPU in fp32 by default (`quantized_source`); SPECDECODE_WEIGHTS=fp32 (or
 `LLM(weights="fp32")`, `--weights fp32`) keeps the loader's dequantized fp32 model as the reference path. The
 compiled step (models/compiled.py, models/aot_package.py) runs these modules as they are: the op is opaque to
 the compiler and the blocks are the package's constants, handed over at load without a copy.
@@ -22,7 +22,6 @@ as a dense table (its device, its rows).
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,24 +42,12 @@ from specdecode.models.loader import (
 )
 from specdecode.models.quant_rows import TYPES, QuantLinear
 
-WEIGHTS_ENV = "SPECDECODE_WEIGHTS"  # the default of the weights setting: "quantized" (default) or "fp32"
-WEIGHTS = ("quantized", "fp32")
 
-
-def weights_mode(weights: str | None = None) -> str:
-    """The weights setting: `weights` if given, else $SPECDECODE_WEIGHTS, else "quantized"."""
-    value = weights if weights is not None else os.environ.get(WEIGHTS_ENV, "quantized")
-    if value not in WEIGHTS:
-        source = "weights" if weights is not None else WEIGHTS_ENV
-        raise ValueError(f"{source}={value!r}: expected 'quantized' or 'fp32'")
-    return value
-
-
-def quantized_source(spec: str, device: str, dtype: str, weights: str | None = None) -> Path | None:
+def quantized_source(spec: str, device: str, dtype: str, weights: str) -> Path | None:
     """The GGUF file to load `spec` from with its blocks kept, or None where the model loads as fp32 tensors:
-    a Hugging Face directory, weights="fp32", a device other than the CPU or a dtype other than float32 (the
-    kernel's activations are fp32 and it runs on the CPU only)."""
-    if weights_mode(weights) != "quantized" or torch.device(device).type != "cpu" or dtype != "float32":
+    a Hugging Face directory, weights="fp32" (EngineConfig.weights: the setting, resolved), a device other than
+    the CPU or a dtype other than float32 (the kernel's activations are fp32 and it runs on the CPU only)."""
+    if weights != "quantized" or torch.device(device).type != "cpu" or dtype != "float32":
         return None
     return gguf_file(spec)
 

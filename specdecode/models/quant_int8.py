@@ -11,23 +11,21 @@ dequantized model's product, but it is a function of each row alone: a row's out
 any batch, so speculation under it stays exact with respect to it.
 
 `use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s sharing their blocks; `apply_arithmetic`
-does so when SPECDECODE_ARITHMETIC=fast (default `exact`: the model is left as it is).
+does so for arithmetic "fast" (EngineConfig.arithmetic; `exact`, the default, leaves the model as it is).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
 import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from specdecode.models.few_rows import KernelBuildError
 from specdecode.models.quant_rows import TYPES, QuantLinear
-from specdecode.models.torch_op import build_op, compiler  # noqa: F401 (compiler: the kernel tests' skip)
+from specdecode.models.torch_op import build_op, load_op
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
 # No -mavx512*: the vector functions carry their own target attribute and are chosen at run time.
@@ -35,7 +33,6 @@ SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
 AUTO, VNNI, BW, PORTABLE = 0, 1, 2, 3  # the op's `path`
 FAULT_NONE, FAULT_SCALE, FAULT_SHARED = 0, 1, 2  # set_fault's modes
-ARITHMETIC_ENV = "SPECDECODE_ARITHMETIC"  # "exact" (default): fp32 activations; "fast": this module's int8
 
 
 @functools.cache
@@ -43,16 +40,8 @@ def library() -> Path:
     """Build the op into the cache (keyed by source, flags, compiler and torch) the first time and load it into
     this process; returns the library's path."""
     path = build_op("quant_int8", SOURCE, FLAGS, "int8 quantized kernel")
-    _load(path)
+    load_op(path, "quant_int8_linear", _fake_quant_int8_linear)
     return path
-
-
-@functools.cache
-def _load(path: Path) -> None:
-    torch.ops.load_library(str(path))
-    if not hasattr(torch.ops.specdecode, "quant_int8_linear"):
-        raise KernelBuildError(f"{path} does not define specdecode::quant_int8_linear")
-    torch.library.register_fake("specdecode::quant_int8_linear", _fake_quant_int8_linear)
 
 
 def _fake_quant_int8_linear(
@@ -125,19 +114,9 @@ def use_int8(model: nn.Module) -> int:
     return swapped
 
 
-def arithmetic(value: str | None = None) -> str:
-    """The arithmetic setting: `value` if given, else what SPECDECODE_ARITHMETIC asks for: "exact" (default) or
-    "fast"."""
-    chosen = value if value is not None else os.environ.get(ARITHMETIC_ENV, "exact")
-    if chosen not in ("exact", "fast"):
-        source = "arithmetic" if value is not None else ARITHMETIC_ENV
-        raise ValueError(f"{source}={chosen!r}: expected 'exact' or 'fast'")
-    return chosen
-
-
-def apply_arithmetic(model: nn.Module, value: str | None = None) -> nn.Module:
-    """The model in the arithmetic `value` (else SPECDECODE_ARITHMETIC) names: under "fast" its QuantLinears
-    become Int8QuantLinears (in place); under "exact" it is returned untouched."""
-    if arithmetic(value) == "fast":
+def apply_arithmetic(model: nn.Module, value: str) -> nn.Module:
+    """The model in the arithmetic `value` names (EngineConfig.arithmetic): under "fast" its QuantLinears become
+    Int8QuantLinears (in place); under "exact" it is returned untouched."""
+    if value == "fast":
         use_int8(model)
     return model

@@ -31,8 +31,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from specdecode.models.few_rows import KernelBuildError
-from specdecode.models.torch_op import build_op, compiler  # noqa: F401 (compiler: the kernel tests' skip)
+from specdecode.models.torch_op import build_op, load_op
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_rows.cpp"
 # No -mavx512f: the AVX-512 functions carry their own target attribute and are chosen at run time.
@@ -53,16 +52,8 @@ def library() -> Path:
     """Build the op into the cache (keyed by source, flags, compiler and torch) the first time and load it into
     this process; returns the library's path."""
     path = build_op("quant_rows", SOURCE, FLAGS, "quantized few-rows kernel")
-    _load(path)
+    load_op(path, "quant_rows_linear", _fake_quant_rows_linear)
     return path
-
-
-@functools.cache
-def _load(path: Path) -> None:
-    torch.ops.load_library(str(path))
-    if not hasattr(torch.ops.specdecode, "quant_rows_linear"):
-        raise KernelBuildError(f"{path} does not define specdecode::quant_rows_linear")
-    torch.library.register_fake("specdecode::quant_rows_linear", _fake_quant_rows_linear)
 
 
 def _fake_quant_rows_linear(

@@ -1,7 +1,7 @@
 """A C++ torch op library built once per machine: the system C++ compiler (the one torch.compile needs anyway)
 against this torch's headers, ABI and libraries, into the cache directory, keyed by the source, the flags, the
 compiler and the torch version. The quantized kernels (models/quant_rows.py, models/quant_int8.py) build this
-way; each module then loads its library and registers its ops' fakes itself."""
+way; they and the few-rows GEMM (models/few_rows.py) load their libraries with `load_op`, once per process."""
 
 from __future__ import annotations
 
@@ -9,13 +9,17 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.utils import cpp_extension
 
 from specdecode.models.disk_cache import build_once, cache_root
-from specdecode.models.few_rows import KernelBuildError
+
+
+class KernelBuildError(RuntimeError):
+    """The kernel could not be compiled or loaded."""
 
 
 def compiler() -> str | None:
@@ -45,3 +49,15 @@ def build_op(name: str, source: Path, flags: list[str], what: str) -> Path:
     h.update(" ".join([cxx, *flags, torch.__version__]).encode())
     build = lambda tmp: _compile(tmp / f"{name}.so", cxx, source, flags, what)  # noqa: E731
     return build_once(cache_root() / "kernels" / f"{name}-{h.hexdigest()}", build) / f"{name}.so"
+
+
+def load_op(path: Path, op: str, fake: Callable[..., torch.Tensor]) -> None:
+    """Load the library at `path` into this process and register the fake (for export and compile) of its op
+    `specdecode::op`: once per process. A second copy of the library (built into another cache directory, as the
+    kernel tests do) would register the same ops again, which aborts the process: the ops already loaded serve."""
+    if hasattr(torch.ops.specdecode, op):
+        return
+    torch.ops.load_library(str(path))
+    if not hasattr(torch.ops.specdecode, op):
+        raise KernelBuildError(f"{path} does not define specdecode::{op}")
+    torch.library.register_fake(f"specdecode::{op}", fake)

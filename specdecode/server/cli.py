@@ -78,7 +78,7 @@ def serve(a: argparse.Namespace) -> None:
 def serve_replicas(a: argparse.Namespace, config: ServerConfig) -> None:
     """`serve --replicas N`: the application on Ray Serve until SIGTERM or Ctrl-C (see server/ray_app.py)."""
     from specdecode.config import ConfigError
-    from specdecode.llm_args import llm_kwargs
+    from specdecode.llm_args import configs_from_args, llm_kwargs
     from specdecode.models.gguf_quantized import quantized_source
     from specdecode.models.loader import resolve_model_dir
 
@@ -91,7 +91,8 @@ def serve_replicas(a: argparse.Namespace, config: ServerConfig) -> None:
     )
     # A missing model fails here, once, not in every replica (converted once, too: without its weights when the
     # replicas load them from the GGUF itself).
-    quantized = a.tensor_parallel_size == 1 and quantized_source(a.target, a.device, a.dtype, a.weights) is not None
+    _, c = configs_from_args(a)
+    quantized = c.tensor_parallel_size == 1 and quantized_source(a.target, c.device, c.dtype, c.weights) is not None
     resolve_model_dir(a.target, weights=not quantized)
     ray_app.connect(a.ray_address)
     stop = threading.Event()
@@ -99,7 +100,8 @@ def serve_replicas(a: argparse.Namespace, config: ServerConfig) -> None:
     try:
         if a.ray_address is None:
             ray_app.check_fits(scale)
-        url = ray_app.deploy(llm_kwargs(a), config, scale, a.host, a.port, a.log_level)
+        settings = llm_kwargs(a, weights=c.weights, arithmetic=c.arithmetic)  # resolved here: every replica alike
+        url = ray_app.deploy(settings, config, scale, a.host, a.port, a.log_level)
         print(f"specdecode: {scale.replicas} replicas serving at {url}", flush=True)
         while not stop.wait(1.0):
             pass

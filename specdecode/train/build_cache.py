@@ -36,54 +36,11 @@ from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
 from specdecode.train import teacher_cache as C
+from specdecode.train.config import CacheConfig
 from specdecode.train.distill import draft_subset, training_device
 from specdecode.train.topk import TopKTeacher, teacher_topk
 
 LOGIT_CHUNK = 1024  # loss positions per LM-head chunk: [1024, 49152] fp32 logits are 200 MB
-TEACHER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    target: str
-    data: list[str]
-    out: str
-    top_k: int = 64
-    features: bool = False  # also the final hidden states, for `distill --head`
-    draft_vocab: int | None = None  # for `distill --draft-vocab N`: the teacher over that subset
-    seq_len: int = 512
-    batch_size: int = 8  # windows per forward
-    dtype: str = "float16"  # of the stored log-probs and features
-    teacher_dtype: str = "float32"  # the target's compute dtype: bfloat16 is ~2x faster on AVX512_BF16, not exact
-    device: str = "cpu"
-    resume: bool = False
-    overwrite: bool = False
-    save_every: float = 30.0  # seconds between progress commits (0: after every batch)
-    pack: bool = True  # a batch's short windows share rows (data.py); each still attends only to itself
-    progress: bool = True
-    command: str = ""
-
-    def __post_init__(self) -> None:
-        if self.top_k < 1 or self.batch_size < 1:
-            raise ConfigError(f"top-k and batch-size must be >= 1, got {self.top_k} and {self.batch_size}")
-        if self.draft_vocab is not None and self.draft_vocab < 1:
-            raise ConfigError(f"draft-vocab must be >= 1, got {self.draft_vocab}")
-        if self.draft_vocab is not None and self.features:
-            raise ConfigError("--features is for heads, which need a full-vocabulary cache: drop --draft-vocab")
-        if self.seq_len < 2:
-            raise ConfigError(f"seq-len must be >= 2, got {self.seq_len}")
-        if self.dtype not in C.DTYPES:
-            raise ConfigError(f"unknown --dtype {self.dtype!r}; expected one of {', '.join(C.DTYPES)}")
-        if self.teacher_dtype not in TEACHER_DTYPES:
-            raise ConfigError(
-                f"unknown --teacher-dtype {self.teacher_dtype!r}; expected one of {', '.join(TEACHER_DTYPES)}"
-            )
-        if not self.data:
-            raise ConfigError("no --data files given")
-        if self.resume and self.overwrite:
-            raise ConfigError("--resume and --overwrite contradict each other: pick one")
-        if self.save_every < 0:
-            raise ConfigError(f"save-every must be >= 0 seconds, got {self.save_every}")
 
 
 @dataclass
@@ -249,7 +206,7 @@ def build_cache(cfg: CacheConfig) -> CacheResult:
     key = cache_key(cfg, target_dir, target_json, subset)
     if cfg.resume:
         manifest = _resumed_cache(out, key, windows, layout)
-    target = load_llama(target_dir, device, TEACHER_DTYPES[cfg.teacher_dtype])
+    target = load_llama(target_dir, device, getattr(torch, cfg.teacher_dtype))
     target.requires_grad_(False)
     if not cfg.resume:
         if out.exists():  # --overwrite, now that every input has been checked

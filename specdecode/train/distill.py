@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,11 +26,11 @@ import transformers
 
 from specdecode.config import ConfigError
 from specdecode.drafters.subset_head import frequent_tokens
-from specdecode.heads.config import HEAD_KINDS
 from specdecode.models.loader import resolve_model_dir
 from specdecode.train import data as D
 from specdecode.train.checkpoint import CHECKPOINT_DIR, load_checkpoint
-from specdecode.train.draft_config import DraftOptions, build_draft_config, freeze_embeddings, init_from_target, summary
+from specdecode.train.config import DistillConfig
+from specdecode.train.draft_config import build_draft_config, freeze_embeddings, init_from_target, summary
 from specdecode.train.export import write_draft_dir
 from specdecode.train.heads import train_heads
 from specdecode.train.loop import run_steps, teacher_precision
@@ -40,63 +39,6 @@ from specdecode.train.result import DistillResult
 from specdecode.train.teacher_cache import TeacherCache, open_for_training
 
 LOG_WINDOW = 20  # the reported final loss/accuracy average this many last steps: one batch is noisy
-
-
-@dataclass(frozen=True)
-class DistillConfig:
-    target: str
-    data: list[str]
-    out: str
-    draft: DraftOptions = field(default_factory=DraftOptions)
-    steps: int = 1000
-    batch_size: int = 8
-    seq_len: int = 512
-    lr: float = 1e-3
-    warmup: int = 50
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    ce_weight: float = 0.0
-    seed: int = 0
-    save_every: int = 100
-    resume: bool = False
-    overwrite: bool = False
-    device: str = "cpu"
-    eval_data: str | None = None
-    eval_max_windows: int = 512  # caps the held-out pass on large files
-    progress: bool = True
-    command: str = ""  # the command line, recorded in the manifest
-    head: str | None = None  # train draft heads of this kind (eagle, medusa, mtp) instead of a draft model
-    num_head_tokens: int = 4  # Medusa heads / MTP depths
-    eagle_steps: int = 1  # EAGLE: levels unrolled on the head's own guesses (1: teacher-forced only)
-    init_heads: str | None = None  # start from these heads' weights (a head directory of the same kind)
-    init_draft: str | None = None  # start the draft from this draft's weights (same architecture)
-    teacher_cache: str | None = None  # read the teacher's outputs from this `distill cache` directory
-    bf16: bool = False  # the student's forward under bf16 autocast (train/loop.py); the teacher stays fp32
-    pack: bool = True  # a batch's short windows share rows (data.py); drafts only: heads keep one window a row
-
-    def __post_init__(self) -> None:
-        positive = ("steps", "batch_size", "save_every", "eval_max_windows")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.seq_len < 2:
-            raise ConfigError(f"seq-len must be >= 2, got {self.seq_len}")
-        if not self.lr > 0 or self.warmup < 0 or self.weight_decay < 0 or self.ce_weight < 0:
-            raise ConfigError("lr must be > 0; warmup, weight-decay and ce-weight must be >= 0")
-        if not self.data:
-            raise ConfigError("no --data files given")
-        if self.resume and self.overwrite:
-            raise ConfigError("--resume and --overwrite contradict each other: pick one")
-        if self.head is not None and self.head not in HEAD_KINDS:
-            raise ConfigError(f"unknown --head {self.head!r}; expected one of {', '.join(HEAD_KINDS)}")
-        if self.num_head_tokens < 1:
-            raise ConfigError(f"num-head-tokens must be >= 1, got {self.num_head_tokens}")
-        if self.eagle_steps < 1 or (self.eagle_steps > 1 and self.head != "eagle"):
-            raise ConfigError(f"eagle-steps must be >= 1 and is for --head eagle only, got {self.eagle_steps}")
-        if self.init_heads is not None and self.head is None:
-            raise ConfigError("--init-heads starts draft heads: it needs --head")
-        if self.init_draft is not None and self.head is not None:
-            raise ConfigError("--init-draft starts a draft model: use --init-heads with --head")
 
 
 def check_output(cfg: DistillConfig) -> Path:

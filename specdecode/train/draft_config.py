@@ -8,12 +8,11 @@ specdecode's own loader and Hugging Face both run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import transformers
 
 from specdecode.config import ConfigError
+from specdecode.train.config import DraftOptions
 
 # Fields a draft inherits unchanged: they define tokens, positions and normalisation, not capacity.
 INHERITED = (
@@ -26,24 +25,6 @@ INHERITED = (
     "tie_word_embeddings",
     "hidden_act",
 )
-
-
-@dataclass(frozen=True)
-class DraftOptions:
-    num_layers: int = 2
-    hidden_size: int | None = None  # None: the target's
-    intermediate_size: int | None = None  # None: the target's ratio to hidden size
-    num_heads: int | None = None  # None: hidden_size / the target's head_dim
-    num_kv_heads: int | None = None  # None: the target's grouping ratio, as near as divides
-    init_from_target: bool = False
-    freeze_embeddings: bool = False
-    vocab_subset: int | None = None  # draft only the N most frequent response tokens (q = 0 elsewhere)
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_subset"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
 
 
 def _rope_theta(target: dict) -> float:

@@ -8,60 +8,18 @@ after every chunk of prompts; rerunning the same command resumes where it stoppe
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from specdecode.config import ConfigError, SamplingParams
+from specdecode.config import ConfigError, SamplingParams, llm_settings
 from specdecode.prompts import PromptError, parse_prompt, read_jsonl_objects
+from specdecode.train.config import GenerateConfig
 from specdecode.train.responses import MAX_VOCAB, Responses, Sample
 
 PromptItem = str | list[int]  # text to chat-format, or token ids used as they are
-SETTINGS_KEYS = ("target", "prompts", "max_tokens", "sampled_fraction", "seed", "max_prompt_tokens")
-
-
-@dataclass(frozen=True)
-class GenerateConfig:
-    prompts: str
-    out: str
-    target: str = "smollm2-135m-instruct"
-    max_tokens: int = 400
-    sampled_fraction: float = 0.4
-    limit: int | None = None
-    batch_size: int = 16
-    chunk_size: int = 64
-    method: str = "ngram"
-    num_speculative_tokens: int = 4
-    draft: str | None = None
-    max_prompt_tokens: int = 1024
-    device: str = "cpu"
-    dtype: str = "float32"
-    seed: int = 0
-    overwrite: bool = False
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        if "specbench" in Path(self.prompts).name.lower().replace("-", "").replace("_", ""):
-            raise ConfigError(f"{self.prompts}: benchmark prompts are for evaluation only, never training data")
-        if not self.out.endswith(".npz"):
-            raise ConfigError(f"--out must name a .npz file, got {self.out}")
-        if not 0.0 <= self.sampled_fraction <= 1.0:
-            raise ConfigError(f"sampled fraction must be in [0, 1], got {self.sampled_fraction}")
-        for name in ("max_tokens", "batch_size", "chunk_size", "max_prompt_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"limit must be >= 1, got {self.limit}")
-
-    @property
-    def partial(self) -> Path:
-        return Path(self.out[: -len(".npz")] + ".partial.npz")
-
-    def settings(self) -> str:
-        return json.dumps({k: v for k, v in asdict(self).items() if k in SETTINGS_KEYS}, sort_keys=True)
 
 
 def load_prompt_items(path: str | Path) -> list[PromptItem]:
@@ -116,16 +74,8 @@ def _start(cfg: GenerateConfig) -> Responses:
 def _make_llm(cfg: GenerateConfig):
     from specdecode.llm import LLM  # torch only once the settings are valid
 
-    llm = LLM(
-        target=cfg.target,
-        draft=cfg.draft,
-        method=cfg.method,
-        num_speculative_tokens=cfg.num_speculative_tokens,
-        max_num_seqs=cfg.batch_size,
-        max_model_len=cfg.max_prompt_tokens + cfg.max_tokens,
-        device=cfg.device,
-        dtype=cfg.dtype,
-    )
+    room = cfg.max_prompt_tokens + cfg.max_tokens
+    llm = LLM(cfg.target, max_num_seqs=cfg.batch_size, max_model_len=room, **llm_settings(cfg))
     vocab = max(llm.target.cfg.vocab_size, len(llm.tokenizer))
     if vocab > MAX_VOCAB:
         raise ConfigError(f"the target's vocabulary ({vocab}) does not fit the uint16 token ids of the data format")

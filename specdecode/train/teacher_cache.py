@@ -40,13 +40,13 @@ import torch
 
 from specdecode.config import ConfigError
 from specdecode.train import data as D
+from specdecode.train.config import CACHE_DTYPES
 from specdecode.train.head_objective import Teacher
 from specdecode.train.topk import TopKTeacher
 
 FORMAT = 2
 READS = (1, 2)  # format 1 caches are full-vocabulary ones
 MANIFEST = "manifest.json"
-DTYPES = ("float16", "float32")
 LOSS_ARRAYS = ("topk_logp", "topk_ids", "log_rest", "target_argmax")  # the pass writes those in array_specs
 FEATURE_ARRAYS = ("token_offsets", "features")
 _SAMPLE_CHUNKS, _CHUNK = 64, 1 << 16  # target fingerprint: 64 chunks of 64 KiB per weight file
@@ -144,7 +144,7 @@ def _validate(manifest: dict) -> None:
     missing += [f"data[{i}].sha256" for i, d in enumerate(manifest.get("data") or []) if "sha256" not in d]
     if missing:
         raise ValueError(f"missing {', '.join(missing)}")
-    if manifest["dtype"] not in DTYPES:
+    if manifest["dtype"] not in CACHE_DTYPES:
         raise ValueError(f"dtype {manifest['dtype']!r}")
 
 

@@ -4,12 +4,10 @@ and, where `make peers` built them, the real tools on SmolLM2 (skipped, and show
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-import specdecode.llm_args
 from specdecode.bench import llama_cpp_native
 from specdecode.bench.llama_cpp_build import TOOLS, bin_dir
 from specdecode.bench.llama_cpp_cost import parse_llama_bench_json
@@ -17,41 +15,27 @@ from specdecode.bench.llama_cpp_native import NativeArm, parse_completion, parse
 from specdecode.bench.specbench import ArmResult
 from specdecode.cli import main
 from specdecode.models.loader import BUILTIN_MODELS
+from tests.bench.conftest import ModelsLoaded, one_line_error
 
 FIXTURES = Path(__file__).with_name("data") / "llama_cpp"
 TARGET = "smollm2-135m-instruct"
 BUILT = all((bin_dir() / t).is_file() for t in TOOLS)
 
 
-class ModelsLoaded(Exception):
-    """Raised where the bench would load its first model: the checks passed."""
-
-
-@pytest.fixture
-def bench_argv(tmp_path, monkeypatch):
-    """`bench specbench --llama-cpp-native` on one prompt, stopped where the first model would load."""
-
-    def load(*args, **kwargs):
-        raise ModelsLoaded
-
-    monkeypatch.setattr(specdecode.llm_args, "llm_from_args", load)
-    prompts = tmp_path / "q.jsonl"
-    prompts.write_text(json.dumps({"category": "qa", "turns": ["What is 2 + 2?"]}) + "\n")
-    return ["bench", "specbench", "--prompts", str(prompts), "--no-peers", "--llama-cpp-native", "--target", TARGET]
+NATIVE = ["--llama-cpp-native", "--target", TARGET]
 
 
 def test_tools_not_built_is_one_line_naming_make_peers(bench_argv, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(llama_cpp_native, "bin_dir", lambda: tmp_path / "bin")
-    assert main(bench_argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert main([*bench_argv, *NATIVE]) == 2
+    err = one_line_error(capsys)
     assert "native llama.cpp tool llama-bench is not built" in err and "run make peers" in err
     # Control: with every tool present the same command passes the check and goes on to load models.
     (tmp_path / "bin").mkdir()
     for name in TOOLS:
         (tmp_path / "bin" / name).write_text("")
     with pytest.raises(ModelsLoaded):
-        main(bench_argv)
+        main([*bench_argv, *NATIVE])
 
 
 def test_completion_parser_on_real_output():
@@ -121,9 +105,8 @@ def test_target_without_gguf_is_one_line(bench_argv, monkeypatch, tiny_target, t
     monkeypatch.setattr(llama_cpp_native, "bin_dir", lambda: tmp_path)
     for name in TOOLS:
         (tmp_path / name).write_text("")
-    assert main([*bench_argv, "--target", str(tiny_target)]) == 2  # a Hugging Face directory: no GGUF
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--llama-cpp-native needs a GGUF-backed target" in err
+    assert main([*bench_argv, *NATIVE, "--target", str(tiny_target)]) == 2  # a Hugging Face directory: no GGUF
+    assert "--llama-cpp-native needs a GGUF-backed target" in one_line_error(capsys)
 
 
 def test_draft_arms_take_the_targets_default_draft_when_it_has_a_gguf():

@@ -3,7 +3,6 @@ arm's request loop against a stand-in Llama. llama-cpp-python itself is optional
 
 from __future__ import annotations
 
-import json
 import sys
 import types
 
@@ -11,59 +10,39 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-import specdecode.llm_args
 from specdecode.bench.lib import Sample
 from specdecode.bench.llama_cpp_peer import CountingLookup, LlamaCppArm, arithmetic_note
 from specdecode.bench.specbench import ArmResult, render
 from specdecode.cli import main
 from specdecode.models.loader import BUILTIN_MODELS
+from tests.bench.conftest import ModelsLoaded, one_line_error
 
 TARGET = "smollm2-135m-instruct"
 
 
-class ModelsLoaded(Exception):
-    """Raised where the bench would load its first model: the checks passed."""
-
-
-@pytest.fixture
-def bench_argv(tmp_path, monkeypatch):
-    """`bench specbench --llama-cpp` on one prompt, stopped (ModelsLoaded) where the first model would load."""
-
-    def load(*args, **kwargs):
-        raise ModelsLoaded
-
-    monkeypatch.setattr(specdecode.llm_args, "llm_from_args", load)
-    prompts = tmp_path / "q.jsonl"
-    prompts.write_text(json.dumps({"category": "qa", "turns": ["What is 2 + 2?"]}) + "\n")
-    return ["bench", "specbench", "--prompts", str(prompts), "--no-peers", "--llama-cpp"]
-
-
-def _one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err
-    return err
+PEER = "--llama-cpp"
 
 
 def test_missing_extra_is_one_line_before_any_model_loads(bench_argv, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now raises ImportError
-    assert main([*bench_argv, "--target", TARGET]) == 2
-    assert "install the peers extra: pip install -e .[peers]" in _one_line_error(capsys)
+    assert main([*bench_argv, PEER, "--target", TARGET]) == 2
+    assert "install the peers extra: pip install -e .[peers]" in one_line_error(capsys)
 
 
 def test_with_llama_cpp_importable_the_bench_goes_on_to_load_models(bench_argv, monkeypatch):
     # The control of the test above: the same command with an importable llama_cpp passes the check.
     monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
     with pytest.raises(ModelsLoaded):
-        main([*bench_argv, "--target", TARGET])
+        main([*bench_argv, PEER, "--target", TARGET])
 
 
 def test_target_without_gguf_is_one_line(bench_argv, monkeypatch, tiny_target, capsys):
     monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
-    assert main([*bench_argv, "--target", str(tiny_target)]) == 2  # a Hugging Face directory
-    assert "needs a GGUF-backed target" in _one_line_error(capsys)
+    assert main([*bench_argv, PEER, "--target", str(tiny_target)]) == 2  # a Hugging Face directory
+    assert "needs a GGUF-backed target" in one_line_error(capsys)
     gguf = BUILTIN_MODELS[TARGET].gguf_path(TARGET)  # control: a .gguf path is GGUF-backed
     with pytest.raises(ModelsLoaded):
-        main([*bench_argv, "--target", str(gguf)])
+        main([*bench_argv, PEER, "--target", str(gguf)])
 
 
 def test_arithmetic_note_reads_the_gguf():

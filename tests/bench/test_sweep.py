@@ -7,6 +7,7 @@ import json
 from itertools import cycle
 
 import pytest
+import torch
 from rich.console import Console
 
 from specdecode.bench.sweep import (
@@ -22,8 +23,10 @@ from specdecode.bench.sweep import (
 from specdecode.bench.sweep_report import report
 from specdecode.cli import build_parser
 from specdecode.config import ConfigError, SamplingParams
-from specdecode.control import CONTROLLERS, make_controller
+from specdecode.control import make_controller
 from specdecode.llm import LLM
+from specdecode.step.proposal import Proposal
+from specdecode.step.sequence import Sequence
 
 # Token ids (the tiny vocabulary has 96); the repeats give the n-gram drafter suffixes to match.
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6, 7], [10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12], [20, 21, 20, 21, 20, 21]]
@@ -108,11 +111,14 @@ def test_bad_arm(text):
         ArmSpec.parse(text, k_max=5)
 
 
-@pytest.mark.skipif("confidence" not in CONTROLLERS, reason="no controller with an optional hook registered")
-def test_recorder_passes_optional_hooks():
-    """The engine looks up `truncate` on its controller: the recording wrapper must not hide it."""
-    assert getattr(RecordingController(make_controller("fixed")), "truncate", None) is None
-    assert callable(getattr(RecordingController(make_controller("confidence")), "truncate", None))
+def test_recorder_forwards_truncate():
+    """The engine calls its controller's `truncate` between propose and verify: the recording wrapper hands it to
+    the arm's controller, whose cut (confidence) or default keep-every-draft (fixed, control.base) it returns."""
+    seqs = [Sequence("a", [1, 2, 3], SamplingParams(), max_len=64)]
+    proposal = Proposal(torch.tensor([[5, 6, 7]]), torch.tensor([3]), None, torch.tensor([[0.9, 0.1, 0.9]]))
+    assert RecordingController(make_controller("fixed")).truncate(seqs, proposal) is proposal
+    cut = RecordingController(make_controller("confidence")).truncate(seqs, proposal)
+    assert cut.num_tokens.tolist() == [1]
 
 
 def test_default_arms_skip_unregistered_controllers():

@@ -1,8 +1,10 @@
-"""Fixtures for the loader tests: a fresh conversion of the real SmolLM2 GGUF, and tiny GGUFs written here."""
+"""Fixtures for the loader tests: a fresh conversion of the real SmolLM2 GGUF, and tiny GGUFs written here; the
+quantized kernels, built and loaded for the tests that run them."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -10,7 +12,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from specdecode.models import quant_int8, quant_rows
 from specdecode.models.loader import BUILTIN_MODELS, resolve_model_dir
+from specdecode.models.torch_op import compiler
 
 SMOLLM2 = "smollm2-135m-instruct"
 
@@ -26,6 +30,24 @@ GGUF_BLOCK_NAMES = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
+
+
+def build_kernel(library: Callable[[], Path]) -> None:
+    """Skip only without a C++ compiler; where there is one, a build error raises here: the tests error, they do
+    not skip."""
+    if compiler() is None:
+        pytest.skip("no C++ compiler here")
+    library()
+
+
+@pytest.fixture(scope="module")
+def quant_rows_kernel() -> None:
+    build_kernel(quant_rows.library)
+
+
+@pytest.fixture(scope="module")
+def quant_int8_kernel() -> None:
+    build_kernel(quant_int8.library)
 
 
 @pytest.fixture(scope="session")

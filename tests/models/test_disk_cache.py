@@ -68,7 +68,7 @@ def kernel_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(few_rows, "_compiler", lambda: "c++")
     monkeypatch.setattr(few_rows, "_build", lambda out, compiler: (out / "few_rows.so").write_bytes(b"\x7fELF"))
     loaded: list[Path] = []
-    monkeypatch.setattr(few_rows, "_load", loaded.append)
+    monkeypatch.setattr(few_rows, "load_op", lambda path, op, fake: loaded.append(path))
     few_rows.library.cache_clear()
     yield loaded
     few_rows.library.cache_clear()

@@ -20,12 +20,11 @@ from gguf import GGMLQuantizationType as Q
 from safetensors.torch import save_file
 from torch import nn
 
-from specdecode.config import SamplingParams
+from specdecode.config import WEIGHTS_ENV, EngineConfig, SamplingParams
 from specdecode.llm import LLM
-from specdecode.models import aot_package, gguf_quantized, quant_rows
+from specdecode.models import aot_package, gguf_quantized
 from specdecode.models.compiled import load_target
 from specdecode.models.gguf_quantized import (
-    WEIGHTS_ENV,
     ConcatLinear,
     gguf_file,
     load_gguf_quantized,
@@ -41,11 +40,7 @@ TOLERANCE = 1e-5  # max |logit difference| over the largest |logit|: fp32 summat
 CHAT = [{"role": "user", "content": "Name two rivers in Europe."}]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel() -> None:
-    if quant_rows.compiler() is None:
-        pytest.skip("no C++ compiler here")
-    quant_rows.library()  # a build error raises here: the tests error, they do not skip
+pytestmark = pytest.mark.usefixtures("quant_rows_kernel")  # conftest: skips only without a C++ compiler
 
 
 def logits(model: LlamaModel, prompt: list[int], steps: tuple[int, ...]) -> torch.Tensor:
@@ -273,20 +268,22 @@ def test_refuses_a_gpu_device(smollm2_gguf):
 
 def test_weights_setting(tmp_path, monkeypatch):
     """A GGUF on the CPU in float32 keeps its blocks by default; fp32 (argument or environment), another device,
-    another dtype or a Hugging Face directory load fp32 tensors; unknown values are refused."""
+    another dtype or a Hugging Face directory load fp32 tensors; unknown values are refused. The setting is
+    resolved once, by EngineConfig (the environment where it is left at None); the loaders get its value."""
     path = write_tiny_gguf(tmp_path / "tiny.gguf", tie=True)
     monkeypatch.delenv(WEIGHTS_ENV, raising=False)
-    assert quantized_source(str(path), "cpu", "float32") == path
+    weights = EngineConfig().weights
+    assert quantized_source(str(path), "cpu", "float32", weights) == path
     assert quantized_source(str(path), "cpu", "float32", "fp32") is None
-    assert quantized_source(str(path), "cuda", "float32") is None
-    assert quantized_source(str(path), "cpu", "bfloat16") is None
-    assert quantized_source(str(tmp_path), "cpu", "float32") is None  # a directory: nothing to keep quantized
+    assert quantized_source(str(path), "cuda", "float32", weights) is None
+    assert quantized_source(str(path), "cpu", "bfloat16", weights) is None
+    assert quantized_source(str(tmp_path), "cpu", "float32", weights) is None  # a directory: nothing kept quantized
     monkeypatch.setenv(WEIGHTS_ENV, "fp32")
-    assert quantized_source(str(path), "cpu", "float32") is None
-    assert quantized_source(str(path), "cpu", "float32", "quantized") == path  # the argument wins
+    assert quantized_source(str(path), "cpu", "float32", EngineConfig().weights) is None
+    assert quantized_source(str(path), "cpu", "float32", EngineConfig(weights="quantized").weights) == path  # wins
     monkeypatch.setenv(WEIGHTS_ENV, "int4")
     with pytest.raises(ValueError, match="expected 'quantized' or 'fp32'"):
-        quantized_source(str(path), "cpu", "float32")
+        EngineConfig()
 
 
 def test_files_only_directory_has_no_weights(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from specdecode.config import ARITHMETIC_ENV, EngineConfig
 from specdecode.models import quant_int8
 from specdecode.models.quant_int8 import (
     AUTO,
@@ -33,11 +34,7 @@ FP16_FIELDS = {Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_
 SHAPES = {256: ((37, 768), (8, 1536)), 32: ((37, 352), (8, 1024))}  # odd out: a lone last weight row
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel() -> None:
-    if quant_int8.compiler() is None:
-        pytest.skip("no C++ compiler here")
-    quant_int8.library()  # a build error raises here: the tests error, they do not skip
+pytestmark = pytest.mark.usefixtures("quant_int8_kernel")  # conftest: skips only without a C++ compiler
 
 
 @pytest.fixture
@@ -382,15 +379,15 @@ def test_arithmetic_switch(monkeypatch):
     def model() -> torch.nn.Module:
         return torch.nn.Sequential(QuantLinear(random_blocks(Q.Q4_K, 4, 256, gen), Q.Q4_K, 256))
 
-    monkeypatch.delenv(quant_int8.ARITHMETIC_ENV, raising=False)
-    assert isinstance(quant_int8.apply_arithmetic(model())[0], QuantLinear)
-    monkeypatch.setenv(quant_int8.ARITHMETIC_ENV, "fast")
-    assert isinstance(quant_int8.apply_arithmetic(model())[0], Int8QuantLinear)
-    monkeypatch.setenv(quant_int8.ARITHMETIC_ENV, "exact")
-    assert isinstance(quant_int8.apply_arithmetic(model())[0], QuantLinear)
-    monkeypatch.setenv(quant_int8.ARITHMETIC_ENV, "int8")
+    monkeypatch.delenv(ARITHMETIC_ENV, raising=False)  # the setting resolves at EngineConfig, the model gets it
+    assert isinstance(quant_int8.apply_arithmetic(model(), EngineConfig().arithmetic)[0], QuantLinear)
+    monkeypatch.setenv(ARITHMETIC_ENV, "fast")
+    assert isinstance(quant_int8.apply_arithmetic(model(), EngineConfig().arithmetic)[0], Int8QuantLinear)
+    monkeypatch.setenv(ARITHMETIC_ENV, "exact")
+    assert isinstance(quant_int8.apply_arithmetic(model(), EngineConfig().arithmetic)[0], QuantLinear)
+    monkeypatch.setenv(ARITHMETIC_ENV, "int8")
     with pytest.raises(ValueError, match="expected 'exact' or 'fast'"):
-        quant_int8.apply_arithmetic(model())
+        EngineConfig()
 
 
 def test_errors_and_fake():

@@ -14,7 +14,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from specdecode.models import quant_rows
+from specdecode.models import quant_rows, torch_op
 from specdecode.models.quant_rows import AUTO, AVX512, PORTABLE, QuantLinear
 
 ROWS = (1, 3, 9, 17)  # one block of <= 12 rows, and 17 = 12 + 5
@@ -25,11 +25,7 @@ SHAPES = {256: ((37, 256), (8, 768)), 32: ((37, 352), (8, 1024))}
 TOLERANCE = 1e-5  # fp32 rounding of sums over <= 1024 terms, relative to the largest output
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel() -> None:
-    if quant_rows.compiler() is None:
-        pytest.skip("no C++ compiler here")
-    quant_rows.library()  # a build error raises here: the tests error, they do not skip
+pytestmark = pytest.mark.usefixtures("quant_rows_kernel")  # conftest: skips only without a C++ compiler
 
 
 @pytest.fixture
@@ -183,3 +179,11 @@ def test_op_traces_with_its_fake():
     torch.library.opcheck(
         torch.ops.specdecode.quant_rows_linear.default, (torch.randn(2, 3, 64), blocks, int(Q.Q8_0), 64, None, 0)
     )
+
+
+def test_a_second_copy_of_the_library_is_not_loaded(tmp_path):
+    """Once its op is registered the library is not loaded again, from any path: a copy built into another cache
+    directory (the kernel tests' fresh cache) would register the same ops a second time, which aborts the process.
+    Nothing is at the path here, so a load would raise."""
+    torch_op.load_op(tmp_path / "quant_rows.so", "quant_rows_linear", lambda *args: None)
+    assert hasattr(torch.ops.specdecode, "quant_rows_linear")

@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -29,9 +30,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specdecode.bench.serve import arm_flags, expand_arms
 from specdecode.cli import build_parser, main
-from specdecode.config import ConfigError, SamplingParams, StructuredOutputs
+from specdecode.config import ARITHMETIC_ENV, WEIGHTS_ENV, ConfigError, SamplingParams, StructuredOutputs
 from specdecode.llm import LLM, RequestOutput
-from specdecode.models import packed_linear
+from specdecode.models import loader, packed_linear
 from specdecode.server.app import ServerConfig
 from specdecode.server.router import LoadBook, ReplicaLoad, rank_replicas, request_work
 
@@ -519,3 +520,26 @@ def test_autoscaler_removes_an_idle_replica_and_adds_one_under_a_deep_queue(clus
     expected = {p: reference.short[p].text for p in PROMPTS}
     assert all(text == expected[prompt] for prompt, text in texts[-len(PROMPTS) :])
     assert len(texts) > len(PROMPTS) and all(text == reference.long[prompt] for prompt, text in texts[: -len(PROMPTS)])
+
+
+def test_replicas_get_the_weights_and_arithmetic_resolved_once(monkeypatch):
+    """`serve --replicas` resolves weights and arithmetic (flags, else the environment) before Ray starts and hands
+    every replica the values: a replica's process never reads its own environment for them."""
+    from specdecode.server import ray_app  # Ray itself: only where the module's importorskip passed
+
+    monkeypatch.setenv(WEIGHTS_ENV, "fp32")
+    monkeypatch.setenv(ARITHMETIC_ENV, "fast")
+    deployed = {}
+
+    def deploy(settings, *args):
+        deployed.update(settings)
+        raise KeyboardInterrupt  # served: stop at once
+
+    monkeypatch.setattr(ray_app, "connect", lambda address: None)
+    monkeypatch.setattr(ray_app, "check_fits", lambda scale: None)
+    monkeypatch.setattr(ray_app, "disconnect", lambda joined: None)
+    monkeypatch.setattr(ray_app, "deploy", deploy)
+    monkeypatch.setattr(loader, "resolve_model_dir", lambda target, weights: None)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    assert main(["serve", "--replicas", "2"]) == 0
+    assert (deployed["weights"], deployed["arithmetic"]) == ("fp32", "fast")
