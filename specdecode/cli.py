@@ -30,7 +30,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specdecode.config import ConfigError
-from specdecode.llm_args import add_model_args, add_sampling_args, configs_from_args, llm_from_args, sampling_from_args
+from specdecode.llm_args import (
+    add_model_args,
+    add_sampling_args,
+    configs_from_args,
+    fill_default_arm,
+    llm_from_args,
+    sampling_from_args,
+)
 from specdecode.prompts import PromptError, read_prompts
 
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, PromptError, FileNotFoundError, PermissionError)
@@ -241,6 +248,8 @@ def run(func: Callable[[argparse.Namespace], None], args: argparse.Namespace) ->
 def main(argv: list[str] | None = None) -> int:
     argv = route_subcommands(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
+    if hasattr(args, "method") and hasattr(args, "target"):  # a command with the model flags
+        fill_default_arm(args)
     return run(args.func, args)
 
 

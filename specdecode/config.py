@@ -201,8 +201,11 @@ class SpeculativeConfig:
     field here and its use.
     """
 
-    method: str = setting("ngram", choices=METHODS)
-    num_speculative_tokens: int = setting(5, help=f"K (0..{MAX_SPECULATIVE_TOKENS})")
+    # Both flags default to None, so that a command without them gets the target's default arm (arms.py).
+    method: str = setting("ngram", choices=METHODS, default=None, help="drafter (default: the target's, else ngram)")
+    num_speculative_tokens: int = setting(
+        5, default=None, type=int, help=f"K (0..{MAX_SPECULATIVE_TOKENS}; default: the target's, else 5)"
+    )
     draft: str | None = setting(None, help="draft model for --method draft", type=str)
     ngram_min: int = setting(2, help="shortest suffix n-gram the n-gram drafter matches")
     ngram_max: int = setting(4, help="longest suffix n-gram, tried first")

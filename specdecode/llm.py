@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from specdecode.arms import with_default_arm
 from specdecode.config import ConfigError, EngineConfig, SamplingParams, SpeculativeConfig, split_settings
 from specdecode.control import make_controller
 from specdecode.drafters import DrafterContext, make_drafter
@@ -115,7 +116,7 @@ class LLM:
         its own engine and cache: a benchmark's arms then hold the weights once. Only one of them may run at
         a time.
         """
-        spec, engine = split_settings(settings, SpeculativeConfig, EngineConfig)
+        spec, engine = split_settings(with_default_arm(target, settings), SpeculativeConfig, EngineConfig)
         if spec.get("method", "ngram") == "draft" and spec.get("draft") is None:  # the built-in target's draft
             spec["draft"] = DEFAULT_DRAFTS.get(target)
         self.spec = SpeculativeConfig(**spec)

@@ -4,7 +4,9 @@ model and speculation flags, sampling flags, and the LLM (or its keyword argumen
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 
+from specdecode.arms import with_default_arm
 from specdecode.config import EngineConfig, SamplingParams, SpeculativeConfig, add_flags, cli_fields, split_settings
 
 
@@ -31,6 +33,16 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def sampling_from_args(a: argparse.Namespace) -> SamplingParams:
     return SamplingParams(a.temperature, a.top_p, a.top_k, a.max_tokens, a.seed, a.stop)
+
+
+def fill_default_arm(a: argparse.Namespace) -> None:
+    """Set --method and --num-speculative-tokens, where not given, to the target's default arm (arms.py), else to
+    the config's defaults: every command then reads concrete values."""
+    given = {"method": a.method, "num_speculative_tokens": a.num_speculative_tokens}
+    filled = with_default_arm(a.target, {k: v for k, v in given.items() if v is not None})
+    defaults = {f.name: f.default for f in fields(SpeculativeConfig) if f.name in given}
+    a.method = filled.get("method", defaults["method"])
+    a.num_speculative_tokens = filled.get("num_speculative_tokens", defaults["num_speculative_tokens"])
 
 
 def llm_kwargs(a: argparse.Namespace, **overrides) -> dict:

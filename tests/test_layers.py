@@ -20,7 +20,8 @@ PACKAGE = Path(specdecode.__file__).resolve().parent
 
 # Lowest first. A module's layer is its first dotted component under specdecode (a package or a top module).
 LAYERS: list[set[str]] = [
-    {"config", "atomic_dir", "hardware", "prompts", "detokenize", "kv", "grammar", "verify", "models", "assets"},
+    {"config", "arms", "atomic_dir", "hardware", "prompts", "detokenize", "kv", "grammar", "verify", "models",
+     "assets"},
     {"heads"},
     {"step"},
     {"drafters", "control"},

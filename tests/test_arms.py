@@ -1,0 +1,46 @@
+"""A built-in target's default arm (arms.py): `LLM(target=...)` and a command without --method take its method and
+K; a method given, or a target without an arm, keeps the config's defaults and what was given."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdecode import arms, cli
+from specdecode.arms import DefaultArm, with_default_arm
+from specdecode.llm_args import fill_default_arm
+
+
+@pytest.fixture
+def arm(monkeypatch):
+    monkeypatch.setitem(arms.DEFAULT_ARMS, "some-target", DefaultArm("suffix", 8, "results/x.json"))
+
+
+def test_settings(arm):
+    assert with_default_arm("some-target", {}) == {"method": "suffix", "num_speculative_tokens": 8}
+    assert with_default_arm("some-target", {"num_speculative_tokens": 3}) == {
+        "method": "suffix",
+        "num_speculative_tokens": 3,
+    }
+    assert with_default_arm("some-target", {"method": "ngram"}) == {"method": "ngram"}
+    assert with_default_arm("other-target", {}) == {}
+
+
+def parsed(argv: list[str]):
+    a = cli.build_parser().parse_args(cli.route_subcommands(argv))
+    fill_default_arm(a)
+    return a.method, a.num_speculative_tokens
+
+
+def test_command_line(arm):
+    assert parsed(["generate", "--target", "some-target", "hi"]) == ("suffix", 8)
+    assert parsed(["generate", "--target", "some-target", "--num-speculative-tokens", "2", "hi"]) == ("suffix", 2)
+    assert parsed(["generate", "--target", "some-target", "--method", "draft", "hi"]) == ("draft", 5)
+    assert parsed(["generate", "--target", "other-target", "hi"]) == ("ngram", 5)
+
+
+def test_every_arm_names_a_method_and_its_dev_run():
+    from specdecode.config import METHODS
+
+    for target, a in arms.DEFAULT_ARMS.items():
+        assert a.method in METHODS and a.num_speculative_tokens > 0, target
+        assert "dev" in a.measured, f"{target}: an arm is chosen on dev prompts"
