@@ -33,7 +33,6 @@ CONTEXT_LENGTHS = (64, 512)
 
 def model_fingerprint(model: LlamaModel) -> dict:
     """What a step-time profile depends on: the architecture and size, where it runs, and torch."""
-    p = model.embed.weight
     cfg = model.cfg
     fingerprint = {
         "model_type": cfg.model_type,
@@ -44,8 +43,8 @@ def model_fingerprint(model: LlamaModel) -> dict:
         "num_kv_heads": cfg.num_kv_heads,
         "num_layers": cfg.num_layers,
         "vocab_size": cfg.vocab_size,
-        "device": p.device.type,
-        "dtype": str(p.dtype).removeprefix("torch."),
+        "device": model.device.type,
+        "dtype": str(model.dtype).removeprefix("torch."),
         "torch": torch.__version__,
         "step": "compiled" if model.step.compiled else "eager",  # the compiled step's curve is another curve
     }
@@ -96,7 +95,7 @@ def _sync(device: torch.device) -> None:
 @torch.inference_mode()
 def time_forward(model: LlamaModel, cache, num_seqs: int, tokens_per_row: int, context: int, repeats: int) -> float:
     """Median seconds of one padded [num_seqs, tokens_per_row] forward on top of `context` cached tokens."""
-    device = model.embed.weight.device
+    device = model.device
     tokens = torch.randint(0, model.cfg.vocab_size, (num_seqs, tokens_per_row), device=device)  # [B, T]
     meta = AttentionMetadata.build(list(range(num_seqs)), [context] * num_seqs, tokens_per_row, device)
     model(tokens, meta, cache)  # warm-up: first call at a new shape pays allocation and kernel selection
@@ -121,7 +120,7 @@ def calibrate(
     """Time the grid and fit. `token_counts` are tokens per row (K + 1); N = B * tokens per row.
 
     `device` must be where the model lives (it is a check, not a move: moving weights is the caller's job)."""
-    actual = model.embed.weight.device
+    actual = model.device
     if device is not None and torch.device(device).type != actual.type:
         raise ValueError(f"model is on {actual}, asked to calibrate on {device}")
     cache = model.new_cache(max(batch_sizes), max(context_lengths) + max(token_counts))

@@ -58,10 +58,10 @@ def _heads_dir(ctx: DrafterContext, kind: str) -> Path:
 
 def _head_drafter(kind: str):
     def build(ctx: DrafterContext) -> Drafter:
-        weight = ctx.target.embed.weight
+        device, dtype = ctx.target.device, ctx.target.dtype
         path = _heads_dir(ctx, kind)
-        heads, cfg, _ = load_heads(path, ctx.target, weight.device, weight.dtype)
-        if packed_linear.available(weight.device, weight.dtype):
+        heads, cfg, _ = load_heads(path, ctx.target, device, dtype)
+        if packed_linear.available(device, dtype):
             packed_linear.pack_linears(heads)
         shape = TreeShape()
         if kind == "eagle":  # an optional vocab.npy beside the head restricts its candidates (a cheaper LM head)

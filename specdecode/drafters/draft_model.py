@@ -104,7 +104,7 @@ class DraftModelDrafter(DrafterBase):
         take = share_budget(backlogs, self.prefill_budget)
         rows = [b for b, n in enumerate(take) if n]
         vocab = self.model.cfg.vocab_size
-        logits = torch.zeros((len(seqs), 1, vocab), device=self.model.embed.weight.device)  # [num_seqs, 1, vocab]
+        logits = torch.zeros((len(seqs), 1, vocab), device=self.model.device)  # [num_seqs, 1, vocab]
         if rows:
             starts = [self.cache.lengths[slots[b]] for b in rows]
             feed = [seqs[b].token_ids[n : n + take[b]] for b, n in zip(rows, starts, strict=True)]
@@ -114,7 +114,7 @@ class DraftModelDrafter(DrafterBase):
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
-        device = self.model.embed.weight.device
+        device = self.model.device
         slots = [self.slots[s.request_id] for s in seqs]
         self.commit(seqs)  # drafts of a proposal never committed (the engine retried the step) are forgotten
         logits, num_tokens = self._catch_up(seqs, slots, num_tokens)  # [num_seqs, 1, vocab]

@@ -80,11 +80,10 @@ class EagleDrafter(DrafterBase):
         assert all(f.start == n for f, n in zip(got, starts, strict=True)), "head cache and features out of step"
         ready = [k if 0 < t == want else 0 for k, t, want in zip(num_tokens, take, backlogs, strict=True)]
         width = max(take, default=0)
-        embed = self.target.embed.weight
-        device = embed.device
+        device, dtype, hidden = self.target.device, self.target.dtype, self.target.cfg.hidden_size
         if width == 0:
-            return torch.zeros((len(seqs), embed.shape[1]), dtype=embed.dtype, device=device), ready
-        feats = torch.zeros((len(seqs), width, embed.shape[1]), dtype=embed.dtype, device=device)  # [num_seqs, T, H]
+            return torch.zeros((len(seqs), hidden), dtype=dtype, device=device), ready
+        feats = torch.zeros((len(seqs), width, hidden), dtype=dtype, device=device)  # [num_seqs, T, H]
         tokens = torch.zeros((len(seqs), width), dtype=torch.long, device=device)  # [num_seqs, T]
         for b, (s, f, n) in enumerate(zip(seqs, got, take, strict=True)):
             if n:
@@ -103,9 +102,8 @@ class EagleDrafter(DrafterBase):
         width = max(len(r) for r in runs)
         slots = [self.slots[s.request_id] for s in seqs]
         starts = [self.cache.lengths[slot] for slot in slots]
-        embed = self.target.embed.weight
-        device = embed.device
-        feats = torch.zeros((len(seqs), width, embed.shape[1]), dtype=embed.dtype, device=device)  # [num_seqs, T, H]
+        device, dtype, hidden = self.target.device, self.target.dtype, self.target.cfg.hidden_size
+        feats = torch.zeros((len(seqs), width, hidden), dtype=dtype, device=device)  # [num_seqs, T, H]
         tokens = torch.zeros((len(seqs), width), dtype=torch.long, device=device)  # [num_seqs, T]
         depth = torch.zeros((len(seqs), width), dtype=torch.long, device=device)  # RoPE offset: depth - 1
         mask = torch.eye(width, dtype=torch.bool, device=device).repeat(len(seqs), 1, 1)  # [num_seqs, T, T]
@@ -127,7 +125,7 @@ class EagleDrafter(DrafterBase):
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
-        device = self.target.embed.weight.device
+        device = self.target.device
         # Every step, drafting or not: the head's cache keeps up and the stored features are consumed.
         root, num_tokens = self._catch_up(seqs, num_tokens)  # [num_seqs, hidden] f̂ of the pending position
         if max(num_tokens, default=0) == 0:

@@ -44,10 +44,11 @@ class FeatureStore:
         f = self.by_request.get(seq.request_id)
         return f is not None and f.end == seq.num_cached and f.end > 0
 
-    def last(self, seqs: list[Sequence], like: torch.Tensor) -> torch.Tensor:
+    def last(self, seqs: list[Sequence], hidden: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """[num_seqs, hidden] the feature of each row's last cached token (whose next token is the pending one);
-        zeros for rows that are not ready (they get no drafts). `like` gives dtype, device and width."""
-        rows = [self.by_request[s.request_id].rows[-1] if self.ready(s) else torch.zeros_like(like[0]) for s in seqs]
+        zeros for rows that are not ready (they get no drafts)."""
+        zeros = torch.zeros(hidden, dtype=dtype, device=device)  # [hidden]
+        rows = [self.by_request[s.request_id].rows[-1] if self.ready(s) else zeros for s in seqs]
         return torch.stack(rows)
 
     def take(self, seq: Sequence, upto: int) -> Features:

@@ -38,4 +38,4 @@ class LastFeatureDrafter(DrafterBase):
         return [k if self.features.ready(s) else 0 for s, k in zip(seqs, num_tokens, strict=True)]
 
     def nothing(self, seqs: list[Sequence]) -> Proposal:
-        return Proposal.from_lists([[] for _ in seqs], 0, self.target.embed.weight.device)
+        return Proposal.from_lists([[] for _ in seqs], 0, self.target.device)

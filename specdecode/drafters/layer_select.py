@@ -103,7 +103,7 @@ class AgreementProbe:
         self.head = target.lm_head_weight()[subset]  # [S, hidden]
         b, t = len(seqs), max(map(len, seqs))
         w = max(len(s) - st for s, st in zip(seqs, starts, strict=True))
-        device = target.embed.weight.device
+        device = target.device
         ids = torch.tensor([s + [0] * (t - len(s)) for s in seqs], dtype=torch.long, device=device)  # [B, T]
         self.cache = target.new_cache(b, t + w)
         full = AttentionMetadata.build(list(range(b)), [0] * b, t, device)
@@ -162,7 +162,7 @@ def select_layers(
     if num_skip is not None and not 1 <= num_skip <= n - 2:
         raise ConfigError(f"--num-skip must be in 1..{n - 2} (the first and last layer stay), got {num_skip}")
     rounds = num_skip if num_skip is not None else max_skip
-    device = target.embed.weight.device
+    device = target.device
     subset = (torch.arange(target.cfg.vocab_size) if vocab_subset is None else vocab_subset).to(device)
     probe = AgreementProbe(target, seqs, starts or [0] * len(seqs), subset)
     cost = lambda kept: draft_cost(target, kept, None if vocab_subset is None else len(subset))  # noqa: E731

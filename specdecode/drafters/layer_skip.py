@@ -49,7 +49,7 @@ class LayerSkipDrafter(DrafterBase):
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
         assert self.cache is not None, "the engine binds its cache before the first step"
         k = max(num_tokens, default=0)
-        device = self.target.embed.weight.device
+        device = self.target.device
         if k == 0:
             return Proposal.from_lists([[] for _ in seqs], 0, device)
         slots = [s.slot for s in seqs]

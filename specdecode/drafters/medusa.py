@@ -19,11 +19,11 @@ from specdecode.verify.sampling import SamplingTensors
 class MedusaDrafter(LastFeatureDrafter):
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
-        device = self.target.embed.weight.device
+        device = self.target.device
         num_tokens = self.ready_budgets(seqs, num_tokens)
         if max(num_tokens, default=0) == 0:
             return self.nothing(seqs)
-        last = self.features.last(seqs, self.target.embed.weight)  # [num_seqs, hidden]
+        last = self.features.last(seqs, self.target.cfg.hidden_size, device, self.target.dtype)  # [num_seqs, hidden]
         feats = self.heads(last)  # [num_seqs, num_heads, hidden]
         logp = self.target.lm_head(feats).float().log_softmax(-1)  # [num_seqs, num_heads, vocab]
 

@@ -26,11 +26,11 @@ class MtpDrafter(LastFeatureDrafter):
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
-        device = self.target.embed.weight.device
+        device = self.target.device
         num_tokens = self.ready_budgets(seqs, num_tokens)
         if max(num_tokens, default=0) == 0:
             return self.nothing(seqs)
-        last = self.features.last(seqs, self.target.embed.weight)  # [num_seqs, hidden]
+        last = self.features.last(seqs, self.target.cfg.hidden_size, device, self.target.dtype)  # [num_seqs, hidden]
         root_state, root_logp = self._step(0, last, [s.token_ids[-1] for s in seqs])
 
         def expand(trees: list[RowTree], frontier: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -114,7 +114,7 @@ class Engine:
         self.k_max = k_max
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
-        self.device = target.embed.weight.device
+        self.device = target.device
         self.cache = target.new_cache(config.max_num_seqs, max_model_len)
         # Feature drafters (eagle, medusa, mtp) read the target's hidden states through observe_features().
         self._needs_features = drafter.needs_features

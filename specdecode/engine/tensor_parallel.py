@@ -184,6 +184,14 @@ class TensorParallelTarget:
     def embed(self) -> torch.nn.Embedding:
         return self.shard.embed  # whole on every rank
 
+    @property
+    def device(self) -> torch.device:
+        return self.shard.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shard.dtype
+
     @functools.cached_property
     def lm_head(self) -> nn.Module:
         """The whole LM head on rank 0, for drafters that score features themselves: no collective (the shard's
@@ -204,9 +212,9 @@ class TensorParallelTarget:
     def new_cache(self, num_slots: int, max_len: int) -> MirroredCache:
         cache_id = next(self._ids)
         self._order(NEW_CACHE, cache_id, num_slots, max_len)
-        p, cfg = self.shard.embed.weight, self.shard.cfg
+        cfg = self.shard.cfg
         shape = (cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim)
-        return MirroredCache(self.tp, cache_id, self._released, *shape, device=p.device, dtype=p.dtype)
+        return MirroredCache(self.tp, cache_id, self._released, *shape, device=self.device, dtype=self.dtype)
 
     def __call__(
         self,

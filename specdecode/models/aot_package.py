@@ -68,8 +68,8 @@ def package_key(model: LlamaModel) -> str:
         "weights": "quantized" if quantized else "fp32",
         "torch": torch.__version__,
         "config": repr(model.cfg),
-        "dtype": str(model.embed.weight.dtype),
-        "device": model.embed.weight.device.type,
+        "dtype": str(model.dtype),
+        "device": model.device.type,
         "inductor": QUANTIZED_SETTINGS if quantized else INDUCTOR_SETTINGS,
         "shapes": [torch.fx.experimental._config.use_duck_shape, torch.fx.experimental._config.backed_size_oblivious],
         "cpu": (platform.machine(), cpu_model(), torch.backends.cpu.get_cpu_capability()),
@@ -126,9 +126,8 @@ def prune(root: Path, keep: Path, max_packages: int = MAX_PACKAGES) -> None:
 
 def compile_packages(model: LlamaModel, out: Path) -> None:
     """Export and AOT-compile `model`'s body and head into `out` (BODY, HEAD)."""
-    p = model.embed.weight
     body_args, body_shapes = _body_example(model)
-    head_args = (torch.zeros(6, model.cfg.hidden_size, dtype=p.dtype, device=p.device),)  # [rows, hidden]
+    head_args = (torch.zeros(6, model.cfg.hidden_size, dtype=model.dtype, device=model.device),)  # [rows, hidden]
     head_shapes = ({0: Dim("rows", min=1, max=MAX_ROWS)},)
     parts = ((Body(model), body_args, body_shapes, BODY), (Head(model), head_args, head_shapes, HEAD))
     with torch.no_grad():
@@ -164,7 +163,7 @@ class Head(nn.Module):
 def _body_example(model: LlamaModel) -> tuple[tuple[torch.Tensor, ...], tuple]:
     """Example inputs of the body (batch 2 x 3 tokens on a 3-slot cache: every dynamic size above one and
     all of them distinct) and their dynamic dimensions."""
-    device = model.embed.weight.device
+    device = model.device
     cache = model.new_cache(3, 16)
     meta = AttentionMetadata.build([0, 1], [4, 5], 3, device)
     tokens = torch.zeros((2, 3), dtype=torch.long, device=device)
@@ -179,7 +178,8 @@ def _body_example(model: LlamaModel) -> tuple[tuple[torch.Tensor, ...], tuple]:
 def _constants(model: nn.Module, prefix: str = "model.") -> dict[str, torch.Tensor]:
     """The model's parameters and buffers (non-persistent ones too) by the names a package of Body or Head
     calls its constants ("model." + the model's own name)."""
-    return {prefix + n: t for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return {prefix + n: t for n, t in tensors}  # a tied tensor under each of its names
 
 
 def _load(path: Path, model: LlamaModel) -> Callable:

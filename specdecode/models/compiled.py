@@ -80,7 +80,7 @@ def compile_step(
     first if absent (models/aot_package.py). If that fails, or without it, the step goes under torch.compile in
     this process, and `warm` compiles it now.
     """
-    device = model.embed.weight.device
+    device = model.device
     _configure_inductor(device)
     model.requires_grad_(False)  # frozen weights are constants of the graph
     t0 = time.perf_counter()
@@ -131,7 +131,7 @@ def _scratch_forward(model: LlamaModel, step: StepFunctions) -> None:
     """One forward of `step` at batch 2 x 3 tokens (sizes above one keep every dimension dynamic) on a scratch
     cache made outside inference mode, like the engine's: an inference tensor would be guarded on and a normal
     cache would then compile the graph a second time."""
-    device = model.embed.weight.device
+    device = model.device
     cache = model.new_cache(3, 16)
     with torch.inference_mode():
         tokens = torch.zeros((2, 3), dtype=torch.long, device=device)

@@ -16,8 +16,9 @@ Three things the fp32 path does to whole tensors are done to rows of blocks (a r
 llama.cpp's rope order of the Q and K rows (llama and mistral files only) is undone by reordering rows (and
 their biases); q/k/v and gate/up are fused into `wqkv` and `w13` by concatenating rows where their types match,
 by `ConcatLinear` where they differ (a Q4_K_M file mixes them); a tied LM head multiplies by the embedding's
-blocks. The embedding table itself is dequantized to fp32 once: readers across the engine take `embed.weight`
-as a dense table (its device, its rows).
+blocks. The embedding table keeps its blocks too (`QuantEmbedding`: a lookup decodes only the rows it reads, to
+the values `gguf.quants.dequantize` gives) unless its type has no kernel path, so readers take the model's device
+and dtype from `LlamaModel.device` and `.dtype`, not from `embed.weight`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from specdecode.models.loader import (
     _open_gguf,
     _unpermute_rope_rows,
 )
-from specdecode.models.quant_rows import TYPES, QuantLinear
+from specdecode.models.quant_rows import TYPES, QuantEmbedding, QuantLinear
 
 
 def quantized_source(spec: str, device: str, dtype: str, weights: str) -> Path | None:
@@ -109,6 +110,16 @@ def _dequantize(t: gguf.ReaderTensor, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
 
 
+def _embedding(t: gguf.ReaderTensor, path: Path) -> nn.Module:
+    """The token table: its blocks kept where the kernel has its type (0.13 GB for a Q4_K table of 151936 x 1536
+    where fp32 takes 0.93 GB), else dequantized to an fp32 nn.Embedding."""
+    if t.tensor_type in TYPES:
+        rows = torch.from_numpy(np.array(t.data))  # [vocab, bytes_per_row] uint8, copied out of the mmap
+        return QuantEmbedding(rows, t.tensor_type, int(t.shape[0]))
+    table = _dequantize(t, path)  # [vocab, hidden]
+    return nn.Embedding(table.shape[0], table.shape[1], _weight=table)
+
+
 def _fused(parts: Sequence[_Part]) -> nn.Module:
     """One linear for the row-concatenation of `parts`: neighbours of one type share a module."""
     groups: list[list[_Part]] = []
@@ -133,8 +144,8 @@ def _fused(parts: Sequence[_Part]) -> nn.Module:
 
 
 def dequantized_linears(reader: gguf.GGUFReader) -> list[str]:
-    """The file's matrices (the embedding table aside) that load as fp32: F32/F16/BF16 or a type without a kernel
-    path. A tied LM head is the embedding's blocks, so it is listed as `token_embd.weight` if it is one."""
+    """The file's matrices that load as fp32: F32/F16/BF16 or a type without a kernel path. The embedding table
+    (read one row per token, not multiplied) is listed only as a tied LM head."""
     tied = "output.weight" not in {t.name for t in reader.tensors}
     return [
         f"{t.name} ({t.tensor_type.name})"
@@ -163,10 +174,14 @@ def load_gguf_quantized(path: str | Path, device: str | torch.device = "cpu") ->
 
     with torch.device("meta"):
         model = LlamaModel(cfg)
-    embed = _dequantize(tensors["token_embd.weight"], path)  # [vocab, hidden], read one row per token
-    model.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=embed)
+    if "token_embd.weight" not in tensors:
+        raise ModelLoadError(f"GGUF file {path} lacks the tensor 'token_embd.weight'")
+    model.embed = _embedding(tensors["token_embd.weight"], path)
     model.norm.weight = nn.Parameter(part("output_norm.weight").rows)
-    model.lm_head = _fused([part("token_embd.weight" if cfg.tie_embeddings else "output.weight")])
+    if cfg.tie_embeddings and isinstance(model.embed, QuantEmbedding):  # one copy of the table's blocks
+        model.lm_head = QuantLinear(model.embed.blocks, model.embed.qtype, cfg.hidden_size)
+    else:
+        model.lm_head = _fused([part("token_embd.weight" if cfg.tie_embeddings else "output.weight")])
     for i, block in enumerate(model.layers):
         p = f"blk.{i}."
         qb = cfg.qkv_bias

@@ -296,6 +296,17 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # [head_dim / 2]
         self.step = StepFunctions(self.body, self.head)  # eager until models/compiled.py swaps in compiled ones
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's activations live: its final norm's (a dense vector in every form of the model, where
+        the embedding may be GGUF blocks, models/quant_rows.QuantEmbedding, with no dense `weight`)."""
+        return self.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model's activations and KV cache (its final norm's)."""
+        return self.norm.weight.dtype
+
     def lm_head_weight(self) -> torch.Tensor:
         """[vocab, hidden] the LM head as a dense tensor (on CPU the runtime may also keep a packed copy)."""
         if hasattr(self.lm_head, "dequantized"):  # GGUF blocks (models/gguf_quantized.py): dense on demand
@@ -304,10 +315,9 @@ class LlamaModel(nn.Module):
         return w.to_dense() if w.is_mkldnn else w
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        p = self.embed.weight
         cfg = self.cfg
         return KVCache(
-            cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, device=p.device, dtype=p.dtype
+            cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, device=self.device, dtype=self.dtype
         )
 
     def forward(
@@ -324,7 +334,7 @@ class LlamaModel(nn.Module):
         layer_ids runs only those layers (in order), each on its own slice of `cache`: self-speculation by
         layer skipping drafts this way through the target's weights and K/V (always eager).
         """
-        mask = meta.additive_mask(tokens.shape[1], self.embed.weight.dtype)  # [num_seqs, 1, T, kv_len]
+        mask = meta.additive_mask(tokens.shape[1], self.dtype)  # [num_seqs, 1, T, kv_len]
         args = (tokens, meta.positions, meta.slots, meta.write_pos, mask, cache.k, cache.v)
         step = self.step.for_rows(tokens.numel())
         if layer_ids is None:

@@ -8,6 +8,9 @@ fp32 value `gguf.quants.dequantize` gives, and each output is one fixed-order fp
 then a fixed tree; the .cpp's header defines it), the same on the AVX-512 path and on the portable path used
 where AVX-512 is missing, and the same whatever rows share the call.
 
+The same library looks rows up in an embedding table kept as blocks (`specdecode::quant_rows_embedding`,
+`QuantEmbedding`): only the rows asked for are decoded, to the values `gguf.quants.dequantize` gives.
+
 Like models/few_rows.py, the library is compiled on first use with the system C++ compiler against this torch,
 into the cache directory. The AVX-512 path needs x86-64 and GCC; the portable path (one std::fma per weight and
 row, tens of times slower) keeps the results, not the speed, where it is missing.
@@ -53,13 +56,24 @@ def library() -> Path:
     this process; returns the library's path."""
     path = build_op("quant_rows", SOURCE, FLAGS, "quantized few-rows kernel")
     load_op(path, "quant_rows_linear", _fake_quant_rows_linear)
+    _register_embedding_fake()
     return path
+
+
+@functools.cache
+def _register_embedding_fake() -> None:
+    """The embedding op's fake, once per process (load_op registers the linear's)."""
+    torch.library.register_fake("specdecode::quant_rows_embedding", _fake_quant_rows_embedding)
 
 
 def _fake_quant_rows_linear(
     x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None = None, path: int = 0
 ) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], blocks.shape[0])
+
+
+def _fake_quant_rows_embedding(ids: torch.Tensor, blocks: torch.Tensor, qtype: int, dim: int) -> torch.Tensor:
+    return blocks.new_empty(*ids.shape, dim, dtype=torch.float32)
 
 
 def has_avx512() -> bool:
@@ -87,6 +101,33 @@ def quant_rows_linear(
     return torch.ops.specdecode.quant_rows_linear.default(x, blocks, int(qtype), in_features, bias, path)
 
 
+def quant_rows_embedding(
+    ids: torch.Tensor, blocks: torch.Tensor, qtype: GGMLQuantizationType, dim: int
+) -> torch.Tensor:
+    """Rows ids [...] of dequant(blocks) -> [..., dim] fp32, blocks the raw GGUF rows [vocab, bytes_per_row]."""
+    library()
+    return torch.ops.specdecode.quant_rows_embedding.default(ids, blocks, int(qtype), dim)
+
+
+def _check_blocks(blocks: torch.Tensor, qtype: GGMLQuantizationType, width: int, what: str) -> GGMLQuantizationType:
+    """`qtype` as the enum, once `blocks` is checked to be uint8 [rows, bytes_per_row] of `width` weights a row."""
+    qtype = GGMLQuantizationType(qtype)
+    if qtype not in TYPES:
+        raise ValueError(f"{what} supports {', '.join(t.name for t in TYPES)}, not {qtype.name}")
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    if width % block_size or blocks.dtype != torch.uint8 or blocks.dim() != 2:
+        raise ValueError(f"{qtype.name} needs uint8 [rows, bytes] blocks and a row width a multiple of {block_size}")
+    if blocks.shape[1] != width // block_size * type_size:
+        raise ValueError(f"{blocks.shape[1]} bytes per row do not hold {width} {qtype.name} weights")
+    return qtype
+
+
+def _dequantized(blocks: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """[rows, width] fp32 by gguf.quants.dequantize: the values the kernel computes with."""
+    weight = gguf.quants.dequantize(blocks.numpy(), qtype)
+    return torch.from_numpy(np.ascontiguousarray(weight, dtype=np.float32))
+
+
 class QuantLinear(nn.Module):
     """An inference-only linear whose weight stays in GGUF blocks: `blocks` [out, bytes_per_row] uint8."""
 
@@ -94,14 +135,7 @@ class QuantLinear(nn.Module):
         self, blocks: torch.Tensor, qtype: GGMLQuantizationType, in_features: int, bias: torch.Tensor | None = None
     ) -> None:
         super().__init__()
-        qtype = GGMLQuantizationType(qtype)
-        if qtype not in TYPES:
-            raise ValueError(f"QuantLinear supports {', '.join(t.name for t in TYPES)}, not {qtype.name}")
-        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        if in_features % block_size or blocks.dtype != torch.uint8 or blocks.dim() != 2:
-            raise ValueError(f"{qtype.name} needs uint8 [out, bytes] blocks and in_features a multiple of {block_size}")
-        if blocks.shape[1] != in_features // block_size * type_size:
-            raise ValueError(f"{blocks.shape[1]} bytes per row do not hold {in_features} {qtype.name} weights")
+        qtype = _check_blocks(blocks, qtype, in_features, "QuantLinear")
         self.qtype, self.in_features, self.out_features = qtype, in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks.contiguous())  # [out, bytes_per_row]
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())  # [out] or None
@@ -111,8 +145,30 @@ class QuantLinear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight [out, in] by gguf.quants.dequantize: the values the kernel multiplies by."""
-        weight = gguf.quants.dequantize(self.blocks.numpy(), self.qtype)
-        return torch.from_numpy(np.ascontiguousarray(weight, dtype=np.float32))
+        return _dequantized(self.blocks, self.qtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype.name}"
+
+
+class QuantEmbedding(nn.Module):
+    """An inference-only embedding whose table stays in GGUF blocks: `blocks` [vocab, bytes_per_row] uint8.
+    A call decodes only the rows it looks up, to the fp32 values `gguf.quants.dequantize` gives (a 151936-token
+    table is 0.9 GB as fp32, 0.13 GB as Q4_K). It has no `weight`: a reader that wants the whole table asks
+    for `dequantized()` and pays for it; the model's device and dtype are `LlamaModel.device` and `.dtype`."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: GGMLQuantizationType, embedding_dim: int) -> None:
+        super().__init__()
+        self.qtype = _check_blocks(blocks, qtype, embedding_dim, "QuantEmbedding")
+        self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
+        self.register_buffer("blocks", blocks.contiguous())  # [vocab, bytes_per_row]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return quant_rows_embedding(ids, self.blocks, self.qtype, self.embedding_dim)  # [..., dim]
+
+    def dequantized(self) -> torch.Tensor:
+        """The whole fp32 table [vocab, dim], by gguf.quants.dequantize (the values `forward` returns)."""
+        return _dequantized(self.blocks, self.qtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, qtype={self.qtype.name}"

@@ -24,7 +24,7 @@ def forward_ragged(
     Rows are right-padded to the longest; padding writes into the cache's scratch column, which nothing reads.
     Cache lengths are not changed here: the caller commits them.
     """
-    device = model.embed.weight.device
+    device = model.device
     width = max(len(t) for t in tokens)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tokens], dtype=torch.long, device=device)
     starts = [cache.lengths[s] for s in slots]

@@ -32,7 +32,7 @@ from specdecode.models.gguf_quantized import (
 )
 from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 from specdecode.models.loader import _hf_config, _hf_tensors, resolve_model_dir
-from specdecode.models.quant_rows import QuantLinear
+from specdecode.models.quant_rows import QuantEmbedding, QuantLinear
 from tests.models.test_quant_rows import random_blocks
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -122,13 +122,15 @@ def test_control_one_layers_blocks_swapped_fail(quantized, prompt, reference):
 
 
 def test_smollm2_dense_head_and_bytes(quantized, dequantized, smollm2_gguf):
-    """lm_head_weight() is the fp32 model's head exactly; the linears hold the file's bytes, no fp32 copy:
-    everything but the fp32 embedding table (113 MB, read one row per token) is within 1.1x of the file."""
+    """lm_head_weight() is the fp32 model's head exactly, the embedding's whole table the fp32 model's; the model
+    holds the file's bytes and no fp32 copy: the Q8_0 table's blocks (kept, not a 113 MB fp32 table) are the tied
+    head's too, and everything is within 1.1x of the file."""
     assert torch.equal(quantized.lm_head_weight(), dequantized.lm_head_weight())
+    assert isinstance(quantized.embed, QuantEmbedding) and quantized.embed.qtype == Q.Q8_0
+    assert quantized.lm_head.blocks is quantized.embed.blocks  # one copy of the tied table
+    assert torch.equal(quantized.embed.dequantized(), dequantized.embed.weight)
     size = smollm2_gguf.stat().st_size
-    table = quantized.embed.weight
-    assert model_bytes(quantized) - table.numel() * table.element_size() < 1.1 * size
-    assert model_bytes(quantized) < 2.2 * size < 0.5 * model_bytes(dequantized)  # fp32: ~5.5x
+    assert model_bytes(quantized) < 1.1 * size < 0.25 * model_bytes(dequantized)  # fp32: ~5.5x
 
 
 def greedy(model: LlamaModel, prompt: list[int], n: int) -> list[int]:
@@ -330,6 +332,36 @@ def test_compiled_quantized_step_reads_the_models_own_blocks(compiled_tiny):
         a.copy_(saved)
     assert relative_error(changed, before) > 1000 * TOLERANCE
     assert torch.equal(logits(compiled, prompt, (1,)), before)
+
+
+def test_compiled_quantized_step_reads_the_models_own_embedding_blocks(compiled_tiny):
+    """The compiled step looks tokens up in the model's QuantEmbedding blocks (handed over by pointer, as the
+    linears'): two rows swapped in them change its logits, and swapping them back restores them bitwise."""
+    compiled, _ = compiled_tiny
+    assert isinstance(compiled.embed, QuantEmbedding) and compiled.embed.qtype == Q.Q8_0
+    prompt = np.random.default_rng(9).integers(0, VOCAB, 12).tolist()
+    before = logits(compiled, prompt, (1,))
+    rows, blocks = prompt[-1:] + prompt[:1], compiled.embed.blocks  # the last token's row and the first one's
+    assert rows[0] != rows[1]
+    blocks[rows] = blocks[rows[::-1]]
+    try:
+        changed = logits(compiled, prompt, (1,))
+    finally:
+        blocks[rows] = blocks[rows[::-1]]
+    assert relative_error(changed, before) > 1000 * TOLERANCE
+    assert torch.equal(logits(compiled, prompt, (1,)), before)
+
+
+def test_greedy_decoding_on_the_compiled_step_equals_the_dequantized_models(dequantized, prompt, monkeypatch):
+    """LLM's compiled quantized SmolLM2 (the default on a CPU: blocks kept for the linears and the embedding)
+    decodes the fp32 dequantized model's 24 greedy tokens."""
+    monkeypatch.setenv(WEIGHTS_ENV, "quantized")
+    with warnings.catch_warnings():  # the AOTInductor package, not torch.compile's fallback
+        warnings.filterwarnings("error", message="AOTInductor could not package")
+        llm = LLM(target=SMOLLM2, method="none", controller="fixed", max_num_seqs=1, enforce_eager=False)
+    assert llm.target.step.compiled and isinstance(llm.target.embed, QuantEmbedding)
+    got = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0].token_ids
+    assert got == greedy(dequantized, prompt, 24)
 
 
 def test_quantized_and_fp32_models_never_share_a_package(tmp_path, compiled_tiny):

@@ -18,6 +18,9 @@
 // Work (AVX-512): threads take groups of 1-4 weight rows (more for fewer activation rows); each 16-weight chunk
 // is decoded into a register and meets every activation row (in blocks of 12) in 16-wide FMAs before the next.
 // The portable path takes pairs of weight rows, decoded a block at a time into a small buffer.
+//
+// specdecode::quant_rows_embedding(ids [...], blocks [V, bytes_per_row], qtype, dim) -> [..., dim]: the rows ids
+// of the same kind of table (a GGUF token embedding), each decoded to the fp32 values gguf.quants.dequantize gives.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -487,6 +490,51 @@ at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& blocks, int6
     return out.view(sizes);
 }
 
+// Rows `ids` of an embedding table kept as GGUF blocks, each decoded whole by the exact portable decoder: out[i] is
+// row ids[i] of gguf.quants.dequantize(blocks), bitwise. Rows are spread over the threads.
+template <int64_t T>
+void embedding_rows(const int64_t* ids, int64_t n, const uint8_t* w, int64_t row_bytes, int64_t dim, float* out) {
+    constexpr int kW = Layout<T>::kWeights;
+    const bool fault = g_fault != 0;
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* row = w + ids[i] * row_bytes;
+        for (int64_t b = 0; b < dim / kW; ++b) decode_portable<T>(row, b, fault, out + i * dim + b * kW);
+    }
+}
+
+// specdecode::quant_rows_embedding(ids [...] int64, blocks [V, bytes_per_row], qtype, dim) -> [..., dim] fp32.
+at::Tensor quant_rows_embedding(const at::Tensor& ids, const at::Tensor& blocks, int64_t qtype, int64_t dim) {
+    const auto [weights, bytes] = layout(qtype);
+    TORCH_CHECK(weights > 0, "quant_rows_embedding: unsupported GGML type ", qtype);
+    TORCH_CHECK(ids.scalar_type() == at::kLong && ids.device().is_cpu(),
+                "quant_rows_embedding: ids must be int64 on the CPU");
+    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() &&
+                    blocks.device().is_cpu(),
+                "quant_rows_embedding: blocks must be a contiguous uint8 [vocab, bytes_per_row] CPU tensor");
+    TORCH_CHECK(dim > 0 && dim % weights == 0 && blocks.size(1) == dim / weights * bytes, "quant_rows_embedding: ",
+                blocks.size(1), " bytes per row do not hold ", dim, " weights of type ", qtype);
+    const at::Tensor flat = ids.reshape({-1}).contiguous();  // [n]
+    const int64_t n = flat.size(0), vocab = blocks.size(0);
+    const int64_t* p = flat.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i)
+        TORCH_CHECK(p[i] >= 0 && p[i] < vocab, "quant_rows_embedding: index ", p[i], " out of range for ", vocab,
+                    " rows");
+    at::Tensor out = at::empty({n, dim}, blocks.options().dtype(at::kFloat));  // [n, dim]
+    const uint8_t* w = blocks.data_ptr<uint8_t>();
+    float* o = out.data_ptr<float>();
+    switch (qtype) {
+        case kQ4_1: embedding_rows<kQ4_1>(p, n, w, blocks.size(1), dim, o); break;
+        case kQ5_0: embedding_rows<kQ5_0>(p, n, w, blocks.size(1), dim, o); break;
+        case kQ8_0: embedding_rows<kQ8_0>(p, n, w, blocks.size(1), dim, o); break;
+        case kQ4_K: embedding_rows<kQ4_K>(p, n, w, blocks.size(1), dim, o); break;
+        case kQ6_K: embedding_rows<kQ6_K>(p, n, w, blocks.size(1), dim, o); break;
+    }
+    std::vector<int64_t> sizes = ids.sizes().vec();
+    sizes.push_back(dim);
+    return out.view(sizes);
+}
+
 }  // namespace
 
 extern "C" {
@@ -497,7 +545,11 @@ void specdecode_quant_rows_fault(int on) { g_fault = on; }
 TORCH_LIBRARY_FRAGMENT(specdecode, m) {
     m.def("quant_rows_linear(Tensor x, Tensor blocks, int qtype, int in_features, Tensor? bias=None, int path=0)"
           " -> Tensor");
+    m.def("quant_rows_embedding(Tensor ids, Tensor blocks, int qtype, int dim) -> Tensor");
     m.def("quant_rows_avx512() -> bool", &has_avx512);  // no tensor to dispatch on: one kernel for all
 }
 
-TORCH_LIBRARY_IMPL(specdecode, CPU, m) { m.impl("quant_rows_linear", &quant_rows_linear); }
+TORCH_LIBRARY_IMPL(specdecode, CPU, m) {
+    m.impl("quant_rows_linear", &quant_rows_linear);
+    m.impl("quant_rows_embedding", &quant_rows_embedding);
+}
