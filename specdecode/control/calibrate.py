@@ -82,9 +82,18 @@ PROBE = {"batch_sizes": (1, 4, 8), "token_counts": (1, 3, 5, 9), "context_length
 
 def profile_or_probe(model: LlamaModel) -> CostModel:
     """The saved profile when one matches this model and machine; otherwise a short probe of the model as it
-    steps now (compiled or eager), so that a new model or machine is priced by what it costs, not by a guess."""
+    steps now (compiled or eager), so that a new model or machine is priced by what it costs, not by a guess.
+    The probe is saved where the next start finds it (the 1.5B's took 112 s of a 142 s second start); the
+    controller's online correction heals a probe taken on a busy machine, and a full calibration replaces it."""
     cost = load_profile(model)
-    return cost if cost.fingerprint else calibrate(model, **PROBE)
+    if cost.fingerprint:
+        return cost
+    cost = calibrate(model, **PROBE)
+    try:
+        cost.save(profile_path(model))
+    except OSError:  # a read-only cache: the probe still prices this run
+        pass
+    return cost
 
 
 def _sync(device: torch.device) -> None:

@@ -42,7 +42,20 @@ def test_no_profile_means_a_probe_at_load(tiny_target, cache_dir):
     cost = make_controller("goodput", model).cost
     assert cost.fingerprint == model_fingerprint(model)
     assert not np.allclose(cost.verify_coef, default_cost_model().verify_coef)
-    assert not (cache_dir / "calibration").exists()  # a probe is not a saved profile
+
+
+def test_a_probe_is_saved_for_the_next_start(tiny_target, cache_dir, monkeypatch):
+    """The second start loads the first one's probe instead of probing again (the 1.5B's probe took 112 s)."""
+    from specdecode.control import calibrate as calibrate_module
+
+    model = load_llama(tiny_target)
+    first = make_controller("goodput", model).cost
+    assert profile_path(model).is_file()
+    probes = []
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: probes.append(1) or first)
+    again = make_controller("goodput", load_llama(tiny_target)).cost
+    assert probes == []
+    np.testing.assert_allclose(again.verify_coef, first.verify_coef)
 
 
 def test_profile_of_another_model_is_not_used(tiny_target, tiny_draft, cache_dir):
