@@ -44,3 +44,12 @@ def test_every_arm_names_a_method_and_its_dev_run():
     for target, a in arms.DEFAULT_ARMS.items():
         assert a.method in METHODS and a.num_speculative_tokens > 0, target
         assert "dev" in a.measured, f"{target}: an arm is chosen on dev prompts"
+
+
+def test_llm_takes_the_targets_arm(monkeypatch):
+    from specdecode import LLM
+
+    monkeypatch.setitem(arms.DEFAULT_ARMS, "smollm2-135m-instruct", DefaultArm("suffix", 7, "results/dev.json"))
+    llm = LLM(target="smollm2-135m-instruct", max_num_seqs=1)
+    assert (llm.spec.method, llm.spec.num_speculative_tokens) == ("suffix", 7)
+    assert LLM(target="smollm2-135m-instruct", method="ngram", max_num_seqs=1).spec.num_speculative_tokens == 5
