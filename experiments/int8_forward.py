@@ -2,7 +2,7 @@
 
     flock /tmp/specdecode-bench.lock python -m experiments.int8_forward [--model qwen2.5-coder-1.5b-instruct]
 
-The eager quantized model (experiments/int8_agreement.load_exact) after a 256-token prefill; each forward of T
+The eager quantized model (models/gguf_quantized.load_gguf_quantized) after a 256-token prefill; each forward of T
 tokens (T = 1, 2, 5, 9) is timed `repeats` times at the same cache position, best kept; then its linears are
 swapped to int8 and the same is timed again. --cpu-time: process CPU time (use with OMP_NUM_THREADS=1 on a shared
 machine).
@@ -15,9 +15,8 @@ import time
 
 import torch
 
-from experiments.int8_agreement import load_exact
 from specdecode.models import quant_int8
-from specdecode.models.gguf_quantized import gguf_file
+from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 
 CONTEXT, TOKENS = 256, (1, 2, 5, 9)
@@ -47,7 +46,7 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true")
     args = parser.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
-    model = load_exact(gguf_file(args.model))
+    model = load_gguf_quantized(gguf_file(args.model))
     exact = forward_ms(model, args.repeats, clock)
     quant_int8.use_int8(model)
     fast = forward_ms(model, args.repeats, clock)
