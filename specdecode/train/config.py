@@ -200,8 +200,10 @@ class GenerateConfig:
     limit: int | None = setting(None, type=int, help="only the first N prompts")
     batch_size: int = setting(16, help="sequences the engine runs at once")
     chunk_size: int = setting(64, help="prompts per flush of the partial output")
-    method: str = setting_of(SpeculativeConfig, "method", help="speculation (lossless) to speed it up")
-    num_speculative_tokens: int = setting_of(SpeculativeConfig, "num_speculative_tokens", 4)
+    # Concrete flag defaults: the LLM's own flags default to None (the target's default arm, arms.py); here the
+    # generation's speculation is n-gram K = 4 unless asked otherwise.
+    method: str = setting_of(SpeculativeConfig, "method", default="ngram", help="speculation (lossless) to speed it up")
+    num_speculative_tokens: int = setting_of(SpeculativeConfig, "num_speculative_tokens", 4, default=4)
     draft: str | None = setting_of(SpeculativeConfig, "draft")
     max_prompt_tokens: int = setting(1024, help="longer chat-formatted prompts are skipped")
     device: str = setting_of(EngineConfig, "device")
