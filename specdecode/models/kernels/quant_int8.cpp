@@ -463,13 +463,30 @@ struct KBlock<kQ6_K> {
     }
 };
 
+// The G weight rows from n0, clamped to the last row (the duplicates compute the same value), and their bytes.
+template <int G>
+void weight_rows(const Args& a, int64_t n0, int64_t* n, const uint8_t** w) {
+    for (int g = 0; g < G; ++g) n[g] = std::min(n0 + g, a.N - 1), w[g] = a.w + n[g] * a.row_bytes;
+}
+
+// Step 3's tree over each accumulator's 16 lanes, then the bias, into the outputs.
+template <int G, int R>
+void store_outputs(const Args& a, const int64_t* n, int64_t m0, const __m512 (&acc)[G][R]) {
+    for (int g = 0; g < G; ++g)
+        for (int m = 0; m < R; ++m) {
+            alignas(64) float v[kLanes];
+            _mm512_store_ps(v, acc[g][m]);
+            a.out[(m0 + m) * a.N + n[g]] = reduce_lanes(v, a.bias ? a.bias[n[g]] : 0.0f);
+        }
+}
+
 // G weight rows from n0 (clamped to the last row: duplicates compute the same value) x R activation rows.
 template <int64_t T, bool V, int G, int R>
 void kquant_rows(const Args& a, int64_t n0, int64_t m0) {
     const Acts& A = *a.acts;
     const uint8_t* w[G];
     int64_t n[G];
-    for (int g = 0; g < G; ++g) n[g] = std::min(n0 + g, a.N - 1), w[g] = a.w + n[g] * a.row_bytes;
+    weight_rows<G>(a, n0, n, w);
     __m512 acc[G][R];
     for (int g = 0; g < G; ++g)
         for (int m = 0; m < R; ++m) acc[g][m] = _mm512_setzero_ps();
@@ -498,12 +515,7 @@ void kquant_rows(const Args& a, int64_t n0, int64_t m0) {
             for (int g = 0; g < G; ++g) acc[g][m] = kb[g].template finish<V>(I[g][m], dx, A, m0 + m, b, acc[g][m]);
         }
     }
-    for (int g = 0; g < G; ++g)
-        for (int m = 0; m < R; ++m) {
-            alignas(64) float v[kLanes];
-            _mm512_store_ps(v, acc[g][m]);
-            a.out[(m0 + m) * a.N + n[g]] = reduce_lanes(v, a.bias ? a.bias[n[g]] : 0.0f);
-        }
+    store_outputs<G, R>(a, n, m0, acc);
 }
 
 // ---- 32-weight types: chunk c = blocks 2c (lanes 0-7) and 2c + 1 (lanes 8-15) ----
@@ -575,7 +587,7 @@ void block32_rows(const Args& a, int64_t n0, int64_t m0) {
     const int64_t nb = a.K / 32, groups = A.stride / 4;
     const uint8_t* w[G];
     int64_t n[G];
-    for (int g = 0; g < G; ++g) n[g] = std::min(n0 + g, a.N - 1), w[g] = a.w + n[g] * a.row_bytes;
+    weight_rows<G>(a, n0, n, w);
     __m512 acc[G][R];
     for (int g = 0; g < G; ++g)
         for (int m = 0; m < R; ++m) acc[g][m] = _mm512_setzero_ps();
@@ -595,12 +607,7 @@ void block32_rows(const Args& a, int64_t n0, int64_t m0) {
             }
         }
     }
-    for (int g = 0; g < G; ++g)
-        for (int m = 0; m < R; ++m) {
-            alignas(64) float v[kLanes];
-            _mm512_store_ps(v, acc[g][m]);
-            a.out[(m0 + m) * a.N + n[g]] = reduce_lanes(v, a.bias ? a.bias[n[g]] : 0.0f);
-        }
+    store_outputs<G, R>(a, n, m0, acc);
 }
 
 template <int64_t T, bool V, int G, int R>
