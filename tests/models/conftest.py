@@ -14,6 +14,7 @@ from safetensors.numpy import load_file
 
 from specdecode.models import quant_int8, quant_rows
 from specdecode.models.loader import BUILTIN_MODELS, resolve_model_dir
+from specdecode.models.provision import ProvisionError, check_installed
 from specdecode.models.torch_op import compiler
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -110,3 +111,13 @@ def write_gguf_from_hf(hf_dir: Path, out: Path, arch: str = "llama") -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def pair_missing() -> str:
+    """Why the Qwen2.5-Coder pair can't be used here ('' when it can)."""
+    try:
+        for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"):
+            check_installed(name)
+    except ProvisionError as e:
+        return str(e)
+    return ""

@@ -15,8 +15,8 @@ import torch
 
 from specdecode.models import quant_rows
 from specdecode.models.loader import BUILTIN_MODELS
-from specdecode.models.provision import ProvisionError, check_installed
 from specdecode.models.quant_rows import QuantEmbedding
+from tests.models.conftest import pair_missing as _pair_missing
 from tests.models.test_quant_rows import dequantized, random_blocks
 
 # (vocab, dim): 32-weight types get a dim that is no multiple of 256 and >= 6 blocks (the fault's block 5)
@@ -90,15 +90,6 @@ def real_table(name: str) -> QuantEmbedding:
     reader = gguf.GGUFReader(BUILTIN_MODELS[name].gguf_path(name))
     t = next(t for t in reader.tensors if t.name == "token_embd.weight")
     return QuantEmbedding(torch.from_numpy(np.array(t.data)), t.tensor_type, int(t.shape[0]))
-
-
-def _pair_missing() -> str:
-    try:
-        for name in (TARGET, DRAFT):
-            check_installed(name)
-    except ProvisionError as e:
-        return str(e)
-    return ""
 
 
 def test_smollm2_table_every_row():

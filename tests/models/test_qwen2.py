@@ -27,23 +27,13 @@ from specdecode.models import loader
 from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.models.loader import BUILTIN_MODELS, ModelLoadError, resolve_model_dir
-from specdecode.models.provision import ProvisionError, check_installed
 from specdecode.models.quant_rows import QuantLinear
 from tests.models.conftest import SMOLLM2
+from tests.models.conftest import pair_missing as _pair_missing
 from tests.models.gguf_files import tiny_with_biases, write_gguf
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
-
-
-def _pair_missing() -> str:
-    """Why the pair can't be used here ('' when it can)."""
-    try:
-        for name in (TARGET, DRAFT):
-            check_installed(name)
-    except ProvisionError as e:
-        return str(e)
-    return ""
 
 
 needs_pair = pytest.mark.skipif(bool(_pair_missing()), reason=f"run `make models`: {_pair_missing()}")
