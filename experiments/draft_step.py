@@ -24,7 +24,7 @@ from experiments.draft_agreement import drafts_parser, run_and_write
 from specdecode.bench.draft_tradeoff import decode_step_ms
 from specdecode.bench.lib import provenance
 from specdecode.drafters.draft_model import load_draft
-from specdecode.drafters.subset_head import DRAFTING_DTYPE_ENV
+from specdecode.drafters.subset_head import DRAFTING_DTYPE_ENV, VOCAB_FILE
 from specdecode.models.compiled import load_target
 from specdecode.models.llama import LlamaModel
 from specdecode.models.loader import resolve_model_dir
@@ -36,7 +36,8 @@ def _loaded(path: Path, compiled: bool, head_dtype: str | None) -> LlamaModel:
     if head_dtype is not None:
         os.environ[DRAFTING_DTYPE_ENV] = head_dtype
     try:
-        return load_draft(path, "cpu", torch.float32, enforce_eager=not compiled)
+        vocab = path / VOCAB_FILE if (path / VOCAB_FILE).is_file() else None
+        return load_draft(path, "cpu", torch.float32, enforce_eager=not compiled, vocab=vocab)
     finally:
         os.environ.pop(DRAFTING_DTYPE_ENV, None)
         if saved is not None:

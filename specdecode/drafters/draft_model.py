@@ -7,11 +7,13 @@ from pathlib import Path
 
 import torch
 
+from specdecode.config import ConfigError
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.catch_up import share_budget
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
 from specdecode.models.compiled import load_target
 from specdecode.models.llama import LlamaModel, StepFunctions
+from specdecode.models.shipped_draft import DRAFT_ASSETS
 from specdecode.step.runner import forward_ragged
 from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, draft_probs
@@ -37,16 +39,35 @@ def load_draft(
     enforce_eager: bool,
     gguf: Path | None = None,
     arithmetic: str = "exact",
+    vocab: Path | None = None,
 ) -> LlamaModel:
     """The draft model as the engine runs it: on a compiled step like the target's (models/compiled.py; a small
     draft's eager step is mostly call overhead: SmolLM2's 2-layer draft took 4.8 ms eager, 3.0 ms compiled on
-    a 2-core AMD EPYC), and with a drafting vocabulary (vocab.npy) scoring only that subset. gguf: load it from
-    this file with its blocks kept (as load_target), in `arithmetic`."""
+    a 2-core AMD EPYC), and with a drafting vocabulary (`vocab`, a .npy of token ids; see drafting_vocabulary)
+    scoring only that subset. gguf: load it from this file with its blocks kept (as load_target), in
+    `arithmetic`."""
     model = load_target(draft_dir, device, dtype, enforce_eager, role="draft", gguf=gguf, arithmetic=arithmetic)
-    if (draft_dir / VOCAB_FILE).is_file():
-        SubsetLMHead.install(model, load_subset(draft_dir / VOCAB_FILE, model.cfg.vocab_size))
+    if vocab is not None:
+        SubsetLMHead.install(model, load_subset(vocab, model.cfg.vocab_size))
         model.step = with_head(model.step, model.head)  # a compiled head scores the whole vocabulary
     return model
+
+
+def drafting_vocabulary(draft: str, draft_dir: Path, setting: str | None) -> Path | None:
+    """The .npy of token ids the draft `draft` (a name or path, loaded from draft_dir) drafts from, or None for
+    the whole vocabulary. setting (SpeculativeConfig.draft_vocab): a path, or "full"; None takes the vocab.npy
+    beside the draft (a distilled draft's, train/export.py), else the one shipped for a built-in draft
+    (assets/drafts/NAME.vocab.npy), else the whole vocabulary."""
+    if setting == "full":
+        return None
+    if setting is not None:
+        if not Path(setting).is_file():
+            raise ConfigError(f"--draft-vocab {setting}: no such file (a .npy of token ids, or 'full')")
+        return Path(setting)
+    for path in (draft_dir / VOCAB_FILE, DRAFT_ASSETS / f"{draft}.{VOCAB_FILE}"):
+        if path.is_file():
+            return path
+    return None
 
 
 def with_head(step: StepFunctions, head) -> StepFunctions:

@@ -208,8 +208,9 @@ def test_a_compiled_draft_scores_only_its_drafting_vocabulary(fault, tiny_draft,
     np.save(tmp_path / "d" / VOCAB_FILE, subset)
     if fault:
         monkeypatch.setattr(draft_model, "with_head", lambda step, head: step)
-    model = draft_model.load_draft(tmp_path / "d", "cpu", torch.float32, enforce_eager=False)
-    eager = draft_model.load_draft(tmp_path / "d", "cpu", torch.float32, enforce_eager=True)
+    vocab = tmp_path / "d" / VOCAB_FILE
+    model = draft_model.load_draft(tmp_path / "d", "cpu", torch.float32, enforce_eager=False, vocab=vocab)
+    eager = draft_model.load_draft(tmp_path / "d", "cpu", torch.float32, enforce_eager=True, vocab=vocab)
     assert model.step.compiled and not eager.step.compiled
     outside = torch.ones(model.cfg.vocab_size, dtype=torch.bool)
     outside[torch.from_numpy(subset)] = False

@@ -23,6 +23,7 @@ import transformers
 from safetensors.torch import load_file
 
 from specdecode import LLM, SamplingParams
+from specdecode.drafters.subset_head import SubsetLMHead
 from specdecode.models import loader
 from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, load_llama
@@ -154,7 +155,10 @@ def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(method, plain
     )
     if method == "draft":
         assert spec.spec.draft == DRAFT  # the 1.5B's default draft
-        assert isinstance(spec.draft_model.lm_head, QuantLinear) and spec.draft_model.step.compiled
+        assert spec.draft_model.step.compiled
+        head = spec.draft_model.lm_head  # its shipped drafting vocabulary, kept as the file's Q8_0 blocks
+        assert isinstance(head, SubsetLMHead) and isinstance(head.head.linear, QuantLinear)
+        assert head.head.linear.out_features == 32768
     got = spec.chat(chat, params)[0]
     assert "def" in want.text
     assert got.token_ids == want.token_ids
