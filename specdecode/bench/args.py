@@ -243,6 +243,11 @@ def add_cost_args(g: argparse._ArgumentGroup) -> None:
         help="which step of the --baseline checkout to time (compiled: its AOTInductor packages)",
     )
     g.add_argument("--jit", action="store_true", help="add the compiled step under torch.compile as an arm")
+    g.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="startup: a user's second start of --target (and --draft) in their own cache, with its memory",
+    )
 
 
 def run_bench(a: argparse.Namespace) -> None:
