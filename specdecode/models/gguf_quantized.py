@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specdecode.models.gguf_weights_reader import WeightsReader
 from specdecode.models.llama import LlamaConfig, LlamaModel, rope_inv_freq
 from specdecode.models.loader import (
     _PERMUTED_ARCHITECTURES,
@@ -160,7 +161,7 @@ def load_gguf_quantized(path: str | Path, device: str | torch.device = "cpu") ->
     path = Path(path)
     if torch.device(device).type != "cpu":
         raise ValueError(f"quantized GGUF weights run on the CPU kernel only, not on {device}")
-    reader = _open_gguf(path)
+    reader = _open_gguf(path, WeightsReader)  # the tokenizer's arrays are not needed here, nor parsed
     hf_config = _hf_config(reader, path)
     cfg = LlamaConfig.from_hf(hf_config)
     tensors = {t.name: t for t in reader.tensors}

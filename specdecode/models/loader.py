@@ -273,9 +273,9 @@ def _check_tensor_types(reader: gguf.GGUFReader, path: Path) -> None:
             pass
 
 
-def _open_gguf(path: Path) -> gguf.GGUFReader:
+def _open_gguf(path: Path, reader: type[gguf.GGUFReader] = gguf.GGUFReader) -> gguf.GGUFReader:
     try:
-        return gguf.GGUFReader(path)
+        return reader(path)
     except Exception as e:  # the reader reports malformed input as whatever numpy or struct raise
         raise ModelLoadError(f"corrupt GGUF file {path}: {_one_line(e)}") from None
 
