@@ -10,10 +10,19 @@ widening every row for them costs more than they return.
 
 Guards: hysteresis (the batch K only moves for a predicted gain above `margin`), bounded probing (a row that
 has drafted nothing for `probe_every` steps is given drafts again: free when the batch already speculates,
-otherwise one row at depth 1 at most once per `probe_every` steps), and clipped estimates (no collapse).
+otherwise one row at depth 1 at most once per `probe_every` steps, and no more often than keeps what probes
+cost within `probe_budget` of the time), and clipped estimates (no collapse).
+
+A probe's cost depends on the drafter: an n-gram probe costs one more verified token, but a draft model that
+sat idle must first catch up on every token since it last drafted. On the Qwen2.5-Coder pair a probe every 16
+steps fed the 0.5B 17 tokens each time, and `goodput`, choosing K = 0 between probes, ran at 0.85x plain
+decoding (`results/code_dev_pair_draft.json`). So each widening probe's cost is measured (its step's time over
+a plain step's, as the cost model predicts it) and the next one waits until probes stay within the budget.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -60,6 +69,7 @@ class GoodputController(ControllerBase):
         row_floor: float = 0.1,
         cheap_draft: float = 0.05,
         widen_margin: float = 0.05,
+        probe_budget: float = 0.03,
     ) -> None:
         self.cost = cost if cost is not None else default_cost_model()
         self.acceptance = acceptance if acceptance is not None else AcceptanceTracker()
@@ -78,6 +88,9 @@ class GoodputController(ControllerBase):
         self.k_batch: int | None = None  # the batch K in force (the hysteresis reference)
         self.idle: dict[str, int] = {}  # steps since each request last drafted anything
         self.since_probe = 0  # steps since a probe last widened a non-speculating batch
+        self.probe_budget = probe_budget  # the share of time widening probes may cost
+        self.probe_interval = probe_every  # steps between widening probes: probe_every, or more where they cost
+        self.widened = False  # this step is a widening probe: observe() measures what it cost
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
         self.tree_mode = False
@@ -139,9 +152,10 @@ class GoodputController(ControllerBase):
                 continue
             if width:  # the batch is padded to `width` anyway: probing this row costs only its drafting
                 ks[i] = min(width, caps[i])
-            elif self.since_probe >= self.probe_every:  # widening the batch costs every row: one probe, depth 1
+            elif self.since_probe >= self.probe_interval:  # widening the batch costs every row: one probe, depth 1
                 ks[i] = 1
                 self.since_probe = 0
+                self.widened = True
             else:
                 continue
             self.idle[s.request_id] = 0
@@ -214,11 +228,20 @@ class GoodputController(ControllerBase):
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
             self.acceptance.update(rid, proposed, accepted)
         num_seqs = len(stats.seqs)
+        if self.widened and num_seqs and stats.step_time_s > 0:
+            self._price_probe(stats)
         if num_seqs and stats.step_time_s > 0:
             width = stats.num_verified_tokens // num_seqs - 1
             # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
             rest = stats.step_time_s - stats.propose_time_s
             self.cost.observe(num_seqs, width, stats.mean_context_len, rest, stats.propose_time_s)
+
+    def _price_probe(self, stats: StepStats) -> None:
+        """Space widening probes so that what the last one cost over a plain step stays within probe_budget."""
+        self.widened = False
+        plain = self.cost.predict_verify(len(stats.seqs), 0, stats.mean_context_len)
+        extra = max(stats.step_time_s - plain, 0.0)
+        self.probe_interval = max(self.probe_every, math.ceil(extra / max(self.probe_budget * plain, 1e-9)))
 
     def forget(self, seq: Sequence) -> None:
         self.acceptance.forget(seq.request_id)
