@@ -48,7 +48,7 @@ TARGET_RATIO = 0.97  # goodput's tok/s over the best fixed arm's, at every cell
 QUESTION = "\n\nWhat is the text above about? Answer in a few sentences."
 ROW_STRIDE = 2039  # tokens between the rows' starting offsets into the text (prime: rows fall out of phase)
 PREFILL_BUDGET = 2048  # tokens a prefill step may run, unless --max-num-batched-tokens says otherwise
-WARMUP_STEPS = 8  # untimed steps of the widest fixed arm after the prefill: the compiled step's first runs
+WARMUP_STEPS = 8  # untimed steps of every arm in a cell before the timed runs (`warm_up`)
 REWINDABLE = ("ngram", "draft")  # drafters whose state a rewind restores exactly (see `rewind`)
 
 
@@ -109,14 +109,16 @@ def decode_room(batch: int, max_tokens: int, k_max: int) -> int:
 
 
 def prefill_steps(batch: int, n: int, budget: int) -> int:
-    """Steps the prefill (and the draft's catch-up, at the same budget) can take; rows already prefilled decode a
-    token each meanwhile, and their verify tokens come out of the budget too."""
-    return -(-batch * n // max(budget - batch, 16)) + batch + WARMUP_STEPS
+    """Steps the prefill, or a draft model's catch-up (at the same budget), can take: rows already done decode
+    meanwhile, and their verify tokens (two a row at K = 1) come out of the budget."""
+    return -(-batch * n // max(budget - 2 * batch, 16)) + batch
 
 
 def row_room(n: int, batch: int, max_tokens: int, k_max: int, budget: int) -> int:
-    """Cache positions past the prompt a row needs: the most it decodes between two rewinds, plus a step's drafts."""
-    return max(decode_room(batch, max_tokens, k_max), prefill_steps(batch, n, budget)) + k_max + 2
+    """Cache positions past the prompt a row needs: the most it decodes between two rewinds (an arm; the prefill
+    at K = 0 and the catch-up at K = 1, a token or two a step; a warm-up), plus a step's drafts."""
+    most = max(decode_room(batch, max_tokens, k_max), 2 * prefill_steps(batch, n, budget), WARMUP_STEPS * (k_max + 1))
+    return most + k_max + 2
 
 
 def set_arm(engine: Engine, arm: ArmSpec) -> None:
@@ -157,14 +159,14 @@ def prefill(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[S
     return seqs
 
 
-def warm_up(engine: Engine, seqs: list[Sequence], arm: ArmSpec) -> None:
-    """Untimed steps of the widest fixed arm: the compiled step's first runs, and a draft model's catch-up on
-    the prompts (it feeds them a chunk a step, once asked for drafts), which would otherwise land in the first
+def warm_up(engine: Engine, seqs: list[Sequence], arm: ArmSpec, until_drafted: bool = False) -> None:
+    """Untimed steps of `arm`, then a rewind: first uses (the compiled step's shapes, the controller's code) stay
+    out of the timed runs. until_drafted: also until every row has drafted, which a draft model does once its
+    catch-up on the prompt (a chunk a step, once asked for drafts) is done; else it would land in the first
     drafting arm's time."""
     set_arm(engine, arm)
-    own_cache = hasattr(engine.drafter, "prefill_budget")  # drafters with a cache of their own (catch_up.py)
     steps = 0
-    while steps < WARMUP_STEPS or (own_cache and arm.k and not all(s.metrics.num_drafted for s in seqs)):
+    while steps < WARMUP_STEPS or (until_drafted and not all(s.metrics.num_drafted for s in seqs)):
         engine.step()
         check_alive(seqs)
         steps += 1
@@ -178,10 +180,10 @@ def decode(engine: Engine, seqs: list[Sequence], tokens: int) -> ArmRun:
     t0 = time.perf_counter()
     while sum(s.metrics.num_generated for s in seqs) < tokens:
         engine.step()
+        check_alive(seqs)  # a row that failed or ran out of room would leave the loop waiting for ever
         run.k_chosen.append(float(np.mean(recorder.last)))
         run.k_verified.append(float(np.mean(engine.last_step.num_proposed)))
     run.seconds = time.perf_counter() - t0
-    check_alive(seqs)
     for s in seqs:
         run.tokens += s.metrics.num_generated
         run.drafted += s.metrics.num_drafted
@@ -204,12 +206,14 @@ def run_cell(base, arms: list[ArmSpec], prompts: list[list[int]], plan: CellPlan
     k_max = max(a.k for a in arms)
     budget = base.engine_config.max_num_batched_tokens
     room = row_room(plan.context, plan.batch, plan.max_tokens, k_max, budget)
-    widest = ArmSpec(f"fixed:{k_max}", "fixed", k_max)
-    engine = build_engine(base, widest, plan.batch, plan.context + room)
+    engine = build_engine(base, ArmSpec(f"fixed:{k_max}", "fixed", k_max), plan.batch, plan.context + room)
     bar.set_postfix_str(f"N={plan.context} B={plan.batch} prefill")
     seqs = prefill(engine, prompts, room)
     rewind(engine, seqs)
-    warm_up(engine, seqs, widest)
+    if k_max and hasattr(engine.drafter, "prefill_budget"):  # drafters with a cache of their own (catch_up.py)
+        warm_up(engine, seqs, ArmSpec("fixed:1", "fixed", 1), until_drafted=True)
+    for arm in arms:
+        warm_up(engine, seqs, arm)
     runs: dict[str, list[ArmRun]] = {a.name: [] for a in arms}
     for r in range(plan.repeats):
         shift = (turn + r) % len(arms)

@@ -23,6 +23,7 @@ from specdecode.bench.sweep_config import parse_arms
 from specdecode.cli import main
 from specdecode.config import ConfigError, SamplingParams
 from specdecode.llm import LLM
+from specdecode.step.sequence import SeqMetrics
 from tests.bench.conftest import one_line_error
 
 ARMS = ["none", "fixed:2", "goodput"]
@@ -218,3 +219,11 @@ def test_negative_control_a_controller_kept_across_runs_is_caught(tiny_pair, mon
     counts = draft_counts(tiny_pair)
     with pytest.raises(AssertionError, match="goodput"):  # its acceptance history carried into its next run
         assert_runs_repeat(counts)
+
+
+def test_a_row_that_stops_decoding_is_an_error_not_a_hang(smollm2, text, monkeypatch):
+    # Without a rewind the rows keep growing until one reaches its max_tokens and leaves the batch; the arm's loop
+    # once waited for ever for tokens from an engine with no work left.
+    monkeypatch.setattr(lc, "rewind", lambda engine, seqs: [setattr(s, "metrics", SeqMetrics()) for s in seqs])
+    with pytest.raises(RuntimeError, match="stopped decoding"):
+        cell(smollm2, text, batch=1, repeats=4)
