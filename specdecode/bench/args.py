@@ -34,19 +34,31 @@ BENCH_MODES = {
     "cost": BenchMode(
         "specdecode.bench.cost",
         "the target's step-cost curve: ms per forward by batch x new tokens, against a --baseline checkout",
-        {"output": "results/cost.json"},
+        {"output": "results/cost.json", "contexts": [256, 1024], "batches": [1, 4, 8, 16, 32], "repeats": 5},
         needs_prompts=False,
     ),
     "startup": BenchMode(
         "specdecode.bench.startup",
         "seconds from process start to the first answer: eager, the compiled step's first run, later runs",
-        {"max_tokens": 32, "output": "results/startup.json"},
+        {"max_tokens": 32, "output": "results/startup.json", "repeats": 5},
         needs_prompts=False,
     ),
     "long-prompt": BenchMode(
         "specdecode.bench.long_prompt",
         "a long prompt arriving while short streams decode: their p99 TPOT and its TTFT per token budget",
         {"max_tokens": 256, "output": "results/long_prompt.json"},
+        needs_prompts=False,
+    ),
+    "long-context": BenchMode(
+        "specdecode.bench.long_context",
+        "decode tok/s and the K chosen by goodput against fixed K (K = 0 included) as the context grows",
+        {
+            "max_tokens": 64,
+            "output": "results/long_context.json",
+            "contexts": [256, 2048, 8192, 16384],
+            "batches": [1, 8],
+            "repeats": 2,
+        },
         needs_prompts=False,
     ),
     "serve": BenchMode(
@@ -59,6 +71,7 @@ BENCH_MODES = {
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32)
 WEIGHTED_METHODS = ("draft", "eagle", "medusa", "mtp")  # drafters with weights of their own: METHOD@DIR arms
 DEFAULT_ARMS = ("none", "fixed:1", "fixed:2", "fixed:3", "fixed:5", "fixed:8", "heuristic", "confidence", "goodput")
+LONG_CONTEXT_ARMS = ("none", "fixed:1", "fixed:2", "fixed:3", "fixed:5", "goodput")
 
 
 def positive_int_list(text: str) -> list[int]:
@@ -181,7 +194,8 @@ def add_sweep_args(g: argparse._ArgumentGroup) -> None:
         type=name_list,
         default=None,
         help="controller[:K] list; K defaults to --num-speculative-tokens, 'none' is K = 0 "
-        f"(default {','.join(DEFAULT_ARMS)}, less controllers not registered)",
+        f"(sweep default {','.join(DEFAULT_ARMS)}, less controllers not registered; "
+        f"long-context default {','.join(LONG_CONTEXT_ARMS)})",
     )
     g.add_argument(
         "--requests-per-level", type=int, default=None, help="requests per round of a level (default max(4, 2C))"
@@ -226,14 +240,22 @@ def add_serve_bench_args(g: argparse._ArgumentGroup) -> None:
 
 
 def add_cost_args(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--batches", type=positive_int_list, default=[1, 4, 8, 16, 32], help="rows per forward")
+    g.add_argument(
+        "--batches", type=positive_int_list, default=None, help="rows per forward (cost 1,4,8,16,32; long-context 1,8)"
+    )
     g.add_argument("--new-tokens", type=positive_int_list, default=[1, 2, 3, 5, 9, 17], help="new tokens per row")
-    g.add_argument("--contexts", type=positive_int_list, default=[256, 1024], help="cached tokens per row")
+    g.add_argument(
+        "--contexts",
+        type=positive_int_list,
+        default=None,
+        help="cached tokens per row (cost 256,1024); long-context: prompt tokens (256,2048,8192,16384)",
+    )
     g.add_argument(
         "--repeats",
         type=int,
-        default=5,
-        help="cost: timed forwards per cell (median); startup: runs on a warm package cache",
+        default=None,
+        help="cost: timed forwards per cell (median, default 5); startup: runs on a warm package cache (5); "
+        "long-context: decodes per arm and cell, arms in turn (2)",
     )
     g.add_argument("--baseline", default=None, help="another checkout (e.g. a worktree of the previous commit)")
     g.add_argument(

@@ -1,0 +1,229 @@
+"""`bench long-context` on SmolLM2 at tiny contexts: the prompts are exactly N tokens, a rewound arm decodes what a
+fresh engine decodes (with a negative control: a rewind one token short), the verdict reads the
+numbers right (a goodput below 0.97x the best fixed arm is a miss), and the command writes its files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import specdecode.bench.long_context as lc
+from specdecode.bench.long_context import (
+    CellPlan,
+    context_prompts,
+    frame,
+    lossless,
+    run_cell,
+    text_ids,
+    verdict,
+)
+from specdecode.bench.sweep import NullBar
+from specdecode.bench.sweep_config import parse_arms
+from specdecode.cli import main
+from specdecode.config import ConfigError, SamplingParams
+from specdecode.llm import LLM
+from specdecode.step.sequence import SeqMetrics
+from tests.bench.conftest import one_line_error
+
+ARMS = ["none", "fixed:2", "goodput"]
+MAX_TOKENS = 4
+
+
+class Bar(NullBar):
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> LLM:
+    return LLM(
+        "smollm2-135m-instruct",
+        method="ngram",
+        num_speculative_tokens=2,
+        max_num_seqs=1,
+        max_model_len=64,
+        max_num_batched_tokens=256,
+        enforce_eager=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def text(smollm2) -> list[int]:
+    return text_ids(smollm2, [128], rows=3, prompts=None)
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("n", [48, 64, 128])
+def test_prompts_have_exactly_n_tokens_and_differ_by_row(smollm2, text, n, chat):
+    head, tail = frame(smollm2, chat)
+    prompts = context_prompts(smollm2, text, n, rows=3, chat=chat)
+    assert [len(p) for p in prompts] == [n] * 3
+    assert all(p[: len(head)] == head and p[-len(tail) :] == tail for p in prompts)  # ends with the question
+    assert len({tuple(p) for p in prompts}) == 3  # each row from its own offset into the text
+    assert "What is the text above about?" in smollm2.tokenizer.decode(prompts[0][-len(tail) :])
+
+
+def test_a_context_too_short_for_the_question_is_refused(smollm2, text):
+    with pytest.raises(ConfigError, match="no room for text"):
+        context_prompts(smollm2, text, 8, rows=1, chat=True)
+
+
+def fresh_outputs(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Each prompt decoded alone, greedily, by a new engine on the same weights."""
+    fresh = LLM(
+        "smollm2-135m-instruct",
+        share_target=llm,
+        method="none",
+        max_num_seqs=1,
+        max_model_len=256,
+        enforce_eager=True,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [fresh.generate([p], params)[0].token_ids for p in prompts]
+
+
+def assert_decodes_fresh(runs: dict, prompts: list[list[int]], expected: list[list[int]]) -> None:
+    """Every arm and repeat emitted, per row, the tokens a fresh engine emits for that prompt."""
+    for name, repeats in runs.items():
+        for r, run in enumerate(repeats):
+            for row, (out, want) in enumerate(zip(run.outputs, expected, strict=True)):
+                assert out[: len(want)] == want, f"{name} repeat {r} row {row}"
+
+
+def cell(smollm2, text, batch: int, repeats: int = 2):
+    arms = parse_arms(ARMS, 2, ())
+    prompts = context_prompts(smollm2, text, 64, rows=batch, chat=True)
+    runs = run_cell(smollm2, arms, prompts, CellPlan(64, batch, MAX_TOKENS, repeats), turn=0, bar=Bar())
+    return runs, prompts
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_every_arm_after_a_rewind_decodes_what_a_fresh_engine_does(smollm2, text, batch):
+    runs, prompts = cell(smollm2, text, batch)
+    assert set(runs) == set(ARMS) and all(len(r) == 2 for r in runs.values())
+    for repeats in runs.values():
+        for run in repeats:
+            assert run.tokens >= batch * MAX_TOKENS and len(run.k_chosen) == len(run.k_verified) > 0
+    assert [run.k_chosen for run in runs["fixed:2"]] == [[2.0] * len(run.k_chosen) for run in runs["fixed:2"]]
+    assert lossless(runs)
+    assert_decodes_fresh(runs, prompts, fresh_outputs(smollm2, prompts, MAX_TOKENS))
+
+
+def test_negative_control_a_rewind_one_token_short_is_caught(smollm2, text, monkeypatch):
+    def short_rewind(engine, seqs):  # the real rewind, then one token too many cut: the pending prompt token lost
+        real_rewind(engine, seqs)
+        for s in seqs:
+            del s.token_ids[-1]
+
+    real_rewind = lc.rewind
+    monkeypatch.setattr(lc, "rewind", short_rewind)
+    runs, prompts = cell(smollm2, text, batch=1, repeats=1)
+    with pytest.raises(AssertionError):
+        assert_decodes_fresh(runs, prompts, fresh_outputs(smollm2, prompts, MAX_TOKENS))
+
+
+def summaries(**tps: float) -> dict[str, dict]:
+    return {name.replace("_", ":"): {"tokens_per_s": v} for name, v in tps.items()}
+
+
+@pytest.mark.parametrize(
+    ("figures", "best", "met"),
+    [
+        (summaries(none=100.0, fixed_2=90.0, goodput=98.0), "none", True),  # K = 0 is the best fixed arm
+        (summaries(none=100.0, fixed_2=90.0, goodput=96.0), "none", False),  # negative control: 0.96x is a miss
+        (summaries(none=80.0, fixed_2=100.0, goodput=96.9), "fixed:2", False),  # just under 0.97x
+        (summaries(none=80.0, fixed_2=100.0, goodput=97.0), "fixed:2", True),
+        (summaries(none=80.0, fixed_2=100.0, goodput=130.0), "fixed:2", True),
+    ],
+)
+def test_verdict_against_the_best_fixed_arm(figures, best, met):
+    arms = parse_arms(["none", "fixed:2", "goodput", "heuristic"], 5, ())
+    figures["heuristic"] = {"tokens_per_s": 1000.0}  # a dynamic arm: never the baseline goodput is held to
+    v = verdict(figures, arms)
+    assert v["best_fixed"] == best and v["met"] is met
+    assert v["ratio"] == pytest.approx(figures["goodput"]["tokens_per_s"] / figures[best]["tokens_per_s"])
+
+
+def test_the_command_writes_json_and_plot(tmp_path, capsys):
+    out = tmp_path / "lc.json"
+    argv = ["bench", "long-context", "--contexts", "64,128,100000", "--batches", "1,2", "--max-tokens", "4"]
+    argv += ["--repeats", "1", "--arms", ",".join(ARMS), "--enforce-eager", "--output", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data.keys() >= {"command", "machine", "date", "target", "method", "arms", "cells", "skipped", "all_met"}
+    assert [(c["context"], c["batch"]) for c in data["cells"]] == [(64, 1), (64, 2), (128, 1), (128, 2)]
+    assert len(data["skipped"]) == 2 and all("100000" in note for note in data["skipped"])  # past SmolLM2's 8192
+    for c in data["cells"]:
+        assert set(c["arms"]) == set(ARMS) and c["lossless"]
+        assert c["verdict"].keys() == {"best_fixed", "ratio", "met"}
+        for fig in c["arms"].values():
+            assert fig.keys() >= {"tokens_per_s", "mean_k_chosen", "mean_k_verified", "acceptance_rate"}
+        assert c["arms"]["fixed:2"]["mean_k_chosen"] == 2.0 and c["arms"]["none"]["mean_k_chosen"] == 0.0
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert "skipped" in capsys.readouterr().out
+
+
+def test_a_drafter_it_cannot_rewind_is_a_one_line_error(capsys):
+    assert main(["bench", "long-context", "--method", "suffix", "--contexts", "64"]) == 2
+    assert "supports --method ngram or draft" in one_line_error(capsys)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_target, tiny_draft) -> LLM:
+    return LLM(
+        str(tiny_target),
+        method="draft",
+        draft=str(tiny_draft),
+        num_speculative_tokens=2,
+        max_num_seqs=1,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        enforce_eager=True,
+    )
+
+
+def draft_counts(llm: LLM) -> dict[str, list[tuple[int, int, int]]]:
+    """(tokens, drafted, accepted) of every arm's repeats, on token-id prompts (the tiny vocabulary has 96)."""
+    prompts = [[(7 * i + j) % 90 + 3 for j in range(40)] for i in range(2)]  # [2 rows, 40 tokens]
+    arms = parse_arms(ARMS, 2, ())
+    runs = run_cell(llm, arms, prompts, CellPlan(40, 2, 8, repeats=3), turn=0, bar=Bar())
+    assert lossless(runs)
+    return {name: [(r.tokens, r.drafted, r.accepted) for r in repeats] for name, repeats in runs.items()}
+
+
+def test_a_draft_model_decodes_alike_after_every_rewind(tiny_pair):
+    # The arms' order rotates, so each repeat of an arm follows a different one: the draft's cache must be back
+    # at the prompt, and the controller new, each time for the drafts, and so the counts, to repeat.
+    counts = draft_counts(tiny_pair)
+    assert counts["fixed:2"][0][1] > 0 and counts["goodput"][0][1] > 0
+    assert_runs_repeat(counts)
+
+
+def assert_runs_repeat(counts: dict[str, list[tuple[int, int, int]]]) -> None:
+    for name, repeats in counts.items():
+        assert len(set(repeats)) == 1, f"{name}: {repeats}"
+
+
+def test_negative_control_a_controller_kept_across_runs_is_caught(tiny_pair, monkeypatch):
+    kept = {}
+
+    def set_arm_once(engine, arm):  # the real set_arm, but each arm's controller built once and then reused
+        if arm.name not in kept:
+            real_set_arm(engine, arm)
+            kept[arm.name] = engine.controller
+        engine.controller, engine.k_max = kept[arm.name], arm.k
+
+    real_set_arm = lc.set_arm
+    monkeypatch.setattr(lc, "set_arm", set_arm_once)
+    counts = draft_counts(tiny_pair)
+    with pytest.raises(AssertionError, match="goodput"):  # its acceptance history carried into its next run
+        assert_runs_repeat(counts)
+
+
+def test_a_row_that_stops_decoding_is_an_error_not_a_hang(smollm2, text, monkeypatch):
+    # Without a rewind the rows keep growing until one reaches its max_tokens and leaves the batch; the arm's loop
+    # once waited for ever for tokens from an engine with no work left.
+    monkeypatch.setattr(lc, "rewind", lambda engine, seqs: [setattr(s, "metrics", SeqMetrics()) for s in seqs])
+    with pytest.raises(RuntimeError, match="stopped decoding"):
+        cell(smollm2, text, batch=1, repeats=4)
