@@ -20,8 +20,8 @@ from tqdm import tqdm
 from specdecode.bench.code_prompts import load_prompts
 from specdecode.bench.lib import provenance, write_result
 from specdecode.config import SamplingParams
-from specdecode.drafters.draft_model import with_head
-from specdecode.drafters.subset_head import SubsetLMHead, load_subset
+from specdecode.drafters.draft_model import use_subset
+from specdecode.drafters.subset_head import load_subset
 from specdecode.llm import LLM
 
 
@@ -45,8 +45,7 @@ def main() -> None:
     def use(name: str) -> None:
         draft.lm_head, draft.step = full_head, full_step
         if subsets[name] is not None:
-            SubsetLMHead.install(draft, subsets[name])
-            draft.step = with_head(draft.step, draft.head)
+            use_subset(draft, subsets[name])
 
     prompts = [q.text for q in load_prompts("code", "dev")][:: a.every]
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)

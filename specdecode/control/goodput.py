@@ -228,9 +228,9 @@ class GoodputController(ControllerBase):
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
             self.acceptance.update(rid, proposed, accepted)
         num_seqs = len(stats.seqs)
-        if self.widened and num_seqs and stats.step_time_s > 0:
-            self._price_probe(stats)
         if num_seqs and stats.step_time_s > 0:
+            if self.widened:
+                self._price_probe(stats)
             width = stats.num_verified_tokens // num_seqs - 1
             # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
             rest = stats.step_time_s - stats.propose_time_s

@@ -48,9 +48,14 @@ def load_draft(
     `arithmetic`."""
     model = load_target(draft_dir, device, dtype, enforce_eager, role="draft", gguf=gguf, arithmetic=arithmetic)
     if vocab is not None:
-        SubsetLMHead.install(model, load_subset(vocab, model.cfg.vocab_size))
-        model.step = with_head(model.step, model.head)  # a compiled head scores the whole vocabulary
+        use_subset(model, load_subset(vocab, model.cfg.vocab_size))
     return model
+
+
+def use_subset(model: LlamaModel, subset: torch.Tensor) -> None:
+    """Make `model` score only the token ids `subset` [S], in its eager and compiled forwards alike."""
+    SubsetLMHead.install(model, subset)
+    model.step = with_head(model.step, model.head)  # a compiled head scores the whole vocabulary
 
 
 def drafting_vocabulary(draft: str, draft_dir: Path, setting: str | None) -> Path | None:

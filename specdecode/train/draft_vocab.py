@@ -14,6 +14,7 @@ format of ../shared/data/distill, decoded by the tokenizer that wrote them). Nev
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -102,13 +103,14 @@ def add_vocab_args(p: argparse.ArgumentParser) -> None:
 def run_vocab(a: argparse.Namespace) -> None:
     from transformers import AutoTokenizer  # slow imports once the arguments parse
 
+    from specdecode.models.llama import LlamaConfig
     from specdecode.models.loader import resolve_model_dir
 
     if not a.texts and not a.responses:
         raise ConfigError("give --texts and/or --responses to count tokens over")
     draft_dir = resolve_model_dir(a.draft, weights=False)
     tokenizer = AutoTokenizer.from_pretrained(draft_dir)
-    vocab_size = _model_vocab_size(draft_dir, len(tokenizer))
+    vocab_size = LlamaConfig.from_hf(json.loads((draft_dir / "config.json").read_text())).vocab_size  # Qwen pads it
     counts = count_tokens(tokenizer, (f.read_text(errors="replace") for f in text_files(a.texts)), vocab_size, "texts")
     if a.responses:
         writer = AutoTokenizer.from_pretrained(resolve_model_dir(a.responses_tokenizer, weights=False))
@@ -118,11 +120,3 @@ def run_vocab(a: argparse.Namespace) -> None:
     np.save(a.out, vocab.astype(np.int32))
     share = counts[vocab].sum() / max(counts.sum(), 1)
     print(f"{len(vocab)} of {vocab_size} tokens written to {a.out}: {share:.4f} of the {counts.sum():,} counted")
-
-
-def _model_vocab_size(draft_dir: Path, tokenizer_size: int) -> int:
-    """The model's vocabulary (its config's vocab_size, padded past the tokenizer's on Qwen2.5)."""
-    import json
-
-    config = draft_dir / "config.json"
-    return json.loads(config.read_text()).get("vocab_size", tokenizer_size) if config.is_file() else tokenizer_size
