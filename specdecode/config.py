@@ -265,12 +265,14 @@ class SpeculativeConfig:
 
 
 # A step's target-token budget by device. On CPU a forward's time grows with its tokens from the first one, so a
-# prompt chunk delays every running request's next tokens by what it costs. On two cores (SmolLM2, 8 streams,
-# issue 34's measurement: p99 decode gap 49 ms, 1,175 ms with 512-token chunks, ~2.2 ms a prompt token) 128
-# holds the streams' p99 near 3x while a 6k prompt's first token comes ~1.4x later than alone; 256 would be
-# ~10x and ~1.15x. `specdecode bench long-prompt` measures the trade. A GPU runs a few thousand tokens in about
-# the time of one (vLLM's 2048).
-DEFAULT_BATCHED_TOKENS = {"cpu": 128, "cuda": 2048, "mps": 512}
+# prompt chunk delays every running request's next tokens by what it costs, while a prompt's own prefill is
+# compute-bound and barely slower in small chunks. On two cores (SmolLM2, 8 streams, a 6k prompt arriving;
+# `specdecode bench long-prompt`, results/long_prompt_smollm2.json) 32 keeps the streams' p99 gap within ~4x
+# of its value without the prompt, whose first token comes ~1.15x later than alone; 128 was ~17-25x and ~1.1x.
+# With nobody decoding, nobody waits on a chunk: prompts then prefill IDLE_PREFILL_TOKENS at a time. A GPU runs
+# a few thousand tokens in about the time of one (vLLM's 2048).
+DEFAULT_BATCHED_TOKENS = {"cpu": 32, "cuda": 2048, "mps": 512}
+IDLE_PREFILL_TOKENS = 512
 MIN_PREFILL_TOKENS = 16  # a prompt advances at least this much a step, whatever the decode tokens took
 
 

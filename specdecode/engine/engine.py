@@ -3,7 +3,8 @@
 Requests wait in a queue, take a cache slot when one is free, are prefilled in chunks, then decode together in
 a ragged batch and leave as they finish. K = 0 is plain autoregressive decoding through the same path. A step
 runs at most `max_num_batched_tokens` target tokens (vLLM's chunked prefill): the running requests' decode and
-verify tokens first, then prompt chunks from the rest, so a long prompt arriving never freezes the others.
+verify tokens first, then prompt chunks from the rest, so a long prompt arriving never freezes the others; with
+nobody decoding, prompts prefill IDLE_PREFILL_TOKENS (or the budget, if larger) a step.
 
 A failure that belongs to one request fails that request alone (finish reason "error", the message on
 `Sequence.error`) and releases its state; the others of the step go on with the tokens they would have had
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdecode.config import MIN_PREFILL_TOKENS, ConfigError, EngineConfig, SamplingParams
+from specdecode.config import IDLE_PREFILL_TOKENS, MIN_PREFILL_TOKENS, ConfigError, EngineConfig, SamplingParams
 from specdecode.control.base import Controller, StepStats
 from specdecode.detokenize import IncrementalDetokenizer, find_stop, stop_holdback
 from specdecode.drafters.base import Drafter, Proposal
@@ -199,6 +200,8 @@ class Engine:
         self._verified_tokens = 0  # set by _decode: the target tokens its verify forward ran
         updates = self._decode(decoding) if decoding else []
         budget = self.config.max_num_batched_tokens - self._verified_tokens
+        if not decoding:  # no stream waits on this step: prompts take the larger of the budget and an idle chunk
+            budget = max(budget, IDLE_PREFILL_TOKENS)
         self._prefill_chunks(max(budget, MIN_PREFILL_TOKENS))
         self._retire_finished()  # after the controller observed the step, so nothing re-creates their state
         return self._failed + updates

@@ -204,8 +204,32 @@ def test_a_budget_below_the_minimum_is_a_clear_error(budget):
         EngineConfig(max_num_batched_tokens=budget)
 
 
+def lone_prompt_chunks(world: World, monkeypatch) -> list[tuple[int, int]]:
+    """The long prompt's chunks at the small budget when no other request is there to decode."""
+    run = Run(world, "ngram", False, SMALL, monkeypatch)
+    run._long = run.engine.add_request("long", LONG, LONG_PARAMS["greedy"])
+    while run.engine.has_work():
+        run._step()
+    return run.chunks
+
+
+def assert_one_piece(chunks: list[tuple[int, int]]) -> None:
+    assert chunks == [(0, len(LONG) - 1)], f"a lone prompt was prefilled in {len(chunks)} chunks"
+
+
+def test_a_lone_prompt_prefills_in_one_piece(world, monkeypatch):
+    """Nobody decodes, so nobody waits on a chunk: the prompt takes IDLE_PREFILL_TOKENS, not the budget."""
+    assert_one_piece(lone_prompt_chunks(world, monkeypatch))
+
+
+def test_control_without_the_idle_rule_a_lone_prompt_is_chunked(world, monkeypatch):
+    monkeypatch.setattr(engine_module, "IDLE_PREFILL_TOKENS", 0)
+    with pytest.raises(AssertionError, match="a lone prompt was prefilled in 5 chunks"):
+        assert_one_piece(lone_prompt_chunks(world, monkeypatch))
+
+
 def test_the_default_budget_follows_the_device():
-    assert EngineConfig().max_num_batched_tokens == 128
+    assert EngineConfig().max_num_batched_tokens == 32
     assert EngineConfig(device="cuda:1").max_num_batched_tokens == 2048
     assert EngineConfig(max_num_batched_tokens=64).max_num_batched_tokens == 64
 
