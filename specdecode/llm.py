@@ -191,7 +191,9 @@ class LLM:
             self.target,
             self.tokenizer,
             make_drafter(ctx),
-            make_controller(controller, self.target),
+            # K = 0 never speculates: no cost model to find, nor to measure first on a new machine (goodput's probe
+            # of step times takes minutes on a 1.5B model)
+            make_controller(controller if self.spec.k else "fixed", self.target),
             self.engine_config,
             self.spec.k,
             self.max_model_len,

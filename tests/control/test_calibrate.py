@@ -65,3 +65,24 @@ def test_profile_of_another_model_is_not_used(tiny_target, tiny_draft, cache_dir
     with pytest.warns(UserWarning, match="another setup"):
         loaded = load_profile(target)
     np.testing.assert_array_equal(loaded.verify_coef, default_cost_model().verify_coef)
+
+
+def probes_at_start(tiny_target, monkeypatch, method: str) -> int:
+    """Step-time probes taken while an LLM with the goodput controller starts on a model with no profile."""
+    from specdecode.control import calibrate as calibrate_module
+    from specdecode.llm import LLM
+
+    probes = []
+    real = calibrate_module.calibrate
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: probes.append(1) or real(*a, **k))
+    LLM(str(tiny_target), method=method, controller="goodput", num_speculative_tokens=2, enforce_eager=True)
+    return len(probes)
+
+
+def test_plain_decoding_takes_no_probe(tiny_target, cache_dir, monkeypatch):
+    """K = 0 never reads a cost model, so a new machine does not time the model first (minutes on the 1.5B)."""
+    assert probes_at_start(tiny_target, monkeypatch, "none") == 0
+
+
+def test_control_speculation_takes_its_probe(tiny_target, cache_dir, monkeypatch):
+    assert probes_at_start(tiny_target, monkeypatch, "ngram") == 1
