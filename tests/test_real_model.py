@@ -60,8 +60,13 @@ def transformers_greedy(smollm2_tokenizer, hf_model) -> list[list[int]]:
     [("none", True), ("ngram", True), ("ngram_tree", False)],  # the last one through the compiled step
 )
 def test_greedy_text_equals_transformers_generate(method, enforce_eager, smollm2_dir, transformers_greedy):
-    llm = LLM(
-        target=str(smollm2_dir), method=method, num_speculative_tokens=5, max_num_seqs=3, enforce_eager=enforce_eager
+    llm = LLM(  # K = 5 at every step: drafts are verified all along (and no step-time probe of the compiled model)
+        target=str(smollm2_dir),
+        method=method,
+        num_speculative_tokens=5,
+        controller="fixed",
+        max_num_seqs=3,
+        enforce_eager=enforce_eager,
     )
     assert llm.target.step.compiled is not enforce_eager
     outs = llm.chat(CHATS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
