@@ -52,6 +52,14 @@ def quant_int8_kernel() -> None:
 
 
 @pytest.fixture(scope="session")
+def tiny_packages(tmp_path_factory) -> Path:
+    """A step-package cache of the session's own for tiny_target's plain AOT step (no few-rows GEMM): test_aot_package
+    compiles it there (counting and breaking its compiles out of the user's cache) and test_compiled's eager-twin
+    and plain-package cases load it, where each compiled the same package (~18 s on two cores) before."""
+    return tmp_path_factory.mktemp("packages")
+
+
+@pytest.fixture(scope="session")
 def smollm2_cache(tmp_path_factory) -> Path:
     """An empty cache, so the conversion below really runs (once per session)."""
     return tmp_path_factory.mktemp("specdecode_cache")

@@ -14,12 +14,12 @@ from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 
 
 @pytest.fixture(scope="module")
-def package_root(tmp_path_factory):
-    """One package directory for the module (a compile of the tiny model takes ~25 s on two cores)."""
-    root = tmp_path_factory.mktemp("packages")
+def package_root(tiny_packages):
+    """One package directory for the module, not the user's (a compile of the tiny model takes ~25 s on two cores;
+    conftest's tiny_packages, which test_compiled loads the same package from)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECDECODE_CACHE", str(root))
-        yield root
+        mp.setenv("SPECDECODE_CACHE", str(tiny_packages))
+        yield tiny_packages
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def compiled_copy(model_dir, perturb: float = 0.0) -> tuple[LlamaModel, LlamaMod
 
 def test_a_second_load_comes_from_disk_and_other_weights_compile_their_own(tiny_target, compiles):
     first, eager = compiled_copy(tiny_target)
-    assert len(compiles) <= 1  # none if another test of the module compiled it first
+    assert len(compiles) <= 1  # none if another test compiled it first
     second, _ = compiled_copy(tiny_target)
     assert compiles == compiles[:1]  # the second model loaded the first one's package
     assert logits_gap(second, eager) < 1e-4

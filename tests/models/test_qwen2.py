@@ -10,9 +10,11 @@ is loaded.
 from __future__ import annotations
 
 import gc
+import re
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import gguf
@@ -23,6 +25,7 @@ import transformers
 from safetensors.torch import load_file
 
 from specdecode import LLM, SamplingParams
+from specdecode.cli import main
 from specdecode.drafters.subset_head import SubsetLMHead
 from specdecode.models import loader
 from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
@@ -136,13 +139,22 @@ def plain_15b() -> LLM:
     gc.collect()
 
 
+GREEDY_20 = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain_15b_output(plain_15b):
+    """K = 0's 20 greedy tokens on the chat prompt, decoded once for the three drafters (~3 s of the 1.5B each)."""
+    return plain_15b.chat([[{"role": "user", "content": PROMPT}]], GREEDY_20)[0]
+
+
 @needs_pair
 @pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
-def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(method, plain_15b):
+def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(method, plain_15b, plain_15b_output):
     """20 greedy tokens of each drafter (K = 4 at every step) are K = 0's; the 0.5B draft loads the same way."""
-    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    params = GREEDY_20
     chat = [[{"role": "user", "content": PROMPT}]]
-    want = plain_15b.chat(chat, params)[0]
+    want = plain_15b_output
     spec = LLM(
         target=TARGET,
         method=method,
@@ -170,8 +182,11 @@ def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(method, plain
 
 @needs_pair
 def test_cli_generate_accepts_the_builtin_names():
-    """The command from the issue: once it failed with "unsupported GGUF architecture 'qwen2'"."""
-    out = run_cli("generate", "--target", DRAFT, "--method", "none", "--max-tokens", "4", "--chat", "Say hi")
+    """The command from the issue: once it failed with "unsupported GGUF architecture 'qwen2'". The fixed
+    controller: K = 0 never reads a cost model, and the default one probes the 0.5B's step times first on a
+    machine without its profile (a fresh CI cache: most of this test's ~25 s)."""
+    command = "generate --method none --controller fixed --max-tokens 4 --chat".split()
+    out = run_cli(*command, "--target", DRAFT, "Say hi")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
 
@@ -180,6 +195,15 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "specdecode.cli", *args], capture_output=True, text=True, timeout=600, check=False
     )
+
+
+def cli_in_process(capsys, *args: str) -> tuple[int, str]:
+    """(exit status, stderr) of the command line run in this process: `python -m specdecode.cli` is
+    `sys.exit(main())`, so main's return value is the process's status, and an exception that escaped it (the
+    traceback a user would see) fails the test. A subprocess adds ~4 s of imports to each error case."""
+    capsys.readouterr()  # only what the command writes
+    returncode = main(list(args))
+    return returncode, capsys.readouterr().err
 
 
 # --- hand-made GGUFs: every architecture round-trips exactly -------------------------------------------
@@ -268,27 +292,38 @@ BAD_FILES = [
 
 
 @pytest.mark.parametrize(("make", "expected"), BAD_FILES, ids=[f.__name__.strip("_") for f, _ in BAD_FILES])
-def test_bad_gguf_is_one_line_and_cli_exit_2(make, expected, tmp_path, monkeypatch):
+def test_bad_gguf_is_one_line_and_cli_exit_2(make, expected, tmp_path, monkeypatch, capsys):
     spec = make(tmp_path)
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ModelLoadError) as err:
         resolve_model_dir(spec, progress=False)
     assert expected in str(err.value) and "\n" not in str(err.value)
-    out = run_cli("generate", "--target", spec, "--method", "none", "--max-tokens", "1", "hi")
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].startswith("specdecode: error: ")
-    assert expected in out.stderr and "Traceback" not in out.stderr
+    returncode, stderr = cli_in_process(
+        capsys, "generate", "--target", spec, "--method", "none", "--max-tokens", "1", "hi"
+    )
+    assert returncode == 2
+    assert stderr.strip().splitlines()[-1].startswith("specdecode: error: ")
+    assert expected in stderr and "Traceback" not in stderr
 
 
 # --- a draft whose vocabulary is not the target's, and a vocabulary that is broken ---------------------
 
 
+@cache
+def smollm2_vocabulary() -> dict[str, list]:
+    """SmolLM2's tokenizer fields as its GGUF holds them (read once: ~3 s of GGUFReader a test)."""
+    src = gguf.GGUFReader(BUILTIN_MODELS[SMOLLM2].gguf_path(SMOLLM2))
+    keys = ("tokens", "merges", "token_type", "model", "pre")
+    fields = {k: src.fields[f"tokenizer.ggml.{k}"].contents() for k in keys}
+    return {**fields, "chat_template": src.fields["tokenizer.chat_template"].contents()}
+
+
 def write_with_tokenizer(tmp: Path, change, keep_merges: bool = True) -> Path:
     """A tiny llama GGUF carrying SmolLM2's tokenizer with `change(tokens)` applied (the model's vocabulary
     sized to match); keep_merges=False keeps merges whose tokens `change` removed, as a broken file would."""
-    src = gguf.GGUFReader(BUILTIN_MODELS[SMOLLM2].gguf_path(SMOLLM2))
-    tokens = change(list(src.fields["tokenizer.ggml.tokens"].contents()))
-    merges = list(src.fields["tokenizer.ggml.merges"].contents())
+    src = smollm2_vocabulary()
+    tokens = change(list(src["tokens"]))
+    merges = list(src["merges"])
     if keep_merges:
         vocab = set(tokens)
         merges = [m for m in merges if (pair := m.split(" ")) and {pair[0], pair[1], "".join(pair)} <= vocab]
@@ -298,10 +333,11 @@ def write_with_tokenizer(tmp: Path, change, keep_merges: bool = True) -> Path:
     for key, field in raw.fields.items():
         if not key.startswith(("GGUF.", "general.architecture")):
             writer.add_key_value(key, field.contents(), field.types[0], sub_type=field.types[-1])
-    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template"):
-        writer.add_string(key, src.fields[key].contents())
+    writer.add_string("tokenizer.ggml.model", src["model"])
+    writer.add_string("tokenizer.ggml.pre", src["pre"])
+    writer.add_string("tokenizer.chat_template", src["chat_template"])
     writer.add_token_list(tokens)
-    writer.add_token_types(list(src.fields["tokenizer.ggml.token_type"].contents())[: len(tokens)])
+    writer.add_token_types(list(src["token_type"])[: len(tokens)])
     writer.add_token_merges(merges)
     for t in raw.tensors:
         writer.add_tensor(t.name, np.array(t.data))
@@ -310,6 +346,19 @@ def write_with_tokenizer(tmp: Path, change, keep_merges: bool = True) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return tmp / "draft.gguf"
+
+
+@pytest.fixture
+def cache_with_smollm2(tmp_path, monkeypatch) -> Path:
+    """A model cache of the test's own (what it converts stays out of the user's), already holding SmolLM2's
+    converted files as any machine that has run SmolLM2 does: converting them again from the GGUF took ~8 s of
+    each test, and the checks here are about the other file."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    files = resolve_model_dir(SMOLLM2, progress=False, weights=False)
+    (cache / files.name).symlink_to(files, target_is_directory=True)
+    monkeypatch.setenv("SPECDECODE_CACHE", str(cache))
+    return cache
 
 
 def _fewer(tokens: list[str]) -> list[str]:
@@ -328,24 +377,26 @@ def _renamed(tokens: list[str]) -> list[str]:
     ],
     ids=["fewer-tokens", "renamed-token"],
 )
-def test_draft_with_another_vocabulary_is_refused(change, expected, tmp_path, monkeypatch):
+def test_draft_with_another_vocabulary_is_refused(change, expected, tmp_path, cache_with_smollm2, capsys):
     draft = write_with_tokenizer(tmp_path, change)
-    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
-    out = run_cli(
-        "generate", "--target", SMOLLM2, "--draft", str(draft), "--method", "draft", "--max-tokens", "1", "hi"
+    returncode, stderr = cli_in_process(
+        capsys, "generate", "--target", SMOLLM2, "--draft", str(draft), "--method", "draft", "--max-tokens", "1", "hi"
     )
-    assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().splitlines()[-1] == f"specdecode: error: {expected}"
-    assert "Traceback" not in out.stderr
+    assert returncode == 2, stderr
+    assert stderr.strip().splitlines()[-1] == f"specdecode: error: {expected}"
+    assert "Traceback" not in stderr
 
 
-def test_vocabulary_with_dangling_merges_is_one_line(tmp_path, monkeypatch):
+def test_vocabulary_with_dangling_merges_is_one_line(tmp_path, monkeypatch, capsys):
     """Merges that name tokens the file does not have: tokenizers raises a bare Exception, which once
     escaped as a traceback with exit status 1."""
     path = write_with_tokenizer(tmp_path, _fewer, keep_merges=False)
-    with pytest.raises(ModelLoadError, match=r"cannot build a tokenizer from .*: Error while initializing BPE"):
-        resolve_model_dir(str(path), cache_dir=tmp_path / "cache", progress=False)
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
-    out = run_cli("generate", "--target", str(path), "--method", "none", "--max-tokens", "1", "hi")
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines()[-1].startswith("specdecode: error: cannot build a tokenizer from ")
+    returncode, stderr = cli_in_process(
+        capsys, "generate", "--target", str(path), "--method", "none", "--max-tokens", "1", "hi"
+    )
+    assert returncode == 2 and "Traceback" not in stderr
+    assert re.fullmatch(
+        r"specdecode: error: cannot build a tokenizer from .*: Error while initializing BPE.*",
+        stderr.strip().splitlines()[-1],
+    )
