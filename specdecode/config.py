@@ -267,8 +267,8 @@ class SpeculativeConfig:
 # A step's target-token budget by device. On CPU a forward's time grows with its tokens from the first one, so a
 # prompt chunk delays every running request's next tokens by what it costs, while a prompt's own prefill is
 # compute-bound and barely slower in small chunks. On two cores (SmolLM2, 8 streams, a 6k prompt arriving;
-# `specdecode bench long-prompt`, results/long_prompt_smollm2.json) 32 keeps the streams' p99 gap within ~4x
-# of its value without the prompt, whose first token comes ~1.15x later than alone; 128 was ~17-25x and ~1.1x.
+# `specdecode bench long-prompt`, results/long_prompt_smollm2.json) 32 keeps the streams' p99 gap at 2.2x its
+# value without the prompt, whose first token comes 1.18x later than alone; 128 was 12.2x and 1.09x.
 # With nobody decoding, nobody waits on a chunk: prompts then prefill IDLE_PREFILL_TOKENS at a time. A GPU runs
 # a few thousand tokens in about the time of one (vLLM's 2048).
 DEFAULT_BATCHED_TOKENS = {"cpu": 32, "cuda": 2048, "mps": 512}
