@@ -90,8 +90,11 @@ def reference_logits(chat_ids) -> Callable[[str], torch.Tensor]:
 
 
 @needs_pair
-@pytest.mark.parametrize("name", [DRAFT, TARGET])
+@pytest.mark.parametrize("name", [DRAFT])
 def test_logits_match_transformers_on_the_gguf(name, chat_ids, reference_logits):
+    """The dequantized fp32 reference path (--weights fp32) on the 0.5B, whose file holds every block type the 1.5B's
+    does (Q4_K, Q6_K) and more (Q5_0, Q8_0). The 1.5B is checked as it serves, blocks kept, just below: its fp32
+    conversion (7.1 GB written, then read) served this one comparison alone."""
     want = reference_logits(name)
     model = load_llama(resolve_model_dir(name), inference=False)  # packed linears would double the 7.1 GB
     assert model.cfg.model_type == "qwen2" and model.cfg.qkv_bias and not model.cfg.tie_embeddings
