@@ -96,10 +96,14 @@ class Scene:
                 self.start_short(int(rid[5:].split("-")[0]))  # keep the stream count
         return updates
 
+    def requests(self) -> list:
+        """The engine's sequences, waiting and running."""
+        return list(self.engine.waiting) + list(self.engine.running)
+
     def settle(self, max_steps: int = 10_000) -> int:
         """Step (untimed) until every short stream running now has its first token (or has ended): a stream still
         prefilling would put its own prompt's chunks into the "without" window. Returns the steps it took."""
-        seqs = [s for s in list(self.engine.waiting) + list(self.engine.running) if s.request_id.startswith("short")]
+        seqs = [s for s in self.requests() if s.request_id.startswith("short")]
         for n in range(max_steps):
             if all(s.metrics.num_generated > 0 or s.finish_reason is not None for s in seqs):
                 return n
@@ -107,7 +111,7 @@ class Scene:
         raise RuntimeError(f"the short streams did not all start decoding in {max_steps} steps")
 
     def clear(self) -> None:
-        for seq in list(self.engine.waiting) + list(self.engine.running):
+        for seq in self.requests():
             self.engine.abort(seq.request_id)
         while self.engine.has_work():
             self.engine.step()

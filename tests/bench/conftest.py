@@ -8,6 +8,7 @@ import json
 import pytest
 
 import specdecode.llm_args
+from specdecode.llm import LLM
 
 
 class ModelsLoaded(Exception):
@@ -33,3 +34,16 @@ def one_line_error(capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     return err
+
+
+def eager_smollm2_ngram(max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int) -> LLM:
+    """SmolLM2 with n-gram drafting at K = 2, eager: the small engine the bench modes' tests drive."""
+    return LLM(
+        "smollm2-135m-instruct",
+        method="ngram",
+        num_speculative_tokens=2,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enforce_eager=True,
+    )

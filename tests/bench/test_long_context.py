@@ -24,7 +24,7 @@ from specdecode.cli import main
 from specdecode.config import ConfigError, SamplingParams
 from specdecode.llm import LLM
 from specdecode.step.sequence import SeqMetrics
-from tests.bench.conftest import one_line_error
+from tests.bench.conftest import eager_smollm2_ngram, one_line_error
 
 ARMS = ["none", "fixed:2", "goodput"]
 MAX_TOKENS = 4
@@ -37,15 +37,7 @@ class Bar(NullBar):
 
 @pytest.fixture(scope="module")
 def smollm2() -> LLM:
-    return LLM(
-        "smollm2-135m-instruct",
-        method="ngram",
-        num_speculative_tokens=2,
-        max_num_seqs=1,
-        max_model_len=64,
-        max_num_batched_tokens=256,
-        enforce_eager=True,
-    )
+    return eager_smollm2_ngram(max_num_seqs=1, max_model_len=64, max_num_batched_tokens=256)
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.bench.long_prompt import Scene, set_budget
+from specdecode.bench.long_prompt import Scene
 from specdecode.llm import LLM
+from tests.bench.conftest import eager_smollm2_ngram
 
 # Prompts of ~40 tokens each: eight of them need several 32-token steps to prefill.
 PROMPTS = [[(7 * i + j) % 500 + 20 for j in range(40)] for i in range(8)]
@@ -15,21 +16,12 @@ PROMPTS = [[(7 * i + j) % 500 + 20 for j in range(40)] for i in range(8)]
 
 @pytest.fixture(scope="module")
 def smollm2() -> LLM:
-    return LLM(
-        "smollm2-135m-instruct",
-        method="ngram",
-        num_speculative_tokens=2,
-        max_num_seqs=8,
-        max_model_len=128,
-        max_num_batched_tokens=32,
-        enforce_eager=True,
-    )
+    return eager_smollm2_ngram(max_num_seqs=8, max_model_len=128, max_num_batched_tokens=32)
 
 
 def prefilling_after(llm: LLM, warm_up) -> list[str]:
     """The short streams still without a first token once `warm_up(scene)` ran, seven of them having arrived
     while the first decodes."""
-    set_budget(llm, 32)
     scene = Scene(llm, PROMPTS, max_tokens=64)
     scene.start_short(0)
     for _ in range(2):  # stream 0 decodes: the others' prompts now go at the budget, not in one idle chunk
@@ -37,8 +29,7 @@ def prefilling_after(llm: LLM, warm_up) -> list[str]:
     for i in range(1, len(PROMPTS)):
         scene.start_short(i)
     warm_up(scene)
-    seqs = list(llm.engine.waiting) + list(llm.engine.running)
-    late = [s.request_id for s in seqs if s.metrics.num_generated == 0]
+    late = [s.request_id for s in scene.requests() if s.metrics.num_generated == 0]
     scene.clear()
     return late
 

@@ -143,21 +143,19 @@ def plain_15b() -> LLM:
 
 
 GREEDY_20 = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+CHAT = [[{"role": "user", "content": PROMPT}]]
 
 
 @pytest.fixture(scope="module")
 def plain_15b_output(plain_15b):
     """K = 0's 20 greedy tokens on the chat prompt, decoded once for the three drafters (~3 s of the 1.5B each)."""
-    return plain_15b.chat([[{"role": "user", "content": PROMPT}]], GREEDY_20)[0]
+    return plain_15b.chat(CHAT, GREEDY_20)[0]
 
 
 @needs_pair
 @pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
 def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(method, plain_15b, plain_15b_output):
     """20 greedy tokens of each drafter (K = 4 at every step) are K = 0's; the 0.5B draft loads the same way."""
-    params = GREEDY_20
-    chat = [[{"role": "user", "content": PROMPT}]]
-    want = plain_15b_output
     spec = LLM(
         target=TARGET,
         method=method,
@@ -174,9 +172,9 @@ def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(method, plain
         head = spec.draft_model.lm_head  # its shipped drafting vocabulary, kept as the file's Q8_0 blocks
         assert isinstance(head, SubsetLMHead) and isinstance(head.head.linear, QuantLinear)
         assert head.head.linear.out_features == 32768
-    got = spec.chat(chat, params)[0]
-    assert "def" in want.text
-    assert got.token_ids == want.token_ids
+    got = spec.chat(CHAT, GREEDY_20)[0]
+    assert "def" in plain_15b_output.text
+    assert got.token_ids == plain_15b_output.token_ids
     if method == "draft":
         assert got.metrics["num_accepted"] > 0  # the 0.5B really drafted (same tokenizer, same family)
     del spec
