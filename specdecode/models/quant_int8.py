@@ -24,6 +24,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
+from specdecode.models.kquant_groups import GROUP_BYTES, group_rows
 from specdecode.models.quant_rows import TYPES, QuantLinear
 from specdecode.models.torch_op import build_op, load_op
 
@@ -41,13 +42,32 @@ def library() -> Path:
     this process; returns the library's path."""
     path = build_op("quant_int8", SOURCE, FLAGS, "int8 quantized kernel")
     load_op(path, "quant_int8_linear", _fake_quant_int8_linear)
+    _register_grouped_fake()
     return path
+
+
+@functools.cache
+def _register_grouped_fake() -> None:
+    """The grouped op's fake, once per process (load_op registers the row op's)."""
+    torch.library.register_fake("specdecode::quant_int8_grouped_linear", _fake_quant_int8_grouped_linear)
 
 
 def _fake_quant_int8_linear(
     x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None = None, path: int = 0
 ) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], blocks.shape[0])
+
+
+def _fake_quant_int8_grouped_linear(
+    x: torch.Tensor,
+    groups: torch.Tensor,
+    qtype: int,
+    in_features: int,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+    path: int = 0,
+) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], out_features)
 
 
 def paths() -> list[int]:
@@ -74,9 +94,28 @@ def quant_int8_linear(
     path: int = AUTO,
 ) -> torch.Tensor:
     """x [..., in] against the GGUF rows blocks [out, bytes_per_row] in the int8 arithmetic (+ bias [out])
-    -> [..., out] fp32."""
+    -> [..., out] fp32. K-quant blocks are grouped on every call here (`Int8QuantLinear` groups them once)."""
+    if qtype in GROUP_BYTES:
+        return quant_int8_grouped_linear(x, group_rows(blocks, qtype), qtype, in_features, blocks.shape[0], bias, path)
     library()
     return torch.ops.specdecode.quant_int8_linear.default(x, blocks, int(qtype), in_features, bias, path)
+
+
+def quant_int8_grouped_linear(
+    x: torch.Tensor,
+    groups: torch.Tensor,
+    qtype: GGMLQuantizationType,
+    in_features: int,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+    path: int = AUTO,
+) -> torch.Tensor:
+    """x [..., in] against a K-quant weight's rows grouped by models/kquant_groups.py, groups [ceil(out / 16),
+    bytes] (+ bias [out]) -> [..., out] fp32, in the int8 arithmetic."""
+    library()
+    return torch.ops.specdecode.quant_int8_grouped_linear.default(
+        x, groups, int(qtype), in_features, out_features, bias, path
+    )
 
 
 class Int8QuantLinear(nn.Module):
@@ -87,11 +126,19 @@ class Int8QuantLinear(nn.Module):
         if linear.qtype not in TYPES:
             raise ValueError(f"Int8QuantLinear supports {', '.join(t.name for t in TYPES)}, not {linear.qtype.name}")
         self.qtype, self.in_features, self.out_features = linear.qtype, linear.in_features, linear.out_features
-        self.register_buffer("blocks", linear.blocks)  # [out, bytes_per_row] uint8, the same storage
         self.register_buffer("bias", linear.bias)  # [out] fp32 or None
         self._exact = [linear]  # not a submodule: kept for dequantized() without registering its buffers twice
+        if self.qtype in GROUP_BYTES:  # K-quants: the kernel reads 16 rows at a time, grouped once here
+            self.blocks = linear.blocks  # [out, bytes_per_row] uint8, the file's rows (for row subsets)
+            self.register_buffer("groups", group_rows(linear.blocks, self.qtype))  # [ceil(out / 16), bytes]
+        else:
+            self.register_buffer("blocks", linear.blocks)  # [out, bytes_per_row] uint8, the same storage
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qtype in GROUP_BYTES:
+            return quant_int8_grouped_linear(
+                x, self.groups, self.qtype, self.in_features, self.out_features, self.bias
+            )  # [..., out]
         return quant_int8_linear(x, self.blocks, self.qtype, self.in_features, self.bias)  # [..., out]
 
     def dequantized(self) -> torch.Tensor:

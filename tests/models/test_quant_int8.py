@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as Q
 
 from specdecode.config import ARITHMETIC_ENV, EngineConfig
 from specdecode.models import quant_int8
+from specdecode.models.kquant_groups import group_rows
 from specdecode.models.quant_int8 import (
     AUTO,
     FAULT_NONE,
@@ -142,44 +143,41 @@ def tree(acc: np.ndarray) -> np.ndarray:
 
 
 def reference(x: np.ndarray, blocks: np.ndarray, qtype: Q, bias: np.ndarray | None = None) -> np.ndarray:
-    """The header's steps 1-3: [M, K] x [N, bytes] -> [M, N] fp32."""
+    """The header's arithmetic: [M, K] x [N, bytes] -> [M, N] fp32 (K-quants: the grouped op's definition, one
+    exact integer per super-block; 32-weight types: steps 1-3, lane by lane)."""
     f = decode(blocks, qtype)
     qb = gguf.GGML_QUANT_SIZES[qtype][0]
     xq, dx = quantize_rows(x, qb)  # [M, nb, qb], [M, nb]
     m, n, nb = x.shape[0], blocks.shape[0], dx.shape[1]
-    acc = np.zeros((m, n, 16), dtype=np.float32)
     if qtype in (Q.Q4_K, Q.Q6_K):
         sub = {Q.Q4_K: 32, Q.Q6_K: 16}[qtype]
-        stored = f["q"] + (32 if qtype == Q.Q6_K else 0)  # [N, nb, 256]
-        wt = (stored.reshape(n, nb, -1, sub) * f["sc"][..., None]).reshape(n, -1)
-        ints = lanes(xq.reshape(m, -1), wt).reshape(m, n, nb, 4, 16).sum(3)  # [M, N, nb, 16]
-        sums = xq.reshape(m, nb, -1, sub).sum(-1)  # [M, nb, sub-blocks]
-        pairs = (f["sc" if qtype == Q.Q6_K else "mn"][None] * sums[:, None]).reshape(m, n, nb, -1, 2).sum(-1)
-        if qtype == Q.Q6_K:
-            ints[..., :8] -= 32 * pairs  # lanes 0-7: the q6 - 32 correction
+        per_sub = np.einsum("mbjt,nbjt->mnbj", xq.reshape(m, nb, -1, sub), f["q"].reshape(n, nb, -1, sub))
+        ints = (per_sub * f["sc"][None]).sum(-1)  # [M, N, nb]: sum_j sc[j] * sum_t value[t] x[t], exact
+        acc = np.zeros((m, n), dtype=np.float32)
         for b in range(nb):
-            dxb = dx[:, None, b, None]  # [M, 1, 1]
-            acc = fma32(ints[:, :, b].astype(np.float32), f["d"][None, :, b, None] * dxb, acc)
+            dxb = dx[:, None, b]  # [M, 1]
+            acc = fma32(ints[:, :, b].astype(np.float32), f["d"][None, :, b] * dxb, acc)
             if qtype == Q.Q4_K:
-                M = np.zeros((m, n, 16), dtype=np.int64)
-                M[..., :4] = pairs[:, :, b]
-                acc = fma32(M.astype(np.float32), -(f["dmin"][None, :, b, None] * dxb), acc)
-    else:
-        nc = (nb + 1) // 2  # chunks of two blocks; a missing last block is zeros
-        pad = 2 * nc - nb
-        wq = np.pad(f["q"], ((0, 0), (0, pad), (0, 0))).reshape(n, -1)
-        xp = np.pad(xq, ((0, 0), (0, pad), (0, 0))).reshape(m, -1)
-        ints = lanes(xp, wq).reshape(m, n, nc, 16)
-        s4 = xp.reshape(m, nc, 16, 4).sum(-1)  # [M, nc, 16]
+                s32 = xq[:, b].reshape(m, 8, 32).sum(-1)  # [M, 8]
+                mins = (f["mn"][None, :, b] * s32[:, None]).sum(-1)  # [M, N]
+                acc = fma32(mins.astype(np.float32), -(f["dmin"][None, :, b] * dxb), acc)
+        return acc if bias is None else acc + bias[None, :]
+    acc = np.zeros((m, n, 16), dtype=np.float32)
+    nc = (nb + 1) // 2  # chunks of two blocks; a missing last block is zeros
+    pad = 2 * nc - nb
+    wq = np.pad(f["q"], ((0, 0), (0, pad), (0, 0))).reshape(n, -1)
+    xp = np.pad(xq, ((0, 0), (0, pad), (0, 0))).reshape(m, -1)
+    ints = lanes(xp, wq).reshape(m, n, nc, 16)
+    s4 = xp.reshape(m, nc, 16, 4).sum(-1)  # [M, nc, 16]
 
-        def per_lane(v: np.ndarray) -> np.ndarray:  # [..., nb] per block -> [..., nc, 16] per lane (0: missing)
-            return np.repeat(np.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, pad)]), 8, axis=-1).reshape(*v.shape[:-1], nc, 16)
+    def per_lane(v: np.ndarray) -> np.ndarray:  # [..., nb] per block -> [..., nc, 16] per lane (0: missing)
+        return np.repeat(np.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, pad)]), 8, axis=-1).reshape(*v.shape[:-1], nc, 16)
 
-        dl, wd = per_lane(dx), per_lane(f["d"])  # [M, nc, 16], [N, nc, 16]
-        for c in range(nc):
-            acc = fma32(ints[:, :, c].astype(np.float32), wd[None, :, c] * dl[:, None, c], acc)
-            if qtype == Q.Q4_1:
-                acc = fma32(s4[:, None, c].astype(np.float32), per_lane(f["m"])[None, :, c] * dl[:, None, c], acc)
+    dl, wd = per_lane(dx), per_lane(f["d"])  # [M, nc, 16], [N, nc, 16]
+    for c in range(nc):
+        acc = fma32(ints[:, :, c].astype(np.float32), wd[None, :, c] * dl[:, None, c], acc)
+        if qtype == Q.Q4_1:
+            acc = fma32(s4[:, None, c].astype(np.float32), per_lane(f["m"])[None, :, c] * dl[:, None, c], acc)
     out = tree(acc)
     return out if bias is None else out + bias[None, :]
 
@@ -400,4 +398,14 @@ def test_errors_and_fake():
         quant_int8_linear(torch.randn(2, 64), blocks, Q.Q8_0, 64, path=7)
     torch.library.opcheck(
         torch.ops.specdecode.quant_int8_linear.default, (torch.randn(2, 3, 64), blocks, int(Q.Q8_0), 64, None, AUTO)
+    )
+    kquant = random_blocks(Q.Q4_K, 20, 256, np.random.default_rng(9))
+    with pytest.raises(RuntimeError, match="take quant_int8_grouped_linear"):  # one definition per type
+        torch.ops.specdecode.quant_int8_linear.default(torch.randn(2, 256), kquant, int(Q.Q4_K), 256, None, AUTO)
+    groups = group_rows(kquant, Q.Q4_K)  # [2, 2368]: 20 rows, the second group padded
+    with pytest.raises(RuntimeError, match="groups must be"):
+        quant_int8.quant_int8_grouped_linear(torch.randn(2, 256), groups[:1], Q.Q4_K, 256, 20)
+    torch.library.opcheck(
+        torch.ops.specdecode.quant_int8_grouped_linear.default,
+        (torch.randn(2, 3, 256), groups, int(Q.Q4_K), 256, 20, torch.randn(20), AUTO),
     )

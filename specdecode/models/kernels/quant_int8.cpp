@@ -1,7 +1,8 @@
-// specdecode::quant_int8_linear(x [..., K], blocks [N, bytes_per_row], qtype, K, bias?, path) -> [..., N]: the
-// "fast" arithmetic. y ~= x @ dequant(W)^T (+ bias) with W kept as the raw GGUF blocks of one of Q4_1, Q5_0,
-// Q8_0, Q4_K, Q6_K (ggml's type numbers) and the activations quantized to int8, as llama.cpp's CPU kernels do.
-// It is NOT the dequantized model's product (that is quant_rows.cpp's); it is this fixed arithmetic:
+// specdecode::quant_int8_linear(x [..., K], blocks [N, bytes_per_row], qtype, K, bias?, path) -> [..., N] and
+// specdecode::quant_int8_grouped_linear (K-quants; its own definition is further down, before the op): the
+// "fast" arithmetic. y ~= x @ dequant(W)^T (+ bias) with W kept as the raw GGUF blocks of Q4_1, Q5_0 or Q8_0
+// (ggml's type numbers; Q4_K and Q6_K take the grouped op) and the activations quantized to int8, as llama.cpp's
+// CPU kernels do. It is NOT the dequantized model's product (that is quant_rows.cpp's); it is this fixed arithmetic:
 //
 // 1. Activations. Each row of x is quantized on its own, per block of QB consecutive values: QB = 32 for the
 //    32-weight types (Q4_1, Q5_0, Q8_0), QB = 256 (one super-block) for Q4_K and Q6_K. For a block x[0..QB):
@@ -9,38 +10,32 @@
 //      q[i] = 0 if dx == 0, else clamp(round_half_even(x[i] / dx), -127, 127)   (fp32 division, int8 result).
 //    Non-finite x are undefined.
 // 2. Lanes. The K positions of a row fall in chunks of 64 (k = 64 c + p, p = 0..63); position p of every chunk
-//    belongs to lane l = p / 4 (16 lanes, four positions each). Per chunk (Q4_1, Q5_0, Q8_0: the two blocks 2c,
-//    2c + 1, lanes 0-7 and 8-15; a missing last block adds nothing) or per super-block b of 4 chunks (Q4_K,
-//    Q6_K), each lane l gets one exact integer I[l], the sum over its positions of
+//    belongs to lane l = p / 4 (16 lanes, four positions each). Per chunk (the two blocks 2c, 2c + 1, lanes 0-7
+//    and 8-15; a missing last block adds nothing) each lane l gets one exact integer I[l], the sum over its
+//    positions of
 //      Q4_1: q4 * x      Q5_0: (q5 - 16) * x      Q8_0: q8 * x (q8 signed)
-//      Q4_K: sc[j] * q4 * x      Q6_K: sc[j] * q6 * x      (j: the position's sub-block)
-//    where x is the position's activation quant and q6 the stored 6-bit quant (0..63); Q6_K's lanes l < 8 then
-//    take away 32 * (sc[2l] * s16[2l] + sc[2l + 1] * s16[2l + 1]) (s16[j]: the sum of x over sub-block j), so
-//    that the 16 lanes together hold sum sc[j] * (q6 - 32) * x; and, for the terms with their own scale,
-//      Q4_1: s[l] = the sum of x over the lane's four positions;
-//      Q4_K: M[l] = mn[2l] * s32[2l] + mn[2l + 1] * s32[2l + 1] for l < 4, 0 for l >= 4 (s32[j]: the sum of x
-//            over sub-block j; mn the 6-bit mins).
+//    where x is the position's activation quant; and, for Q4_1, s[l] = the sum of x over the lane's positions.
 // 3. fp32, per lane, in this order, each operation rounded to fp32 (fma: one rounding), starting from acc = +0,
-//    with d, dmin, m the weight block's fp16 fields converted exactly, dx the activation block's scale of the
-//    lane's positions and float() int32 -> fp32 round-to-nearest-even:
+//    with d, m the weight block's fp16 fields converted exactly, dx the activation block's scale of the lane's
+//    positions and float() int32 -> fp32 round-to-nearest-even:
 //      acc = fma(float(I), d * dx, acc)
-//      Q4_1: acc = fma(float(s), m * dx, acc);   Q4_K: acc = fma(float(M), -(dmin * dx), acc)
-//    for chunks (super-blocks) c = 0, 1, 2, ... in increasing order; then the 16 lanes are summed by the tree
+//      Q4_1: acc = fma(float(s), m * dx, acc)
+//    for chunks c = 0, 1, 2, ... in increasing order; then the 16 lanes are summed by the tree
 //    acc_i += acc_{i+8} (i < 8), acc_i += acc_{i+4} (i < 4), acc_i += acc_{i+2} (i < 2), acc_0 + acc_1; then
 //    + bias[n] if there is a bias.
 //
 // This is llama.cpp's shape of the work: integer dot products inside a block, fp32 scales applied lane-wise, one
-// horizontal sum per output. The integers are exact whatever instructions compute them (VNNI's vpdpbusd and
-// vpdpwssd, or AVX-512BW's vpmaddubsw and vpmaddwd, where no int16 pair sum can saturate: a quant <= 63 times
-// |x| <= 127, twice, or |q8| <= 128 against the sign-adjusted x), and the fp32 steps are the same operations on
-// every path, so the AVX512-VNNI, AVX-512BW and portable scalar paths give identical bits. A row's quantization
-// and sums never read another row, so its output is bitwise the same alone or in any batch.
+// horizontal sum per output. The integers are exact whatever instructions compute them (VNNI's vpdpbusd, or
+// AVX-512BW's vpmaddubsw and vpmaddwd, where no int16 pair sum can saturate: a quant <= 31 times |x| <= 127,
+// twice, or |q8| <= 128 against the sign-adjusted x), and the fp32 steps are the same operations on every path,
+// so the AVX512-VNNI, AVX-512BW and portable scalar paths give identical bits. A row's quantization and sums
+// never read another row, so its output is bitwise the same alone or in any batch.
 //
 // Work: every activation row is quantized once per call, before the threads start. Threads split groups of 1, 2
-// or 4 weight rows (more at fewer activation rows, so that enough independent chains are in flight; a K-quant
-// super-block's four chunks go to two integer accumulators, not one chain of four); each weight chunk is decoded
-// once into registers and meets every activation row of the call, up to 8 at a time (a template argument, so
-// the row loop unrolls), before the next chunk.
+// or 4 weight rows (more at fewer activation rows, so that enough independent chains are in flight); each weight
+// chunk is decoded once into registers and meets every activation row of the call, up to 8 at a time (a template
+// argument, so the row loop unrolls), before the next chunk.
+//
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -72,10 +67,6 @@ template <>
 struct Layout<kQ5_0> { static constexpr int kWeights = 32, kBytes = 22; };
 template <>
 struct Layout<kQ8_0> { static constexpr int kWeights = 32, kBytes = 34; };
-template <>
-struct Layout<kQ4_K> { static constexpr int kWeights = 256, kBytes = 144; };
-template <>
-struct Layout<kQ6_K> { static constexpr int kWeights = 256, kBytes = 210; };
 
 constexpr int kLanes = 16;
 constexpr int kChunk = 64;    // positions per chunk: 16 lanes of 4
@@ -114,6 +105,7 @@ struct Acts {
     std::vector<float> d;       // [rows, K / QB]
     std::vector<float> dl;      // [rows, stride / 4]: each lane position group's dx (32-weight types; 0 in padding)
     std::vector<int32_t> s4;    // [rows, stride / 4]: the sum of the quants of each group of 4 positions
+    std::vector<int32_t> off;   // [rows, stride / 4]: -(s4 << offset_shift), the offset a lane's integer starts from
     std::vector<int16_t> s16;   // [rows, K / 16]
     std::vector<int16_t> s32;   // [rows, K / 32]
 };
@@ -154,13 +146,17 @@ float quantize_block_avx(const float* x, int64_t n, float shared_amax, bool shar
 #pragma GCC pop_options
 #endif
 
-void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, bool vector, Acts& a) {
+// offset_shift: Q5_0's quants are stored + 16 (shift 4), Q8_0's go to VNNI + 128 (shift 7); the lane integers
+// start from -(s4 << shift) instead of subtracting it after the dot product (the same integers). < 0: no offsets.
+void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, bool vector, int offset_shift,
+              Acts& a) {
     a.K = K, a.QB = QB, a.stride = (K + kChunk - 1) / kChunk * kChunk;
     const int64_t nb = K / QB, groups = a.stride / 4;
     a.q.assign(rows * a.stride, 0);
     a.d.assign(rows * nb, 0.0f);
     a.dl.assign(rows * groups, 0.0f);
     a.s4.assign(rows * groups, 0);
+    a.off.assign(offset_shift >= 0 ? rows * groups : 0, 0);
     a.s16.assign(rows * (K / 16), 0);
     a.s32.assign(rows * (K / 32), 0);
     for (int64_t b = 0; b < nb; ++b) {
@@ -184,6 +180,7 @@ void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, 
         for (int64_t g = 0; g < groups; ++g) {
             a.s4[m * groups + g] = q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3];
             if (4 * g < K) a.dl[m * groups + g] = a.d[m * nb + 4 * g / QB];
+            if (offset_shift >= 0) a.off[m * groups + g] = -(a.s4[m * groups + g] * (1 << offset_shift));
         }
         for (int64_t c = 0; c < K / 16; ++c)
             a.s16[m * (K / 16) + c] = int16_t(a.s4[m * groups + 4 * c] + a.s4[m * groups + 4 * c + 1] +
@@ -195,23 +192,10 @@ void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, 
 
 // ---- weights: the scalar fields and the quants in natural order (the portable decoding) ----
 
-// Q4_K's 6-bit scale and min of sub-block j (0..7) from its 12 packed bytes.
-void q4k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        mn = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
-        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
-// One weight block: fields and quants as stored (q: Q4_1, Q4_K 0..15; Q5_0 0..31, the value + 16; Q6_K 0..63,
-// the value + 32; Q8_0 signed).
+// One weight block: fields and quants as stored (q: Q4_1 0..15; Q5_0 0..31, the value + 16; Q8_0 signed).
 struct WBlock {
-    int32_t q[256];
-    int32_t sc[16], mn[8];
-    float d = 0, d2 = 0;  // d; and dmin (Q4_K) or m (Q4_1)
+    int32_t q[32];
+    float d = 0, d2 = 0;  // d; and m (Q4_1)
 };
 
 // The fp16 scale of 32-weight block b of a row: its own, or under the fault its neighbour's.
@@ -223,27 +207,7 @@ float block_d(const uint8_t* row, int64_t b, bool fault) {
 template <int64_t T>
 void decode_portable(const uint8_t* row, int64_t b, bool fault, WBlock& w) {
     const uint8_t* blk = row + b * Layout<T>::kBytes;
-    if constexpr (T == kQ4_K) {
-        w.d = half_to_float(blk), w.d2 = half_to_float(blk + 2);
-        for (int j = 0; j < 8; ++j) {
-            int sc, mn, unused;
-            q4k_scale_min(blk + 4, j, sc, mn);
-            if (fault && j == kFaultSub) q4k_scale_min(blk + 4, j - 1, sc, unused);
-            w.sc[j] = sc, w.mn[j] = mn;
-        }
-        for (int i = 0; i < 4; ++i)
-            for (int l = 0; l < 32; ++l)
-                w.q[64 * i + l] = blk[16 + 32 * i + l] & 0xf, w.q[64 * i + 32 + l] = blk[16 + 32 * i + l] >> 4;
-    } else if constexpr (T == kQ6_K) {
-        w.d = half_to_float(blk + 208);
-        for (int j = 0; j < 16; ++j) w.sc[j] = int8_t(blk[192 + (fault && j == kFaultSub ? j - 1 : j)]);
-        for (int l = 0; l < 256; ++l) {
-            const int h = l / 128, r = l % 128;
-            const int lo = (blk[64 * h + r % 64] >> (4 * (r / 64))) & 0xf;
-            const int hi = (blk[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3;
-            w.q[l] = lo | (hi << 4);
-        }
-    } else if constexpr (T == kQ8_0) {
+    if constexpr (T == kQ8_0) {
         w.d = block_d<T>(row, b, fault);
         for (int i = 0; i < 32; ++i) w.q[i] = int8_t(blk[2 + i]);
     } else if constexpr (T == kQ5_0) {
@@ -282,38 +246,13 @@ float reduce_lanes(const float* acc, float bias) {
 
 template <int64_t T>
 void row_portable(const Args& a, int64_t n, int64_t m) {
-    constexpr int kW = Layout<T>::kWeights;
     const Acts& A = *a.acts;
     const uint8_t* row = a.w + n * a.row_bytes;
     const int8_t* x = A.q.data() + m * A.stride;
     const int64_t groups = A.stride / 4;
     float acc[kLanes] = {};
     WBlock w, w2;
-    if constexpr (kW == 256) {
-        for (int64_t b = 0; b < a.K / 256; ++b) {
-            decode_portable<T>(row, b, a.fault, w);
-            const float dx = A.d[m * (a.K / 256) + b];
-            const int8_t* xb = x + 256 * b;
-            for (int l = 0; l < kLanes; ++l) {
-                int32_t I = 0, M = 0;
-                for (int i = 0; i < 4; ++i)
-                    for (int t = 0; t < 4; ++t) {
-                        const int p = 64 * i + 4 * l + t;
-                        I += w.sc[p / (T == kQ6_K ? 16 : 32)] * w.q[p] * xb[p];
-                    }
-                if constexpr (T == kQ6_K) {
-                    const int16_t* s16 = A.s16.data() + m * (a.K / 16) + 16 * b;
-                    if (l < 8) I -= 32 * (w.sc[2 * l] * s16[2 * l] + w.sc[2 * l + 1] * s16[2 * l + 1]);
-                }
-                acc[l] = std::fma(float(I), w.d * dx, acc[l]);
-                if constexpr (T == kQ4_K) {
-                    const int16_t* s32 = A.s32.data() + m * (a.K / 32) + 8 * b;
-                    if (l < 4) M = w.mn[2 * l] * s32[2 * l] + w.mn[2 * l + 1] * s32[2 * l + 1];
-                    acc[l] = std::fma(float(M), -(w.d2 * dx), acc[l]);
-                }
-            }
-        }
-    } else {
+    {
         const int64_t nb = a.K / 32;
         for (int64_t c = 0; c < (nb + 1) / 2; ++c) {
             const bool two = 2 * c + 1 < nb;
@@ -353,13 +292,6 @@ float half_hw(const uint8_t* p) {
     return _cvtsh_ss(h);
 }
 
-// acc + the int16 pair sums p times the int16 scales s, summed by lane (vpdpwssd, or vpmaddwd + vpaddd).
-template <bool V>
-__m512i dot_pairs(__m512i acc, __m512i p, __m512i s) {
-    if constexpr (V) return _mm512_dpwssd_epi32(acc, p, s);
-    else return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
-}
-
 // The lane sums of u * s (u unsigned <= 63, s signed: no int16 pair sum saturates).
 template <bool V>
 __m512i dot_quads(__m512i u, __m512i s) {
@@ -373,95 +305,8 @@ __m512i nibbles(__m512i twice, __m512i shifts) {
     return _mm512_and_si512(_mm512_srlv_epi16(twice, shifts), _mm512_set1_epi8(0xf));
 }
 constexpr long long kBy4 = 0x0004000400040004LL;
-// Q4_K: 32 bytes in both 256-bit halves -> low nibbles (sub-block 2i), then high nibbles (sub-block 2i + 1).
-__m512i halves_shift() { return _mm512_setr_epi64(0, 0, 0, 0, kBy4, kBy4, kBy4, kBy4); }
 // 32-weight types: blocks a, b's 16 bytes laid out [a, a, b, b] -> a's 32 weights, then b's.
 __m512i quarters_shift() { return _mm512_setr_epi64(0, 0, kBy4, kBy4, 0, 0, kBy4, kBy4); }
-
-// ---- K-quants: a super-block's fields, its 4 chunks' quants and int16 scale vectors, and its fp32 step ----
-
-template <int64_t T>
-struct KBlock;
-
-template <>
-struct KBlock<kQ4_K> {
-    const uint8_t* blk;
-    float d, dmin;
-    __m128i sc, mn;  // 8 int16 each
-    void read(const uint8_t* b, bool fault) {
-        blk = b;
-        d = half_hw(blk), dmin = half_hw(blk + 2);
-        uint32_t u[4];  // llama.cpp's unpacking: bytes 0-7 the 8 scales, bytes 8-15 the 8 mins
-        std::memcpy(u, blk + 4, 12);
-        u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-        const uint32_t mins_lo = u[1] & 0x3f3f3f3f;
-        u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-        u[2] = mins_lo;
-        u[0] &= 0x3f3f3f3f;
-        uint8_t* bytes = reinterpret_cast<uint8_t*>(u);
-        if (fault) bytes[kFaultSub] = bytes[kFaultSub - 1];
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
-        sc = _mm_cvtepu8_epi16(v), mn = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
-    }
-    __m512i quants(int i) const {  // sub-blocks 2i (low nibbles), 2i + 1 (high nibbles)
-        return nibbles(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * i))),
-                       halves_shift());
-    }
-    __m512i scales(int i) const {  // int16 lanes 0-15: sc[2i], 16-31: sc[2i + 1]
-        const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16(short(2 * i)), _mm256_set1_epi16(short(2 * i + 1)), 1);
-        return _mm512_permutexvar_epi16(idx, _mm512_castsi128_si512(sc));
-    }
-    template <bool V>
-    __m512 finish(__m512i I, float dx, const Acts& A, int64_t m, int64_t b, __m512 acc) const {
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(d * dx), acc);
-        const __m128i s32 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(A.s32.data() + m * (A.K / 32) + 8 * b));
-        const __m512i M = _mm512_zextsi128_si512(_mm_madd_epi16(mn, s32));  // lanes 0-3
-        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_set1_ps(-(dmin * dx)), acc);
-    }
-};
-
-template <>
-struct KBlock<kQ6_K> {
-    const uint8_t* blk;
-    float d;
-    __m256i sc;  // 16 int16
-    void read(const uint8_t* b, bool fault) {
-        blk = b;
-        d = half_hw(blk + 208);
-        alignas(16) int8_t raw[16];
-        std::memcpy(raw, blk + 192, 16);
-        if (fault) raw[kFaultSub] = raw[kFaultSub - 1];
-        sc = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(raw)));
-    }
-    __m512i quants(int i) const {  // weights 64i .. 64i + 63 = 128h + r, r = 64 (i % 2) + p, as q6 + 32
-        const int h = i / 2;
-        const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
-        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
-        const __m512i m4 = _mm512_set1_epi8(0xf), m30 = _mm512_set1_epi8(0x30);
-        // qh's 2 bits for r at bit 2 (r / 32) of byte r % 32; moved to bits 4-5 (the per-byte 0x30 mask drops
-        // what the 16-bit shifts carry in from the neighbouring byte)
-        if (i % 2 == 0) {
-            const __m512i up = _mm512_sllv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1));
-            return _mm512_ternarylogic_epi32(_mm512_and_si512(ql, m4), up, m30, 0xf8);  // a | (b & c)
-        }
-        const __m512i down = _mm512_srlv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1));
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), down, m30, 0xf8);
-    }
-    __m512i scales(int i) const {  // int16 lanes 8t .. 8t + 7: sc[4i + t]
-        const __m512i idx = _mm512_setr_epi64(0x0001000100010001LL * (4 * i), 0x0001000100010001LL * (4 * i),
-                                              0x0001000100010001LL * (4 * i + 1), 0x0001000100010001LL * (4 * i + 1),
-                                              0x0001000100010001LL * (4 * i + 2), 0x0001000100010001LL * (4 * i + 2),
-                                              0x0001000100010001LL * (4 * i + 3), 0x0001000100010001LL * (4 * i + 3));
-        return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(sc));
-    }
-    template <bool V>
-    __m512 finish(__m512i I, float dx, const Acts& A, int64_t m, int64_t b, __m512 acc) const {
-        // - 32 sc[j] s16[j], pairs of sub-blocks in lanes 0-7 (the quants above are q6 + 32)
-        const __m256i s16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.s16.data() + m * (A.K / 16) + 16 * b));
-        I = _mm512_sub_epi32(I, _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(sc, s16), 5)));
-        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(d * dx), acc);
-    }
-};
 
 // The G weight rows from n0, clamped to the last row (the duplicates compute the same value), and their bytes.
 template <int G>
@@ -478,44 +323,6 @@ void store_outputs(const Args& a, const int64_t* n, int64_t m0, const __m512 (&a
             _mm512_store_ps(v, acc[g][m]);
             a.out[(m0 + m) * a.N + n[g]] = reduce_lanes(v, a.bias ? a.bias[n[g]] : 0.0f);
         }
-}
-
-// G weight rows from n0 (clamped to the last row: duplicates compute the same value) x R activation rows.
-template <int64_t T, bool V, int G, int R>
-void kquant_rows(const Args& a, int64_t n0, int64_t m0) {
-    const Acts& A = *a.acts;
-    const uint8_t* w[G];
-    int64_t n[G];
-    weight_rows<G>(a, n0, n, w);
-    __m512 acc[G][R];
-    for (int g = 0; g < G; ++g)
-        for (int m = 0; m < R; ++m) acc[g][m] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < a.K / 256; ++b) {
-        KBlock<T> kb[G];
-        for (int g = 0; g < G; ++g) kb[g].read(w[g] + b * Layout<T>::kBytes, a.fault);
-        __m512i I[G][R], J[G][R];  // even and odd chunks: two shorter chains, summed (exactly) below
-        for (int g = 0; g < G; ++g)
-            for (int m = 0; m < R; ++m) I[g][m] = _mm512_setzero_si512(), J[g][m] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) {
-            __m512i q[G], s[G];
-            for (int g = 0; g < G; ++g) q[g] = kb[g].quants(i), s[g] = kb[g].scales(i);
-            for (int m = 0; m < R; ++m) {
-                const __m512i x = _mm512_loadu_si512(A.q.data() + (m0 + m) * A.stride + 256 * b + 64 * i);
-                for (int g = 0; g < G; ++g) {
-                    __m512i& acc = i % 2 ? J[g][m] : I[g][m];
-                    acc = dot_pairs<V>(acc, _mm512_maddubs_epi16(q[g], x), s[g]);
-                }
-            }
-        }
-        for (int g = 0; g < G; ++g)
-            for (int m = 0; m < R; ++m) I[g][m] = _mm512_add_epi32(I[g][m], J[g][m]);
-        for (int m = 0; m < R; ++m) {
-            const float dx = A.d[(m0 + m) * (a.K / 256) + b];
-            for (int g = 0; g < G; ++g) acc[g][m] = kb[g].template finish<V>(I[g][m], dx, A, m0 + m, b, acc[g][m]);
-        }
-    }
-    store_outputs<G, R>(a, n, m0, acc);
 }
 
 // ---- 32-weight types: chunk c = blocks 2c (lanes 0-7) and 2c + 1 (lanes 8-15) ----
@@ -565,17 +372,18 @@ Chunk32 chunk32(const uint8_t* row, int64_t c, int64_t nb, bool fault) {
     return k;
 }
 
-// Step 2's lane integers of one chunk against one activation row (x its 64 quants, s4 its 16 lane sums).
+// Step 2's lane integers of one chunk against one activation row (x its 64 quants; off its lane offsets, see
+// quantize: Q5_0, and Q8_0 on VNNI).
 template <int64_t T, bool V>
-__m512i lane_ints(__m512i q, __m512i x, __m512i s4) {
+__m512i lane_ints(__m512i q, __m512i x, __m512i off) {
     if constexpr (T == kQ8_0) {
-        if constexpr (V)  // q + 128 (see chunk32), less 128 times the lane sum
-            return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, x), _mm512_slli_epi32(s4, 7));
+        if constexpr (V) return _mm512_dpbusd_epi32(off, q, x);  // q + 128 (see chunk32), from -128 * the lane sum
         // |q| against x with q's sign: pair sums <= 2 * 128 * 127, no saturation
         const __m512i xs = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(q), _mm512_setzero_si512(), x);
         return _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(q), xs), _mm512_set1_epi16(1));
     } else if constexpr (T == kQ5_0) {
-        return _mm512_sub_epi32(dot_quads<V>(q, x), _mm512_slli_epi32(s4, 4));
+        if constexpr (V) return _mm512_dpbusd_epi32(off, q, x);  // (q5 + 16) * x from -16 * the lane sum
+        return _mm512_add_epi32(off, dot_quads<V>(q, x));
     } else {
         return dot_quads<V>(q, x);
     }
@@ -597,13 +405,16 @@ void block32_rows(const Args& a, int64_t n0, int64_t m0) {
         for (int m = 0; m < R; ++m) {
             const int64_t row = m0 + m;
             const __m512i x = _mm512_loadu_si512(A.q.data() + row * A.stride + 64 * c);
-            const __m512i s4 = _mm512_loadu_si512(A.s4.data() + row * groups + 16 * c);
+            // Q4_1: the lane sums s4; Q5_0 (and Q8_0 on VNNI): the lane offsets
+            constexpr bool kOff = T == kQ5_0 || (T == kQ8_0 && V);
+            const __m512i s = T == kQ4_1 || kOff ? _mm512_loadu_si512((kOff ? A.off : A.s4).data() + row * groups + 16 * c)
+                                                 : _mm512_setzero_si512();
             const __m512 dl = _mm512_loadu_ps(A.dl.data() + row * groups + 16 * c);
             for (int g = 0; g < G; ++g) {
-                const __m512i I = lane_ints<T, V>(k[g].q, x, s4);
+                const __m512i I = lane_ints<T, V>(k[g].q, x, s);
                 acc[g][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(k[g].d, dl), acc[g][m]);
                 if constexpr (T == kQ4_1)
-                    acc[g][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s4), _mm512_mul_ps(k[g].m, dl), acc[g][m]);
+                    acc[g][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(k[g].m, dl), acc[g][m]);
             }
         }
     }
@@ -612,8 +423,7 @@ void block32_rows(const Args& a, int64_t n0, int64_t m0) {
 
 template <int64_t T, bool V, int G, int R>
 void rows_avx(const Args& a, int64_t n0, int64_t m0) {
-    if constexpr (Layout<T>::kWeights == 256) kquant_rows<T, V, G, R>(a, n0, m0);
-    else block32_rows<T, V, G, R>(a, n0, m0);
+    block32_rows<T, V, G, R>(a, n0, m0);
 }
 
 #pragma GCC pop_options
@@ -700,9 +510,7 @@ std::pair<int64_t, int64_t> layout(int64_t qtype) {
         case kQ4_1: return {Layout<kQ4_1>::kWeights, Layout<kQ4_1>::kBytes};
         case kQ5_0: return {Layout<kQ5_0>::kWeights, Layout<kQ5_0>::kBytes};
         case kQ8_0: return {Layout<kQ8_0>::kWeights, Layout<kQ8_0>::kBytes};
-        case kQ4_K: return {Layout<kQ4_K>::kWeights, Layout<kQ4_K>::kBytes};
-        case kQ6_K: return {Layout<kQ6_K>::kWeights, Layout<kQ6_K>::kBytes};
-        default: return {0, 0};
+        default: return {0, 0};  // K-quants: quant_int8_grouped_linear
     }
 }
 
@@ -711,6 +519,8 @@ std::pair<int64_t, int64_t> layout(int64_t qtype) {
 at::Tensor quant_int8_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t in_features,
                              const std::optional<at::Tensor>& bias, int64_t path) {
     const auto [weights, bytes] = layout(qtype);
+    TORCH_CHECK(qtype != kQ4_K && qtype != kQ6_K, "quant_int8_linear: K-quants (GGML type ", qtype,
+                ") take quant_int8_grouped_linear over grouped rows (models/kquant_groups.py)");
     TORCH_CHECK(weights > 0, "quant_int8_linear: unsupported GGML type ", qtype);
     TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "quant_int8_linear: x must be fp32 on the CPU");
     TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() &&
@@ -739,19 +549,280 @@ at::Tensor quant_int8_linear(const at::Tensor& x, const at::Tensor& blocks, int6
     Acts acts;
     const int64_t M = rows.size(0);
     if (M > 0 && n > 0) {
-        quantize(rows.data_ptr<float>(), M, in_features, weights, g_fault == kFaultShared, path != kPortable, acts);
+        const int offset_shift = qtype == kQ5_0 ? 4 : qtype == kQ8_0 && path == kVnni ? 7 : -1;
+        quantize(rows.data_ptr<float>(), M, in_features, weights, g_fault == kFaultShared, path != kPortable,
+                 offset_shift, acts);
         const Args a{&acts, blocks.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr,
                      out.data_ptr<float>(), M, in_features, n, blocks.size(1), g_fault == kFaultScale};
         switch (qtype) {
             case kQ4_1: run<kQ4_1>(a, path); break;
             case kQ5_0: run<kQ5_0>(a, path); break;
             case kQ8_0: run<kQ8_0>(a, path); break;
-            case kQ4_K: run<kQ4_K>(a, path); break;
-            case kQ6_K: run<kQ6_K>(a, path); break;
         }
     }
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = n;
+    return out.view(sizes);
+}
+
+// ---- K-quants, grouped (models/kquant_groups.py): 16 weight rows per group, one per lane ----
+//
+// specdecode::quant_int8_grouped_linear(x [..., K], groups [G, K / 256 * group_bytes], qtype, K, N, bias?, path)
+// -> [..., N], N <= 16 G. The activations are quantized as step 1 defines (per 256-value super-block). For output
+// n, row m and super-block b, with q the weight's stored quants (Q4_K 0..15; Q6_K 0..63, the value + 32), x the
+// activation quants, sc/mn the sub-block scales and mins, s16/s32 the sums of x over 16/32 positions:
+//   Q4_K: I = sum_j sc[j] * sum_{t in j} q[t] x[t]  (j: 8 sub-blocks of 32);  Mn = sum_j mn[j] * s32[j]
+//   Q6_K: I = sum_j sc[j] * (sum_{t in j} q[t] x[t] - 32 * s16[j])  (j: 16 sub-blocks of 16)
+// exact integers (int32 holds them), then in fp32, each operation rounded (fma: once), from acc = +0, for
+// b = 0, 1, 2, ... in order:
+//   acc = fma(float(I), d * dx, acc);   Q4_K also: acc = fma(float(Mn), -(dmin * dx), acc)
+// and y = acc (+ bias[n]). float(): int32 -> fp32 round-to-nearest-even. A row's quantization and sums never read
+// another row, and every path (VNNI, AVX-512BW, portable) computes these same integers and fp32 operations, so a
+// row's output is bitwise the same alone or in any batch, on any path.
+//
+// Work: the threads split the groups; a group's super-block meets up to 6 activation rows at a time (passes of
+// near-equal size), so that each weight byte is loaded and unpacked once per pass. In a pass every integer
+// dot product (vpdpbusd, or vpmaddubsw + vpmaddwd) is 16 rows x 4 positions, its activation operand the row's 4
+// quants broadcast.
+
+constexpr int kGroupRows = 16, kMaxPass = 6;
+constexpr int64_t kQ4KGroupBytes = 2368, kQ6KGroupBytes = 4384;
+
+struct GArgs {
+    const Acts* acts;
+    const uint8_t* w;   // [G, nb * group_bytes]
+    const float* bias;  // [N] or nullptr
+    float* out;         // [M, N]
+    int64_t M, K, N, G;
+    bool fault;
+};
+
+// Sub-block j's scale row under the fault: sub-block 5 reads sub-block 4's scales.
+inline int scale_row(int j, bool fault) { return fault && j == kFaultSub ? j - 1 : j; }
+
+void grouped_portable(const GArgs& a, int64_t qtype) {
+    const Acts& A = *a.acts;
+    const int64_t nb = a.K / 256;
+    const int64_t gbytes = qtype == kQ4_K ? kQ4KGroupBytes : kQ6KGroupBytes;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < a.N; ++n) {
+        const int64_t g = n / kGroupRows, r = n % kGroupRows;
+        for (int64_t m = 0; m < a.M; ++m) {
+            const int8_t* x = A.q.data() + m * A.stride;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t* blk = a.w + (g * nb + b) * gbytes;
+                const float dx = A.d[m * nb + b];
+                const int8_t* xb = x + 256 * b;
+                int32_t I = 0, Mn = 0;
+                if (qtype == kQ4_K) {
+                    for (int j = 0; j < 8; ++j) {
+                        const int i = j / 2, h = j % 2;
+                        int32_t S = 0;
+                        for (int k = 0; k < 8; ++k)
+                            for (int t = 0; t < 4; ++t) {
+                                const uint8_t byte = blk[320 + ((i * 8 + k) * kGroupRows + r) * 4 + t];
+                                S += int32_t(h ? byte >> 4 : byte & 0xf) * xb[64 * i + 32 * h + 4 * k + t];
+                            }
+                        I += int32_t(blk[64 + scale_row(j, a.fault) * kGroupRows + r]) * S;
+                        Mn += int32_t(blk[192 + j * kGroupRows + r]) * A.s32[m * (a.K / 32) + 8 * b + j];
+                    }
+                    acc = std::fma(float(I), half_to_float(blk + 2 * r) * dx, acc);
+                    acc = std::fma(float(Mn), -(half_to_float(blk + 32 + 2 * r) * dx), acc);
+                } else {
+                    for (int j = 0; j < 16; ++j) {
+                        int32_t S = -32 * int32_t(A.s16[m * (a.K / 16) + 16 * b + j]);
+                        for (int k = 0; k < 4; ++k)
+                            for (int t = 0; t < 4; ++t)
+                                S += int32_t(blk[288 + ((4 * j + k) * kGroupRows + r) * 4 + t]) * xb[16 * j + 4 * k + t];
+                        I += int32_t(int8_t(blk[32 + scale_row(j, a.fault) * kGroupRows + r])) * S;
+                    }
+                    acc = std::fma(float(I), half_to_float(blk + 2 * r) * dx, acc);
+                }
+            }
+            a.out[m * a.N + n] = a.bias ? acc + a.bias[n] : acc;
+        }
+    }
+}
+
+#if QUANT_INT8_X86
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")
+
+// acc + the 16 lane sums of u * s over 4 bytes (u unsigned <= 63, s signed: no int16 pair sum saturates).
+template <bool V>
+inline __m512i dp4(__m512i acc, __m512i u, __m512i s) {
+    if constexpr (V) return _mm512_dpbusd_epi32(acc, u, s);
+    else return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+}
+
+// 4 activation quants from p in every lane (a broadcast load the dot product can take as its memory operand).
+typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
+inline __m512i quad(const int8_t* p) { return _mm512_set1_epi32(*reinterpret_cast<const unaligned_i32*>(p)); }
+
+inline __m512i u8_lanes(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m512i i8_lanes(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m512 half_lanes(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+// One super-block of a Q4_K group against R activation rows (x[m]: the row's quants of this super-block):
+// I and Mn of every lane, as the header above defines them.
+template <bool V, int R>
+inline void q4k_block(const uint8_t* blk, const int8_t* const (&x)[R], const int16_t* const (&s32)[R], bool fault,
+                      __m512i (&I)[R], __m512i (&Mn)[R]) {
+    const __m512i m4 = _mm512_set1_epi8(0xf);
+    for (int m = 0; m < R; ++m) I[m] = _mm512_setzero_si512(), Mn[m] = _mm512_setzero_si512();
+    for (int i = 0; i < 4; ++i) {
+        __m512i lo[R], hi[R];  // sub-blocks 2i and 2i + 1
+        for (int m = 0; m < R; ++m) lo[m] = _mm512_setzero_si512(), hi[m] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+            const __m512i v = _mm512_loadu_si512(blk + 320 + (i * 8 + k) * 64);
+            const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            for (int m = 0; m < R; ++m) {
+                lo[m] = dp4<V>(lo[m], wl, quad(x[m] + 64 * i + 4 * k));
+                hi[m] = dp4<V>(hi[m], wh, quad(x[m] + 64 * i + 32 + 4 * k));
+            }
+        }
+        const __m512i sl = u8_lanes(blk + 64 + scale_row(2 * i, fault) * 16);
+        const __m512i sh = u8_lanes(blk + 64 + scale_row(2 * i + 1, fault) * 16);
+        for (int m = 0; m < R; ++m)
+            I[m] = _mm512_add_epi32(I[m], _mm512_add_epi32(_mm512_mullo_epi32(lo[m], sl), _mm512_mullo_epi32(hi[m], sh)));
+    }
+    for (int j = 0; j < 8; ++j) {
+        const __m512i mn = u8_lanes(blk + 192 + j * 16);
+        for (int m = 0; m < R; ++m) Mn[m] = _mm512_add_epi32(Mn[m], _mm512_mullo_epi32(mn, _mm512_set1_epi32(s32[m][j])));
+    }
+}
+
+// One super-block of a Q6_K group against R activation rows: I of every lane.
+template <bool V, int R>
+inline void q6k_block(const uint8_t* blk, const int8_t* const (&x)[R], const int16_t* const (&s16)[R], bool fault,
+                      __m512i (&I)[R]) {
+    for (int m = 0; m < R; ++m) I[m] = _mm512_setzero_si512();
+    for (int j = 0; j < 16; j += 2) {  // two sub-blocks at a time: two chains per row
+        __m512i S0[R], S1[R];
+        for (int m = 0; m < R; ++m)
+            S0[m] = _mm512_set1_epi32(-32 * int32_t(s16[m][j])), S1[m] = _mm512_set1_epi32(-32 * int32_t(s16[m][j + 1]));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+            const __m512i w0 = _mm512_loadu_si512(blk + 288 + (4 * j + k) * 64);
+            const __m512i w1 = _mm512_loadu_si512(blk + 288 + (4 * j + 4 + k) * 64);
+            for (int m = 0; m < R; ++m) {
+                S0[m] = dp4<V>(S0[m], w0, quad(x[m] + 16 * j + 4 * k));
+                S1[m] = dp4<V>(S1[m], w1, quad(x[m] + 16 * j + 16 + 4 * k));
+            }
+        }
+        const __m512i c0 = i8_lanes(blk + 32 + scale_row(j, fault) * 16);
+        const __m512i c1 = i8_lanes(blk + 32 + scale_row(j + 1, fault) * 16);
+        for (int m = 0; m < R; ++m)
+            I[m] = _mm512_add_epi32(I[m], _mm512_add_epi32(_mm512_mullo_epi32(S0[m], c0), _mm512_mullo_epi32(S1[m], c1)));
+    }
+}
+
+// Group g (16 outputs) x activation rows m0 .. m0 + R.
+template <int64_t T, bool V, int R>
+void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
+    const Acts& A = *a.acts;
+    const int64_t nb = a.K / 256;
+    constexpr int64_t kBytes = T == kQ4_K ? kQ4KGroupBytes : kQ6KGroupBytes;
+    __m512 acc[R];
+    for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = a.w + (g * nb + b) * kBytes;
+        const int8_t* x[R];
+        const int16_t* sums[R];
+        for (int m = 0; m < R; ++m) {
+            x[m] = A.q.data() + (m0 + m) * A.stride + 256 * b;
+            sums[m] = T == kQ4_K ? A.s32.data() + (m0 + m) * (a.K / 32) + 8 * b : A.s16.data() + (m0 + m) * (a.K / 16) + 16 * b;
+        }
+        __m512i I[R], Mn[R];
+        if constexpr (T == kQ4_K) q4k_block<V, R>(blk, x, sums, a.fault, I, Mn);
+        else q6k_block<V, R>(blk, x, sums, a.fault, I);
+        const __m512 d = half_lanes(blk);
+        for (int m = 0; m < R; ++m) {
+            const __m512 dx = _mm512_set1_ps(A.d[(m0 + m) * nb + b]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[m]), _mm512_mul_ps(d, dx), acc[m]);
+            if constexpr (T == kQ4_K) {  // -(dmin * dx) == (-dmin) * dx exactly
+                const __m512 ndmin = _mm512_sub_ps(_mm512_setzero_ps(), half_lanes(blk + 32));
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Mn[m]), _mm512_mul_ps(ndmin, dx), acc[m]);
+            }
+        }
+    }
+    const int64_t n0 = g * kGroupRows;
+    const __mmask16 keep = __mmask16((1u << std::min<int64_t>(kGroupRows, a.N - n0)) - 1);
+    const __m512 bias = a.bias ? _mm512_maskz_loadu_ps(keep, a.bias + n0) : _mm512_setzero_ps();
+    for (int m = 0; m < R; ++m)
+        _mm512_mask_storeu_ps(a.out + (m0 + m) * a.N + n0, keep, a.bias ? _mm512_add_ps(acc[m], bias) : acc[m]);
+}
+
+template <int64_t T, bool V>
+void grouped_avx(const GArgs& a) {
+    using Fn = void (*)(const GArgs&, int64_t, int64_t);
+    static constexpr Fn by_rows[kMaxPass + 1] = {nullptr,
+                                                 grouped_rows<T, V, 1>,
+                                                 grouped_rows<T, V, 2>,
+                                                 grouped_rows<T, V, 3>,
+                                                 grouped_rows<T, V, 4>,
+                                                 grouped_rows<T, V, 5>,
+                                                 grouped_rows<T, V, 6>};
+    const int64_t passes = (a.M + kMaxPass - 1) / kMaxPass;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < a.G; ++g) {
+        for (int64_t p = 0, m0 = 0; p < passes; ++p) {  // near-equal passes; the group's bytes stay in cache
+            const int rows = int((a.M - m0 + (passes - p) - 1) / (passes - p));
+            by_rows[rows](a, g, m0);
+            m0 += rows;
+        }
+    }
+}
+
+#pragma GCC pop_options
+#endif  // QUANT_INT8_X86
+
+at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& groups, int64_t qtype, int64_t in_features,
+                                     int64_t out_features, const std::optional<at::Tensor>& bias, int64_t path) {
+    TORCH_CHECK(qtype == kQ4_K || qtype == kQ6_K, "quant_int8_grouped_linear: Q4_K or Q6_K, not GGML type ", qtype);
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "quant_int8_grouped_linear: x must be fp32 on the CPU");
+    TORCH_CHECK(in_features > 0 && in_features % 256 == 0, "quant_int8_grouped_linear: in_features ", in_features,
+                " is not a multiple of 256");
+    const int64_t gbytes = qtype == kQ4_K ? kQ4KGroupBytes : kQ6KGroupBytes;
+    const int64_t G = (out_features + kGroupRows - 1) / kGroupRows;
+    TORCH_CHECK(groups.scalar_type() == at::kByte && groups.dim() == 2 && groups.is_contiguous() && groups.device().is_cpu() &&
+                    groups.size(0) == G && groups.size(1) == in_features / 256 * gbytes,
+                "quant_int8_grouped_linear: groups must be a contiguous uint8 [", G, ", ", in_features / 256 * gbytes,
+                "] CPU tensor (models/kquant_groups.py)");
+    TORCH_CHECK(x.size(-1) == in_features, "quant_int8_grouped_linear: x has ", x.size(-1), " features, the weight ",
+                in_features);
+    if (bias) {
+        TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == out_features &&
+                        bias->is_contiguous() && bias->device().is_cpu(),
+                    "quant_int8_grouped_linear: bias must be a contiguous fp32 [out] CPU tensor");
+    }
+    TORCH_CHECK(path >= kAuto && path <= kPortable, "quant_int8_grouped_linear: path is 0 (auto), 1 (VNNI), 2 (BW) or 3 "
+                                                    "(portable)");
+    TORCH_CHECK(path != kVnni || (features() & 1), "quant_int8_grouped_linear: this CPU has no AVX512-VNNI");
+    TORCH_CHECK(path != kBw || (features() & 2), "quant_int8_grouped_linear: this CPU has no AVX-512BW");
+    if (path == kAuto) path = (features() & 1) ? kVnni : (features() & 2) ? kBw : kPortable;
+
+    const at::Tensor rows = x.reshape({-1, in_features}).contiguous();  // [M, K]
+    at::Tensor out = at::empty({rows.size(0), out_features}, x.options());  // [M, N]
+    const int64_t M = rows.size(0);
+    if (M > 0 && out_features > 0) {
+        Acts acts;
+        quantize(rows.data_ptr<float>(), M, in_features, 256, g_fault == kFaultShared, path != kPortable, -1, acts);
+        const GArgs a{&acts, groups.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
+                      M, in_features, out_features, G, g_fault == kFaultScale};
+#if QUANT_INT8_X86
+        if (path != kPortable) {
+            const bool v = path == kVnni;
+            if (qtype == kQ4_K) v ? grouped_avx<kQ4_K, true>(a) : grouped_avx<kQ4_K, false>(a);
+            else v ? grouped_avx<kQ6_K, true>(a) : grouped_avx<kQ6_K, false>(a);
+        } else
+#endif
+            grouped_portable(a, qtype);
+    }
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = out_features;
     return out.view(sizes);
 }
 
@@ -765,7 +836,12 @@ void specdecode_quant_int8_fault(int mode) { g_fault = mode; }
 TORCH_LIBRARY_FRAGMENT(specdecode, m) {
     m.def("quant_int8_linear(Tensor x, Tensor blocks, int qtype, int in_features, Tensor? bias=None, int path=0)"
           " -> Tensor");
+    m.def("quant_int8_grouped_linear(Tensor x, Tensor groups, int qtype, int in_features, int out_features, "
+          "Tensor? bias=None, int path=0) -> Tensor");
     m.def("quant_int8_features() -> int", &features);
 }
 
-TORCH_LIBRARY_IMPL(specdecode, CPU, m) { m.impl("quant_int8_linear", &quant_int8_linear); }
+TORCH_LIBRARY_IMPL(specdecode, CPU, m) {
+    m.impl("quant_int8_linear", &quant_int8_linear);
+    m.impl("quant_int8_grouped_linear", &quant_int8_grouped_linear);
+}
