@@ -1,17 +1,25 @@
 """The "fast" arithmetic: GGUF-block linears with int8-quantized activations (llama.cpp's CPU arithmetic, defined).
 
 `QuantLinear` (models/quant_rows.py) multiplies the file's blocks by fp32 activations: exact, and at one row bound
-by decoding each weight to fp32 (3-10 vector operations per 16 weights). The op here, `specdecode::quant_int8_linear`
-(kernels/quant_int8.cpp, whose header defines the arithmetic to the last rounding), quantizes each activation row on
-its own, per block of 32 values (per 256-value super-block against Q4_K and Q6_K), to int8 with scale max|x| / 127;
-takes integer dot products with the weight quants in 16 lanes of 4 positions each (exact in int32: AVX512-VNNI where
-the CPU has it, else AVX-512BW, else portable scalar code, all three bitwise equal); and applies the fp32 scales lane
-by lane, once per block, with one horizontal sum per output, as llama.cpp's CPU kernels do. It is not the
-dequantized model's product, but it is a function of each row alone: a row's output is bitwise the same alone or in
-any batch, so speculation under it stays exact with respect to it.
+by decoding each weight to fp32 (3-10 vector operations per 16 weights). The ops here (kernels/quant_int8.cpp, whose
+comments define the arithmetic to the last rounding) quantize each activation row on its own, per block of 32 values
+(per 256-value super-block against Q4_K and Q6_K), to int8 with scale max|x| / 127, take exact integer dot products
+with the weight quants (AVX512-VNNI where the CPU has it, else AVX-512BW, else portable scalar code, all three bitwise
+equal) and apply the fp32 scales in a fixed order:
 
-`use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s sharing their blocks; `apply_arithmetic`
-does so for arithmetic "fast" (EngineConfig.arithmetic; `exact`, the default, leaves the model as it is).
+- Q4_1, Q5_0, Q8_0 (`specdecode::quant_int8_linear`, over the file's rows): lane by lane, once per block, with one
+  horizontal sum per output, as llama.cpp's CPU kernels do.
+- Q4_K, Q6_K (`specdecode::quant_int8_grouped_linear`, over rows grouped 16 at a time by models/kquant_groups.py):
+  one exact integer per super-block and output (the sub-block scales applied in integers), then one fp32 fma per
+  super-block (two for Q4_K's mins). A vector lane is an output row: one integer instruction serves 16 outputs and
+  the fp32 steps are one vector operation for all 16.
+
+Neither is the dequantized model's product, but each is a function of each row alone: a row's output is bitwise the
+same alone or in any batch, so speculation under it stays exact with respect to it.
+
+`use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s sharing their blocks (K-quant weights are
+grouped once there: a second copy of their bytes, 1.3x for Q6_K); `apply_arithmetic` does so for arithmetic "fast"
+(EngineConfig.arithmetic; `exact`, the default, leaves the model as it is).
 """
 
 from __future__ import annotations

@@ -181,6 +181,40 @@ def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(method, plain
     gc.collect()
 
 
+@pytest.fixture(scope="module")
+def fast_15b_output() -> tuple[LLM, list[int]]:
+    """K = 0 on the 1.5B in the fast arithmetic (eager: the grouped K-quant kernel without a package to compile)
+    and its 20 greedy tokens."""
+    llm = LLM(target=TARGET, method="none", controller="fixed", max_num_seqs=1, max_model_len=1024, arithmetic="fast")
+    yield llm, llm.chat(CHAT, GREEDY_20)[0].token_ids
+    del llm
+    gc.collect()
+
+
+@needs_pair
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_drafters_greedy_equal_fast_plain_decoding_on_the_15b(method, fast_15b_output):
+    """Under the fast arithmetic (most of the 1.5B's bytes are Q4_K and Q6_K: the grouped kernel) a verify of
+    K + 1 rows gives each row the logits it has alone, so K = 4 at every step keeps K = 0's tokens."""
+    plain, want = fast_15b_output
+    spec = LLM(
+        target=TARGET,
+        method=method,
+        num_speculative_tokens=4,
+        controller="fixed",
+        max_num_seqs=1,
+        max_model_len=1024,
+        arithmetic="fast",
+        share_target=plain,
+    )
+    got = spec.chat(CHAT, GREEDY_20)[0]
+    assert got.token_ids == want
+    if method == "draft":  # (the chat prompt gives n-grams little to copy: they may not draft at all)
+        assert got.metrics["num_accepted"] > 0
+    del spec
+    gc.collect()
+
+
 @needs_pair
 def test_cli_generate_accepts_the_builtin_names():
     """The command from the issue: once it failed with "unsupported GGUF architecture 'qwen2'". The fixed
