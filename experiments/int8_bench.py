@@ -19,6 +19,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from specdecode.models import quant_int8, quant_rows
+from specdecode.models.row_groups import group_rows
 
 SHAPES = ((8960, 1536, Q.Q4_K), (1536, 8960, Q.Q4_K), (151936, 1536, Q.Q6_K))  # (out, in, type)
 ROWS = (1, 2, 5, 9)
@@ -60,7 +61,8 @@ def main() -> None:
         for rows in ROWS:
             x = torch.randn(rows, k)
             exact = best_ms(partial(quant_rows.quant_rows_linear, x, w, qtype, k), args.repeats, clock)
-            fast = best_ms(partial(quant_int8.quant_int8_linear, x, w, qtype, k), args.repeats, clock)
+            groups = group_rows(w, qtype)  # once, as Int8QuantLinear does
+            fast = best_ms(partial(quant_int8.quant_int8_grouped_linear, x, groups, qtype, k, out), args.repeats, clock)
             print(f"{f'{out}x{k} {qtype.name}':>22} {rows:>4} {exact:9.2f} {fast:8.2f} {exact / fast:6.2f}x")
 
 

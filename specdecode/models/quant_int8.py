@@ -1,25 +1,22 @@
 """The "fast" arithmetic: GGUF-block linears with int8-quantized activations (llama.cpp's CPU arithmetic, defined).
 
 `QuantLinear` (models/quant_rows.py) multiplies the file's blocks by fp32 activations: exact, and at one row bound
-by decoding each weight to fp32 (3-10 vector operations per 16 weights). The ops here (kernels/quant_int8.cpp, whose
-comments define the arithmetic to the last rounding) quantize each activation row on its own, per block of 32 values
-(per 256-value super-block against Q4_K and Q6_K), to int8 with scale max|x| / 127, take exact integer dot products
-with the weight quants (AVX512-VNNI where the CPU has it, else AVX-512BW, else portable scalar code, all three bitwise
-equal) and apply the fp32 scales in a fixed order:
+by decoding each weight to fp32 (3-10 vector operations per 16 weights). The op here,
+`specdecode::quant_int8_grouped_linear` (kernels/quant_int8.cpp, whose header defines the arithmetic to the last
+rounding), quantizes each activation row on its own, per block of 32 values (per 256-value super-block against Q4_K
+and Q6_K), to int8 with scale max|x| / 127; takes one exact integer dot product per weight block and output (a
+K-quant's sub-block scales applied in integers); and applies the fp32 scales once per block, in a fixed order. The
+weight rows are grouped 16 at a time (models/row_groups.py): a vector lane is an output row, so one integer
+instruction serves 16 outputs and a block's fp32 steps are one vector operation for all 16. AVX512-VNNI where the
+CPU has it, else AVX-512BW, else portable scalar code, all three bitwise equal.
 
-- Q4_1, Q5_0, Q8_0 (`specdecode::quant_int8_linear`, over the file's rows): lane by lane, once per block, with one
-  horizontal sum per output, as llama.cpp's CPU kernels do.
-- Q4_K, Q6_K (`specdecode::quant_int8_grouped_linear`, over rows grouped 16 at a time by models/kquant_groups.py):
-  one exact integer per super-block and output (the sub-block scales applied in integers), then one fp32 fma per
-  super-block (two for Q4_K's mins). A vector lane is an output row: one integer instruction serves 16 outputs and
-  the fp32 steps are one vector operation for all 16.
-
-Neither is the dequantized model's product, but each is a function of each row alone: a row's output is bitwise the
+It is not the dequantized model's product, but it is a function of each row alone: a row's output is bitwise the
 same alone or in any batch, so speculation under it stays exact with respect to it.
 
-`use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s sharing their blocks (K-quant weights are
-grouped once there: a second copy of their bytes, 1.3x for Q6_K); `apply_arithmetic` does so for arithmetic "fast"
-(EngineConfig.arithmetic; `exact`, the default, leaves the model as it is).
+`use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s over the same blocks, grouped once there (a
+second copy of the weight's bytes, 1.3x for Q6_K; the file's rows stay for row subsets and `dequantized`);
+`apply_arithmetic` does so for arithmetic "fast" (EngineConfig.arithmetic; `exact`, the default, leaves the model
+as it is).
 """
 
 from __future__ import annotations
@@ -32,8 +29,8 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from specdecode.models.kquant_groups import GROUP_BYTES, group_rows
 from specdecode.models.quant_rows import TYPES, QuantLinear
+from specdecode.models.row_groups import group_rows
 from specdecode.models.torch_op import build_op, load_op
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
@@ -49,21 +46,8 @@ def library() -> Path:
     """Build the op into the cache (keyed by source, flags, compiler and torch) the first time and load it into
     this process; returns the library's path."""
     path = build_op("quant_int8", SOURCE, FLAGS, "int8 quantized kernel")
-    load_op(path, "quant_int8_linear", _fake_quant_int8_linear)
-    _register_grouped_fake()
+    load_op(path, "quant_int8_grouped_linear", _fake_quant_int8_grouped_linear)
     return path
-
-
-@functools.cache
-def _register_grouped_fake() -> None:
-    """The grouped op's fake, once per process (load_op registers the row op's)."""
-    torch.library.register_fake("specdecode::quant_int8_grouped_linear", _fake_quant_int8_grouped_linear)
-
-
-def _fake_quant_int8_linear(
-    x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None = None, path: int = 0
-) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], blocks.shape[0])
 
 
 def _fake_quant_int8_grouped_linear(
@@ -102,11 +86,8 @@ def quant_int8_linear(
     path: int = AUTO,
 ) -> torch.Tensor:
     """x [..., in] against the GGUF rows blocks [out, bytes_per_row] in the int8 arithmetic (+ bias [out])
-    -> [..., out] fp32. K-quant blocks are grouped on every call here (`Int8QuantLinear` groups them once)."""
-    if qtype in GROUP_BYTES:
-        return quant_int8_grouped_linear(x, group_rows(blocks, qtype), qtype, in_features, blocks.shape[0], bias, path)
-    library()
-    return torch.ops.specdecode.quant_int8_linear.default(x, blocks, int(qtype), in_features, bias, path)
+    -> [..., out] fp32. The rows are grouped on every call here (`Int8QuantLinear` groups them once)."""
+    return quant_int8_grouped_linear(x, group_rows(blocks, qtype), qtype, in_features, blocks.shape[0], bias, path)
 
 
 def quant_int8_grouped_linear(
@@ -118,8 +99,8 @@ def quant_int8_grouped_linear(
     bias: torch.Tensor | None = None,
     path: int = AUTO,
 ) -> torch.Tensor:
-    """x [..., in] against a K-quant weight's rows grouped by models/kquant_groups.py, groups [ceil(out / 16),
-    bytes] (+ bias [out]) -> [..., out] fp32, in the int8 arithmetic."""
+    """x [..., in] against a weight's rows grouped by models/row_groups.py, groups [ceil(out / 16), bytes]
+    (+ bias [out]) -> [..., out] fp32, in the int8 arithmetic."""
     library()
     return torch.ops.specdecode.quant_int8_grouped_linear.default(
         x, groups, int(qtype), in_features, out_features, bias, path
@@ -136,18 +117,13 @@ class Int8QuantLinear(nn.Module):
         self.qtype, self.in_features, self.out_features = linear.qtype, linear.in_features, linear.out_features
         self.register_buffer("bias", linear.bias)  # [out] fp32 or None
         self._exact = [linear]  # not a submodule: kept for dequantized() without registering its buffers twice
-        if self.qtype in GROUP_BYTES:  # K-quants: the kernel reads 16 rows at a time, grouped once here
-            self.blocks = linear.blocks  # [out, bytes_per_row] uint8, the file's rows (for row subsets)
-            self.register_buffer("groups", group_rows(linear.blocks, self.qtype))  # [ceil(out / 16), bytes]
-        else:
-            self.register_buffer("blocks", linear.blocks)  # [out, bytes_per_row] uint8, the same storage
+        self.blocks = linear.blocks  # [out, bytes_per_row] uint8, the file's rows (for row subsets); not a buffer
+        self.register_buffer("groups", group_rows(linear.blocks, self.qtype))  # [ceil(out / 16), bytes]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.qtype in GROUP_BYTES:
-            return quant_int8_grouped_linear(
-                x, self.groups, self.qtype, self.in_features, self.out_features, self.bias
-            )  # [..., out]
-        return quant_int8_linear(x, self.blocks, self.qtype, self.in_features, self.bias)  # [..., out]
+        return quant_int8_grouped_linear(
+            x, self.groups, self.qtype, self.in_features, self.out_features, self.bias
+        )  # [..., out]
 
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight [out, in] the blocks define (for readers that need it dense)."""

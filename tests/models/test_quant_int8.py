@@ -17,7 +17,6 @@ from gguf import GGMLQuantizationType as Q
 
 from specdecode.config import ARITHMETIC_ENV, EngineConfig
 from specdecode.models import quant_int8
-from specdecode.models.kquant_groups import group_rows
 from specdecode.models.quant_int8 import (
     AUTO,
     FAULT_NONE,
@@ -28,6 +27,7 @@ from specdecode.models.quant_int8 import (
     quant_int8_linear,
 )
 from specdecode.models.quant_rows import QuantLinear
+from specdecode.models.row_groups import group_rows
 
 ROWS = (1, 3, 9, 17)  # 17 = a chunk of 16 rows + 1
 TYPES = (Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_1)
@@ -127,59 +127,28 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return np.where(down & (r64 > s), toward, r).astype(np.float32)
 
 
-def lanes(xq: np.ndarray, wt: np.ndarray) -> np.ndarray:
-    """Step 2's lane integers before any grouping: xq [M, K], wt [N, K] -> [M, N, K / 4], each the sum of the
-    products over one group of 4 positions (group g is lane g % 16 of its chunk of 64)."""
-    m, k = xq.shape
-    return np.einsum("mgt,ngt->mng", xq.reshape(m, k // 4, 4), wt.reshape(wt.shape[0], k // 4, 4))
-
-
-def tree(acc: np.ndarray) -> np.ndarray:
-    """The fixed sum of the 16 lanes (last axis)."""
-    v = acc.copy()
-    for width in (8, 4, 2, 1):
-        v[..., :width] = v[..., :width] + v[..., width : 2 * width]
-    return v[..., 0]
-
-
 def reference(x: np.ndarray, blocks: np.ndarray, qtype: Q, bias: np.ndarray | None = None) -> np.ndarray:
-    """The header's arithmetic: [M, K] x [N, bytes] -> [M, N] fp32 (K-quants: the grouped op's definition, one
-    exact integer per super-block; 32-weight types: steps 1-3, lane by lane)."""
+    """The header's steps 1-3: [M, K] x [N, bytes] -> [M, N] fp32. One exact integer per block and output
+    (K-quants: the sub-block scales applied in integers), then the block's fp32 steps in order."""
     f = decode(blocks, qtype)
     qb = gguf.GGML_QUANT_SIZES[qtype][0]
     xq, dx = quantize_rows(x, qb)  # [M, nb, qb], [M, nb]
     m, n, nb = x.shape[0], blocks.shape[0], dx.shape[1]
-    if qtype in (Q.Q4_K, Q.Q6_K):
-        sub = {Q.Q4_K: 32, Q.Q6_K: 16}[qtype]
-        per_sub = np.einsum("mbjt,nbjt->mnbj", xq.reshape(m, nb, -1, sub), f["q"].reshape(n, nb, -1, sub))
-        ints = (per_sub * f["sc"][None]).sum(-1)  # [M, N, nb]: sum_j sc[j] * sum_t value[t] x[t], exact
-        acc = np.zeros((m, n), dtype=np.float32)
-        for b in range(nb):
-            dxb = dx[:, None, b]  # [M, 1]
-            acc = fma32(ints[:, :, b].astype(np.float32), f["d"][None, :, b] * dxb, acc)
-            if qtype == Q.Q4_K:
-                s32 = xq[:, b].reshape(m, 8, 32).sum(-1)  # [M, 8]
-                mins = (f["mn"][None, :, b] * s32[:, None]).sum(-1)  # [M, N]
-                acc = fma32(mins.astype(np.float32), -(f["dmin"][None, :, b] * dxb), acc)
-        return acc if bias is None else acc + bias[None, :]
-    acc = np.zeros((m, n, 16), dtype=np.float32)
-    nc = (nb + 1) // 2  # chunks of two blocks; a missing last block is zeros
-    pad = 2 * nc - nb
-    wq = np.pad(f["q"], ((0, 0), (0, pad), (0, 0))).reshape(n, -1)
-    xp = np.pad(xq, ((0, 0), (0, pad), (0, 0))).reshape(m, -1)
-    ints = lanes(xp, wq).reshape(m, n, nc, 16)
-    s4 = xp.reshape(m, nc, 16, 4).sum(-1)  # [M, nc, 16]
-
-    def per_lane(v: np.ndarray) -> np.ndarray:  # [..., nb] per block -> [..., nc, 16] per lane (0: missing)
-        return np.repeat(np.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, pad)]), 8, axis=-1).reshape(*v.shape[:-1], nc, 16)
-
-    dl, wd = per_lane(dx), per_lane(f["d"])  # [M, nc, 16], [N, nc, 16]
-    for c in range(nc):
-        acc = fma32(ints[:, :, c].astype(np.float32), wd[None, :, c] * dl[:, None, c], acc)
-        if qtype == Q.Q4_1:
-            acc = fma32(s4[:, None, c].astype(np.float32), per_lane(f["m"])[None, :, c] * dl[:, None, c], acc)
-    out = tree(acc)
-    return out if bias is None else out + bias[None, :]
+    sub = {Q.Q4_K: 32, Q.Q6_K: 16}.get(qtype, qb)  # positions per scale
+    per_sub = np.einsum("mbjt,nbjt->mnbj", xq.reshape(m, nb, -1, sub), f["q"].reshape(n, nb, -1, sub))
+    scales = f["sc"][None] if qtype in (Q.Q4_K, Q.Q6_K) else 1
+    ints = (per_sub * scales).sum(-1)  # [M, N, nb]: exact
+    s32 = xq.reshape(m, nb, -1, 32).sum(-1)  # [M, nb, qb / 32]
+    acc = np.zeros((m, n), dtype=np.float32)
+    for b in range(nb):
+        dxb = dx[:, None, b]  # [M, 1]
+        acc = fma32(ints[:, :, b].astype(np.float32), f["d"][None, :, b] * dxb, acc)
+        if qtype == Q.Q4_K:
+            mins = (f["mn"][None, :, b] * s32[:, None, b]).sum(-1)  # [M, N]
+            acc = fma32(mins.astype(np.float32), -(f["dmin"][None, :, b] * dxb), acc)
+        elif qtype == Q.Q4_1:
+            acc = fma32(np.broadcast_to(s32[:, b], (m, n)).astype(np.float32), f["m"][None, :, b] * dxb, acc)
+    return acc if bias is None else acc + bias[None, :]
 
 
 def weight_values(blocks: np.ndarray, qtype: Q) -> np.ndarray:
@@ -390,18 +359,16 @@ def test_arithmetic_switch(monkeypatch):
 
 def test_errors_and_fake():
     blocks = random_blocks(Q.Q8_0, 8, 64, np.random.default_rng(8))
+    groups = group_rows(blocks, Q.Q8_0)  # [1, 2 * 544]
     with pytest.raises(RuntimeError, match="unsupported GGML type"):
-        quant_int8_linear(torch.randn(2, 64), blocks, Q.Q5_1, 64)
+        quant_int8.quant_int8_grouped_linear(torch.randn(2, 64), groups, Q.Q5_1, 64, 8)
     with pytest.raises(RuntimeError, match="features"):
-        quant_int8_linear(torch.randn(2, 32), blocks, Q.Q8_0, 64)
+        quant_int8.quant_int8_grouped_linear(torch.randn(2, 32), groups, Q.Q8_0, 64, 8)
     with pytest.raises(RuntimeError, match="path is"):
-        quant_int8_linear(torch.randn(2, 64), blocks, Q.Q8_0, 64, path=7)
-    torch.library.opcheck(
-        torch.ops.specdecode.quant_int8_linear.default, (torch.randn(2, 3, 64), blocks, int(Q.Q8_0), 64, None, AUTO)
-    )
+        quant_int8.quant_int8_grouped_linear(torch.randn(2, 64), groups, Q.Q8_0, 64, 8, path=7)
+    with pytest.raises(ValueError, match="group_rows takes"):
+        group_rows(blocks, Q.Q5_1)
     kquant = random_blocks(Q.Q4_K, 20, 256, np.random.default_rng(9))
-    with pytest.raises(RuntimeError, match="take quant_int8_grouped_linear"):  # one definition per type
-        torch.ops.specdecode.quant_int8_linear.default(torch.randn(2, 256), kquant, int(Q.Q4_K), 256, None, AUTO)
     groups = group_rows(kquant, Q.Q4_K)  # [2, 2368]: 20 rows, the second group padded
     with pytest.raises(RuntimeError, match="groups must be"):
         quant_int8.quant_int8_grouped_linear(torch.randn(2, 256), groups[:1], Q.Q4_K, 256, 20)

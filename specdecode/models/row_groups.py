@@ -1,0 +1,104 @@
+"""GGUF weights regrouped for the fast arithmetic: 16 output rows side by side, one per vector lane.
+
+GGUF stores a weight row by row, block after block. The int8 kernel (kernels/quant_int8.cpp) multiplies 16 weight
+rows at once, each in its own 32-bit lane, so that one integer dot-product instruction serves 16 outputs and a
+block's fp32 steps are one vector operation for all 16; it reads them from this layout, built once when a model
+takes the fast arithmetic (`group_rows`). The values are the file's; only their places change. Rows past the last
+(out is padded to a multiple of 16) are zeros.
+
+Per group of 16 rows and weight block, in bytes (r the row within the group, t = 0..3; fp16 fields as stored):
+    Q4_K (2,368 per super-block of 256):
+        d[16] | dmin[16] | sc[8][16] u8 | mn[8][16] u8 | qs[4 chunks][8 quads][16 r][4 t]
+        qs[i][k][r][t] is row r's qs byte 32i + 4k + t: low nibble = position 64i + 4k + t (sub-block 2i),
+        high nibble = position 64i + 32 + 4k + t (sub-block 2i + 1); sc, mn the unpacked 6-bit scales and mins.
+    Q6_K (4,384 per super-block): d[16] | sc[16 sub-blocks][16 r] i8 | q[64 quads][16 r][4 t] u8
+        q[k][r][t] is row r's stored 6-bit quant (value + 32) at position 4k + t, one byte each (the file's 4 + 2
+        bits spread out: 1.30x the bytes, for a decode that costs nothing).
+    Q8_0 (544 per block of 32): d[16] | q[8 quads][16 r][4 t] i8 (position 4k + t).
+    Q5_0 (352): d[16] | qs[4 quads][16 r][4 t] | hi[8 vectors][8 bytes]
+        qs[k][r][t] is row r's qs byte 4k + t: low nibble = position 4k + t, high nibble = position 16 + 4k + t;
+        hi[4h + k] is a 64-bit mask whose bit 4r + t is the fifth bit of position 16h + 4k + t of row r.
+    Q4_1 (320): d[16] | m[16] | qs[4 quads][16 r][4 t] (as Q5_0's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+
+ROWS = 16  # weight rows per group: one per lane of a 512-bit vector of int32
+GROUP_BYTES = {Q.Q4_K: 2368, Q.Q6_K: 4384, Q.Q8_0: 544, Q.Q5_0: 352, Q.Q4_1: 320}  # per group and block
+TYPE_BYTES = {Q.Q4_K: 144, Q.Q6_K: 210, Q.Q8_0: 34, Q.Q5_0: 22, Q.Q4_1: 20}  # per row and block
+
+
+def q4k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 12 packed scale bytes [..., 12] -> the 6-bit scales and mins, each [..., 8] uint8."""
+    s = s.astype(np.uint16)
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
+    return sc.astype(np.uint8), mn.astype(np.uint8)
+
+
+def q6k_quants(b: np.ndarray) -> np.ndarray:
+    """Q6_K super-blocks [..., 210] -> the stored quants (0..63) in natural order [..., 256] uint8: weight
+    128h + r is ql[64h + r % 64] >> 4(r // 64) (4 bits) and qh[32h + r % 32] >> 2(r // 32) (2 bits)."""
+    r = np.arange(128)
+    ql, qh = b[..., 0:128], b[..., 128:192]
+    halves = [
+        ((ql[..., 64 * h + r % 64] >> (4 * (r // 64))) & 15)
+        | (((qh[..., 32 * h + r % 32] >> (2 * (r // 32))) & 3) << 4)
+        for h in range(2)
+    ]
+    return np.concatenate(halves, axis=-1).astype(np.uint8)
+
+
+def _lanes(a: np.ndarray) -> np.ndarray:
+    """[G, 16, nb, ...] per row -> [G, nb, ..., 16] with the row innermost (a field's 16 lanes side by side)."""
+    return np.moveaxis(a, 1, -1)
+
+
+def _halves(b: np.ndarray, offset: int) -> np.ndarray:
+    """The fp16 field at `offset` of [G, 16, nb, bytes] -> [G, nb, 16, 2]: 16 lanes of fp16 bytes."""
+    return _lanes(b[..., offset : offset + 2]).swapaxes(-1, -2)
+
+
+def _quads(a: np.ndarray) -> np.ndarray:
+    """Bytes [G, 16, nb, 4 * Q] per row -> [G, nb, Q, 16, 4]: quad k of every row side by side."""
+    g, rows, nb, n = a.shape
+    return a.reshape(g, rows, nb, n // 4, 4).transpose(0, 2, 3, 1, 4)
+
+
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_0's qh bytes [G, 16, nb, 4] -> [G, nb, 8, 8]: mask 4h + k's bit 4r + t = bit 16h + 4k + t of row r."""
+    bits = np.unpackbits(qh, axis=-1, bitorder="little")  # [G, 16, nb, 32]: bit p = position p's fifth bit
+    per = bits.reshape(*bits.shape[:3], 2, 4, 4).transpose(0, 2, 3, 4, 1, 5)  # [G, nb, h, k, r, t]
+    return np.packbits(per.reshape(*per.shape[:2], 8, 64), axis=-1, bitorder="little")
+
+
+def group_rows(blocks: torch.Tensor, qtype: Q) -> torch.Tensor:
+    """A weight's GGUF blocks [out, bytes_per_row] -> [groups, nb * GROUP_BYTES] uint8 in the module docstring's
+    layout, groups = ceil(out / 16)."""
+    if qtype not in GROUP_BYTES:
+        raise ValueError(f"group_rows takes {', '.join(t.name for t in GROUP_BYTES)}, not {qtype.name}")
+    out = blocks.shape[0]
+    nb = blocks.shape[1] // TYPE_BYTES[qtype]
+    groups = -(-out // ROWS)
+    b = np.zeros((groups * ROWS, nb, TYPE_BYTES[qtype]), dtype=np.uint8)
+    b[:out] = blocks.numpy().reshape(out, nb, -1)
+    b = b.reshape(groups, ROWS, nb, -1)  # [G, 16, nb, bytes]
+    if qtype == Q.Q4_K:
+        sc, mn = q4k_scales(b[..., 4:16])  # [G, 16, nb, 8] each
+        qs = b[..., 16:].reshape(groups, ROWS, nb, 4, 8, 4)  # [G, r, nb, chunk, quad, t]
+        parts = [_halves(b, 0), _halves(b, 2), _lanes(sc), _lanes(mn), qs.transpose(0, 2, 3, 4, 1, 5)]
+    elif qtype == Q.Q6_K:
+        parts = [_halves(b, 208), _lanes(b[..., 192:208]), _quads(q6k_quants(b))]
+    elif qtype == Q.Q8_0:
+        parts = [_halves(b, 0), _quads(b[..., 2:34])]
+    elif qtype == Q.Q5_0:
+        parts = [_halves(b, 0), _quads(b[..., 6:22]), _fifth_bits(b[..., 2:6])]
+    else:  # Q4_1
+        parts = [_halves(b, 0), _halves(b, 2), _quads(b[..., 4:20])]
+    flat = np.concatenate([p.reshape(groups, nb, -1) for p in parts], axis=-1)  # [G, nb, GROUP_BYTES]
+    assert flat.shape[-1] == GROUP_BYTES[qtype]
+    return torch.from_numpy(np.ascontiguousarray(flat).reshape(groups, -1))
