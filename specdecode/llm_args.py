@@ -39,7 +39,8 @@ def fill_default_arm(a: argparse.Namespace) -> None:
     """Set --method and --num-speculative-tokens, where not given, to the target's default arm (arms.py), else to
     the config's defaults: every command then reads concrete values."""
     given = {"method": a.method, "num_speculative_tokens": a.num_speculative_tokens}
-    filled = with_default_arm(a.target, {k: v for k, v in given.items() if v is not None})
+    chosen = {k: v for k, v in given.items() if v is not None}
+    filled = with_default_arm(a.target, {**chosen, "arithmetic": getattr(a, "arithmetic", None)})
     defaults = {f.name: f.default for f in fields(SpeculativeConfig) if f.name in given}
     a.method = filled.get("method", defaults["method"])
     a.num_speculative_tokens = filled.get("num_speculative_tokens", defaults["num_speculative_tokens"])

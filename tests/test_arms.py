@@ -38,10 +38,21 @@ def test_command_line(arm):
     assert parsed(["generate", "--target", "other-target", "hi"]) == ("ngram", 5)
 
 
+def test_the_fast_arithmetic_takes_its_own_arm(arm, monkeypatch):
+    monkeypatch.setitem(arms.FAST_ARMS, "some-target", DefaultArm("draft", 3, "results/dev.json"))
+    monkeypatch.delenv("SPECDECODE_ARITHMETIC", raising=False)
+    assert with_default_arm("some-target", {"arithmetic": "fast"})["method"] == "draft"
+    assert with_default_arm("some-target", {"arithmetic": "exact"})["method"] == "suffix"
+    assert with_default_arm("some-target", {})["method"] == "suffix"  # exact is the default
+    monkeypatch.setenv("SPECDECODE_ARITHMETIC", "fast")
+    assert with_default_arm("some-target", {})["method"] == "draft"
+    assert parsed(["generate", "--target", "some-target", "--arithmetic", "exact", "hi"]) == ("suffix", 8)
+
+
 def test_every_arm_names_a_method_and_its_dev_run():
     from specdecode.config import METHODS
 
-    for target, a in arms.DEFAULT_ARMS.items():
+    for target, a in [*arms.DEFAULT_ARMS.items(), *arms.FAST_ARMS.items()]:
         assert a.method in METHODS and a.num_speculative_tokens > 0, target
         assert "dev" in a.measured, f"{target}: an arm is chosen on dev prompts"
 

@@ -133,13 +133,37 @@ def test_hopeless_row_is_trimmed_while_the_batch_speculates():
     assert sum(k > 0 for k in hopeless) <= 5  # zero except for probes (free here: the batch is padded anyway)
 
 
-def test_forget_drops_the_request():
+def test_forget_drops_the_request_and_its_history_becomes_the_prior():
     ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
     seqs = make_seqs(1)
     run(ctrl, seqs, [0.0], 50)
     ctrl.forget(seqs[0])
     ctrl.k_batch = None
-    assert ctrl.choose(seqs, K_MAX)[0] > 0  # back to the prior
+    assert seqs[0].request_id not in ctrl.acceptance.request_ids()
+    assert ctrl.choose(seqs, K_MAX)[0] == 0  # the pool: this drafter's drafts were all rejected lately
+    ctrl.acceptance.pool_hits[:] = 0.0  # without that history ...
+    ctrl.acceptance.pool_trials[:] = 0.0
+    ctrl.k_batch = None
+    assert ctrl.choose(seqs, K_MAX)[0] > 0  # ... back to the fixed prior
+
+
+def test_a_request_after_good_ones_speculates_from_its_first_step():
+    """The 0.5B draft's case: drafts that pay only once acceptance is known to be high. A fresh controller starts
+    a request at K = 0 (0.5, 0.45, ... do not pay for a costly draft); after requests that accepted 90%, the next
+    one speculates at once."""
+    costly = CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3)
+    costly.draft_coef[:] = [10e-3, 0.0, 0.0]  # a draft model: 10 ms a drafted token, half a plain step
+    ctrl = GoodputController(cost=costly, cheap_draft=0.0)
+    first = make_seqs(1)[0]
+    assert ctrl.choose([first], K_MAX)[0] == 0
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        seqs = [Sequence(f"done{i}", [1, 2, 3], SamplingParams(max_tokens=100_000), max_len=200_000)]
+        for _ in range(30):
+            ctrl.acceptance.update(seqs[0].request_id, 4, int(np.argmin(np.append(rng.random(4) < 0.9, False))))
+        ctrl.forget(seqs[0])
+    ctrl.k_batch = None
+    assert ctrl.choose(make_seqs(1), K_MAX)[0] >= 2
 
 
 @pytest.mark.parametrize("k_max", [0, 1])
