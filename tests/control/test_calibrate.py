@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from specdecode.control import make_controller
 from specdecode.control.calibrate import calibrate, load_profile, model_fingerprint, profile_path
@@ -86,3 +87,23 @@ def test_plain_decoding_takes_no_probe(tiny_target, cache_dir, monkeypatch):
 
 def test_control_speculation_takes_its_probe(tiny_target, cache_dir, monkeypatch):
     assert probes_at_start(tiny_target, monkeypatch, "ngram") == 1
+
+
+def test_a_profile_names_the_kernel_it_timed(tiny_target, tmp_path, monkeypatch):
+    """Quantized linears (fast here): the fingerprint carries the int8 kernel's source hash, so a profile timed on
+    an older kernel is not loaded for a newer one. Control: the same source gives the same fingerprint."""
+    from gguf import GGMLQuantizationType as Q
+
+    from specdecode.models import quant_int8
+    from specdecode.models.quant_int8 import Int8QuantLinear
+    from specdecode.models.quant_rows import QuantLinear
+
+    model = load_llama(tiny_target)
+    blocks = np.zeros((4, 34), dtype=np.uint8)  # 4 rows of one Q8_0 block
+    model.extra = Int8QuantLinear(QuantLinear(torch.from_numpy(blocks), Q.Q8_0, 32))
+    before = model_fingerprint(model)
+    assert before["arithmetic"] == "fast" and before == model_fingerprint(model)
+    changed = tmp_path / "quant_int8.cpp"
+    changed.write_text(quant_int8.SOURCE.read_text() + "\n// another kernel\n")
+    monkeypatch.setattr(quant_int8, "SOURCE", changed)
+    assert model_fingerprint(model) != before
