@@ -6,10 +6,9 @@ from here: the config's own defaults (n-gram, K = 5) and what the caller gave.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from specdecode.config import ARITHMETIC_ENV
+from specdecode.config import ARITHMETIC_ENV, ARITHMETICS, from_environment
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ FAST_ARMS: dict[str, DefaultArm] = {
 
 def default_arm(target: str, settings: dict) -> DefaultArm | None:
     """The arm for `target` in the arithmetic the settings (or $SPECDECODE_ARITHMETIC) name; None if it has none."""
-    arithmetic = settings.get("arithmetic") or os.environ.get(ARITHMETIC_ENV) or "exact"
+    arithmetic = from_environment(settings.get("arithmetic"), ARITHMETIC_ENV, ARITHMETICS)
     return (FAST_ARMS if arithmetic == "fast" and target in FAST_ARMS else DEFAULT_ARMS).get(target)
 
 

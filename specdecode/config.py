@@ -344,11 +344,16 @@ class EngineConfig:
         refused naming where it came from."""
         for name, env, choices in (("weights", WEIGHTS_ENV, WEIGHTS), ("arithmetic", ARITHMETIC_ENV, ARITHMETICS)):
             given = getattr(self, name)
-            value = given if given is not None else os.environ.get(env, choices[0])
+            value = from_environment(given, env, choices)
             if value not in choices:
                 source = name if given is not None else env
                 raise ConfigError(f"{source}={value!r}: expected {' or '.join(map(repr, choices))}")
             object.__setattr__(self, name, value)
+
+
+def from_environment(given: str | None, env: str, choices: tuple[str, ...]) -> str:
+    """A setting's value: the one given, else its environment variable's, else its first choice (unchecked)."""
+    return given if given is not None else os.environ.get(env, choices[0])
 
 
 def llm_settings(config) -> dict:

@@ -55,11 +55,11 @@ def model_fingerprint(model: LlamaModel) -> dict:
     # GGUF blocks kept: another kernel, another curve (a sharded target is an fp32 module of another process).
     modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
     if any(isinstance(m, (QuantLinear, Int8QuantLinear)) for m in modules):
+        fast = any(isinstance(m, Int8QuantLinear) for m in modules)
         fingerprint["weights"] = "quantized"
-        fingerprint["kernel"] = kernel_digest(quant_rows.SOURCE)
-    if any(isinstance(m, Int8QuantLinear) for m in modules):  # the int8 arithmetic: a third curve
-        fingerprint["arithmetic"] = "fast"
-        fingerprint["kernel"] = kernel_digest(quant_int8.SOURCE)
+        if fast:  # the int8 arithmetic: a third curve
+            fingerprint["arithmetic"] = "fast"
+        fingerprint["kernel"] = kernel_digest((quant_int8 if fast else quant_rows).SOURCE)
     return fingerprint
 
 

@@ -23,21 +23,13 @@ Per group of 16 rows and weight block, in bytes (r the row within the group, t =
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 
 ROWS = 16  # weight rows per group: one per lane of a 512-bit vector of int32
 GROUP_BYTES = {Q.Q4_K: 2368, Q.Q6_K: 4384, Q.Q8_0: 544, Q.Q5_0: 352, Q.Q4_1: 320}  # per group and block
-TYPE_BYTES = {Q.Q4_K: 144, Q.Q6_K: 210, Q.Q8_0: 34, Q.Q5_0: 22, Q.Q4_1: 20}  # per row and block
-
-
-def q4k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K's 12 packed scale bytes [..., 12] -> the 6-bit scales and mins, each [..., 8] uint8."""
-    s = s.astype(np.uint16)
-    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
-    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
-    return sc.astype(np.uint8), mn.astype(np.uint8)
 
 
 def q6k_quants(b: np.ndarray) -> np.ndarray:
@@ -81,16 +73,15 @@ def group_rows(blocks: torch.Tensor, qtype: Q) -> torch.Tensor:
     layout, groups = ceil(out / 16)."""
     if qtype not in GROUP_BYTES:
         raise ValueError(f"group_rows takes {', '.join(t.name for t in GROUP_BYTES)}, not {qtype.name}")
-    out = blocks.shape[0]
-    nb = blocks.shape[1] // TYPE_BYTES[qtype]
+    out, type_bytes = blocks.shape[0], gguf.GGML_QUANT_SIZES[qtype][1]
+    nb = blocks.shape[1] // type_bytes
     groups = -(-out // ROWS)
-    b = np.zeros((groups * ROWS, nb, TYPE_BYTES[qtype]), dtype=np.uint8)
+    b = np.zeros((groups * ROWS, nb, type_bytes), dtype=np.uint8)
     b[:out] = blocks.numpy().reshape(out, nb, -1)
     b = b.reshape(groups, ROWS, nb, -1)  # [G, 16, nb, bytes]
     if qtype == Q.Q4_K:
-        sc, mn = q4k_scales(b[..., 4:16])  # [G, 16, nb, 8] each
-        qs = b[..., 16:].reshape(groups, ROWS, nb, 4, 8, 4)  # [G, r, nb, chunk, quad, t]
-        parts = [_halves(b, 0), _halves(b, 2), _lanes(sc), _lanes(mn), qs.transpose(0, 2, 3, 4, 1, 5)]
+        sc, mn = (v.reshape(groups, ROWS, nb, 8) for v in gguf.quants.Q4_K.get_scale_min(b[..., 4:16].reshape(-1, 12)))
+        parts = [_halves(b, 0), _halves(b, 2), _lanes(sc), _lanes(mn), _quads(b[..., 16:])]  # quad 8i + k: chunk i
     elif qtype == Q.Q6_K:
         parts = [_halves(b, 208), _lanes(b[..., 192:208]), _quads(q6k_quants(b))]
     elif qtype == Q.Q8_0:

@@ -86,7 +86,7 @@ float half_to_float(const uint8_t* p) {
 // ---- activations: quantized once per call, shared read-only by the threads ----
 
 struct Acts {
-    int64_t K = 0, stride = 0, QB = 0;  // stride: K rounded up to a chunk; the padding quants are 0
+    int64_t stride = 0;  // K rounded up to a chunk; the padding quants are 0
     std::vector<int8_t> q;      // [rows, stride]
     std::vector<float> d;       // [rows, K / QB]
     std::vector<int16_t> s16;   // [rows, K / 16]: the sum of the quants of each 16 positions
@@ -130,7 +130,7 @@ float quantize_block_avx(const float* x, int64_t n, float shared_amax, bool shar
 #endif
 
 void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, bool vector, Acts& a) {
-    a.K = K, a.QB = QB, a.stride = (K + kChunk - 1) / kChunk * kChunk;
+    a.stride = (K + kChunk - 1) / kChunk * kChunk;
     const int64_t nb = K / QB;
     a.q.assign(rows * a.stride, 0);
     a.d.assign(rows * nb, 0.0f);
