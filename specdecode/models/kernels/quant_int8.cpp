@@ -32,7 +32,7 @@
 // activation row's 4 quants broadcast, so one instruction serves 16 outputs and a block's fp32 steps are one vector
 // operation for all 16, with no horizontal sums. Every activation row is quantized once per call, before the
 // threads start; the threads split the groups; a group meets up to 6 activation rows at a time (passes of
-// near-equal size), each weight byte loaded and unpacked once per pass.
+// near-equal size), each weight byte loaded and unpacked once per pass, and asked into cache 8 KiB ahead.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -405,6 +405,15 @@ inline void block32(const uint8_t* blk, const RowsAt<R>& at, __m512i (&S)[R]) {
     for (int m = 0; m < R; ++m) S[m] = _mm512_add_epi32(S[m], hi[m]);
 }
 
+// The block kPrefetch bytes ahead of blk (a thread's groups are consecutive, so its bytes are one stream) is asked
+// into cache while this one is worked on. Without it, at 5-9 rows the loads waited on memory between bursts of
+// arithmetic (the 1.5B's linears at 5 rows: ~38 ms against ~23 with it). A prefetch never faults, so the last
+// blocks may point past the weight.
+constexpr int64_t kPrefetch = 8192;
+inline void prefetch_ahead(const uint8_t* blk, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetch + o), _MM_HINT_T0);
+}
+
 // Group g (16 outputs) x activation rows m0 .. m0 + R.
 template <int64_t T, bool V, int R>
 void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
@@ -415,6 +424,7 @@ void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
     for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = a.w + (g * nb + b) * kBytes;
+        prefetch_ahead(blk, kBytes);
         RowsAt<R> at;
         for (int m = 0; m < R; ++m) {
             at.x[m] = A.q.data() + (m0 + m) * A.stride + kW * b;
