@@ -130,13 +130,15 @@ class CostModel:
         return self.predict_verify(num_seqs, k, context) + self.predict_draft(num_seqs, k)
 
     # ---- online updates -------------------------------------------------------------------------------
-    def observe(self, num_seqs: int, k: int, context: float, verify_s: float, propose_s: float) -> None:
-        """One measured step: heal the verify prediction and learn the draft cost."""
+    def observe(
+        self, num_seqs: int, k: int, context: float, verify_s: float, propose_s: float, learn_draft: bool = True
+    ) -> None:
+        """One measured step: heal the verify prediction and (learn_draft) learn the draft cost."""
         predicted = self.predict_verify(num_seqs, k, context) / self.correction
         if predicted > 0 and verify_s > 0:
             ratio = float(np.clip(verify_s / predicted, 0.1, 10.0))  # one stalled step can't wreck the model
             self.correction += self.correction_alpha * (ratio - self.correction)
-        if k > 0 and propose_s >= 0:
+        if learn_draft and k > 0 and propose_s >= 0:
             x = draft_features(num_seqs, k)  # [D]
             self._draft_xtx = self.draft_decay * self._draft_xtx + np.outer(x, x)
             self._draft_xty = self.draft_decay * self._draft_xty + x * propose_s

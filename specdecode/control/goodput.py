@@ -87,6 +87,7 @@ class GoodputController(ControllerBase):
         self.widen_margin = widen_margin
         self.k_batch: int | None = None  # the batch K in force (the hysteresis reference)
         self.idle: dict[str, int] = {}  # steps since each request last drafted anything
+        self.drafted_last: set[str] = set()  # the requests that drafted in the last step observed
         self.since_probe = 0  # steps since a probe last widened a non-speculating batch
         self.probe_budget = probe_budget  # the share of time widening probes may cost
         self.probe_interval = probe_every  # steps between widening probes: probe_every, or more where they cost
@@ -221,6 +222,13 @@ class GoodputController(ControllerBase):
         return proposal.truncated(torch.full_like(num, width))
 
     def observe(self, stats: StepStats) -> None:
+        # A step prices drafting only if every row that drafted in it drafted in the step before: a draft model
+        # that sat idle first catches up on every token since (a request's first drafts: its whole prompt), and
+        # charged to drafting that made the 0.5B's drafts cost 35 ms each against ~8, and goodput stayed at
+        # K = 0. What a catch-up costs is the probe's price (_price_probe), paid once, not per drafted token.
+        drafting = {s.request_id for s, proposed in zip(stats.seqs, stats.num_proposed, strict=True) if proposed}
+        steady = drafting <= self.drafted_last
+        self.drafted_last = drafting
         for s, proposed, accepted in zip(stats.seqs, stats.num_proposed, stats.num_accepted, strict=True):
             rid = s.request_id
             if rid in self.tree_verified and proposed:
@@ -234,7 +242,7 @@ class GoodputController(ControllerBase):
             width = stats.num_verified_tokens // num_seqs - 1
             # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
             rest = stats.step_time_s - stats.propose_time_s
-            self.cost.observe(num_seqs, width, stats.mean_context_len, rest, stats.propose_time_s)
+            self.cost.observe(num_seqs, width, stats.mean_context_len, rest, stats.propose_time_s, steady)
 
     def _price_probe(self, stats: StepStats) -> None:
         """Space widening probes so that what the last one cost over a plain step stays within probe_budget."""

@@ -82,33 +82,39 @@ def test_recovers_within_bounded_steps():
     assert first <= 16 + 20  # one probe period, then a few steps of evidence
 
 
-def probe_trace(make_cost, steps: int, extra_s: float, **kwargs) -> tuple[int, float]:
+def probe_trace(make_cost, steps: int, extra_s: float, **kwargs) -> tuple[int, float, int]:
     """A hopeless row (every draft rejected) whose probes each cost extra_s of drafting over the step (a draft
-    model catching up on every token since it last drafted), steps timed by make_cost() (the controller gets a
-    model of its own). Returns the probes and the share of all time their drafting cost."""
+    model catching up on every token since it last drafted; a drafting step right after another costs 1 ms a
+    draft), steps timed by make_cost() (the controller gets a model of its own). Returns the probes (drafting
+    steps after a step without drafts), the share of all time their catching up cost, and the longest run of
+    steps without drafts."""
     truth, ctrl = make_cost(), GoodputController(cost=make_cost(), cheap_draft=0.0, **kwargs)
-    seqs, probes, total = make_seqs(1), 0, 0.0
+    seqs, probes, total, drafted, silent, longest = make_seqs(1), 0, 0.0, False, 0, 0
     for _ in range(steps):
         ks = ctrl.choose(seqs, K_MAX)
-        probe = max(ks) > 0
-        propose = extra_s if probe else 0.0
+        probe = max(ks) > 0 and not drafted
+        propose = extra_s if probe else 1e-3 * max(ks)
         seconds = truth.predict(1, max(ks), 3) + propose
         ctrl.observe(StepStats(seqs, ks, [0], seconds, max(ks) + 1, 3.0, propose, seconds - propose))
-        probes, total = probes + probe, total + seconds
-    return probes, probes * extra_s / total
+        probes, total, drafted = probes + probe, total + seconds, max(ks) > 0
+        silent = 0 if drafted else silent + 1
+        longest = max(longest, silent)
+    return probes, probes * extra_s / total, longest
 
 
 def test_probes_that_cost_much_are_spaced_within_the_probe_budget():
     """A probe costing 20 plain steps (the 0.5B draft fed 17 idle tokens) is repeated only as often as keeps all
     probes within 3% of the time (the first one, priced once it ran, adds ~2% here); probes costing little
-    keep the `probe_every` rhythm. The control, no budget, probes every 16 steps and loses over half the time."""
+    keep the `probe_every` rhythm: the row is never silent longer than that (after a probe it may draft a few
+    steps more, at 1 ms a draft, before its rejections outweigh the probe's softened estimate). The control, no
+    budget, probes every 16 steps and loses over half the time."""
     plain = step_cost().predict(1, 0, 3)
-    probes, share = probe_trace(step_cost, 1000, 20 * plain)
+    probes, share, _ = probe_trace(step_cost, 1000, 20 * plain)
     assert probes <= 3 and share <= 0.06
-    cheap, _ = probe_trace(step_cost, 1000, 0.0)
-    assert cheap >= 1000 // 17
-    probes, share = probe_trace(step_cost, 1000, 20 * plain, probe_budget=float("inf"))
-    assert probes >= 1000 // 17 and share > 0.5
+    cheap, _, longest = probe_trace(step_cost, 1000, 0.0)
+    assert longest <= 16 and cheap >= 1000 // (16 + 8)
+    probes, share, _ = probe_trace(step_cost, 1000, 20 * plain, probe_budget=float("inf"))
+    assert probes >= 1000 // (16 + 8) and share > 0.5
 
 
 def count_switches(history: list[list[int]]) -> int:
