@@ -14,7 +14,9 @@ from transformers import AutoTokenizer
 
 from specdecode.arms import with_default_arm
 from specdecode.config import ConfigError, EngineConfig, SamplingParams, SpeculativeConfig, split_settings
-from specdecode.control import make_controller
+from specdecode.control import Controller, make_controller
+from specdecode.control.goodput import GoodputController
+from specdecode.control.pair_probe import PairPrice, probe_pair
 from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.drafters.draft_model import drafting_vocabulary, load_draft
 from specdecode.engine.engine import Engine
@@ -90,6 +92,18 @@ def _check_same_vocab(target: LlamaModel, draft: LlamaModel, target_tok, draft_d
     if (draft_dir / "tokenizer_config.json").exists() or (draft_dir / "tokenizer.json").exists():
         if AutoTokenizer.from_pretrained(draft_dir).get_vocab() != target_tok.get_vocab():
             raise ConfigError("draft tokenizer differs from the target's: speculation needs a shared vocabulary")
+
+
+# What `goodput` prices a draft-model pair on at load (control/pair_probe.py): a built-in request, not one of
+# any benchmark's prompts, and the target's first 32 tokens after it.
+PAIR_PROBE_MESSAGES = [
+    {
+        "role": "user",
+        "content": "Write a Python function that checks whether a string is a palindrome, ignoring "
+        "case and punctuation, and explain it in two sentences.",
+    }
+]
+PAIR_PROBE_TOKENS = 32
 
 
 class LLM:
@@ -193,12 +207,27 @@ class LLM:
             make_drafter(ctx),
             # K = 0 never speculates: no cost model to find, nor to measure first on a new machine (goodput's probe
             # of step times takes minutes on a 1.5B model)
-            make_controller(controller if self.spec.k else "fixed", self.target),
+            self._controller(controller if self.spec.k else "fixed"),
             self.engine_config,
             self.spec.k,
             self.max_model_len,
             self._eos_ids(),
         )
+
+    def _controller(self, name: str) -> Controller:
+        """The controller `name`; `goodput` with a draft model starts from the pair's price, probed here
+        (control/pair_probe.py: the target writes PAIR_PROBE_TOKENS tokens after a built-in prompt, the draft
+        reads them, ~1 s on the 1.5B pair), kept as `pair_price` (None where nothing was probed)."""
+        controller = make_controller(name, self.target)
+        self.pair_price: PairPrice | None = None
+        if isinstance(controller, GoodputController) and self.draft_model is not None:
+            chat = PAIR_PROBE_MESSAGES
+            ids = self.encode(self.apply_chat_template(chat) if self.tokenizer.chat_template else chat[0]["content"])
+            if max(ids) >= self.vocab_size:  # a model smaller than its tokenizer (the tests' tiny ones): no probe
+                return controller
+            self.pair_price = probe_pair(self.target, self.draft_model, ids, PAIR_PROBE_TOKENS)
+            controller.seed_pair(self.pair_price.acceptance, self.pair_price.draft_step_s)
+        return controller
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (idempotent)."""

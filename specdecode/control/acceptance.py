@@ -75,6 +75,12 @@ class AcceptanceTracker:
             self.hits[request_id] *= keep
             self.trials[request_id] *= keep
 
+    def seed_pool(self, acceptance: float, weight: float) -> None:
+        """Start the pool at `acceptance` for every position, worth `weight` drafts tried at each (a probe at
+        load, control/pair_probe.py): the first requests' prior, until ended requests' counts outweigh it."""
+        self.pool_hits[:] = weight * min(max(acceptance, P_MIN), P_MAX)
+        self.pool_trials[:] = weight
+
     def forget(self, request_id: str) -> None:
         """The request ended: its counts join the pool, the next requests' prior."""
         hits, trials = self.hits.pop(request_id, None), self.trials.pop(request_id, None)

@@ -129,6 +129,16 @@ class CostModel:
         """Seconds of a step that drafts K tokens per row and verifies the padded [B, K + 1] block."""
         return self.predict_verify(num_seqs, k, context) + self.predict_draft(num_seqs, k)
 
+    def seed_draft(self, seconds_per_draft: float, weight: float = 4.0) -> None:
+        """Price a drafted token at `seconds_per_draft` (a steady draft step timed at load) before any drafting
+        step is seen: `weight` pseudo-steps at batch 1 of K = 1 and of K = 4 join the online regression, so the
+        first real steps refine the price instead of replacing it."""
+        for k in (1, 4):
+            x = draft_features(1, k)  # [D]
+            self._draft_xtx = self._draft_xtx + weight * np.outer(x, x)
+            self._draft_xty = self._draft_xty + weight * x * seconds_per_draft * k
+        self.draft_coef = nnls_gram(self._draft_xtx, self._draft_xty)
+
     # ---- online updates -------------------------------------------------------------------------------
     def observe(
         self, num_seqs: int, k: int, context: float, verify_s: float, propose_s: float, learn_draft: bool = True

@@ -100,6 +100,12 @@ class GoodputController(ControllerBase):
         self.tree_verified: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # this step's (confidences, depths)
         self.tree_idle = 0  # steps since a tree was last verified
 
+    def seed_pair(self, acceptance: float, draft_step_s: float, weight: float = 8.0) -> None:
+        """Start from a draft model's price measured at load (control/pair_probe.py): its acceptance as the
+        pool prior, worth `weight` drafts tried per position, and its steady step as the cost of a drafted token."""
+        self.acceptance.seed_pool(acceptance, weight)
+        self.cost.seed_draft(draft_step_s)
+
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1
         if k_max <= 0 or not seqs:

@@ -1,0 +1,108 @@
+"""The draft-model pair priced at load (control/pair_probe.py) and `goodput` starting from that price.
+
+The probe on real (tiny) models: a draft that is the target itself agrees with the target's greedy text; the
+same target with its logits shifted by one token id (a fault in the draft's head) never does. The seed on the
+controller: a request's first step speculates after a high-acceptance price and stays at K = 0 after a low one,
+and the seeded draft price survives the first steady steps that confirm it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdecode.config import SamplingParams
+from specdecode.control.cost import CostModel
+from specdecode.control.goodput import GoodputController
+from specdecode.control.pair_probe import greedy_continuation, probe_pair
+from specdecode.llm import LLM
+from specdecode.step.sequence import Sequence
+
+K_MAX = 8
+
+
+class ShiftedLogits(torch.nn.Module):
+    """A model whose logits are rolled by one token id: its top token is never the model's own (the fault)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def new_cache(self, *args):
+        return self.model.new_cache(*args)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        return self.model(*args, **kwargs).roll(1, dims=-1)  # [..., vocab]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    return LLM(target=str(tiny_target), method="ngram", enforce_eager=True).target
+
+
+def test_a_draft_that_is_the_target_agrees_and_a_shifted_head_never_does(target):
+    prompt = list(range(5, 25))
+    same = probe_pair(target, target, prompt, new_tokens=24)
+    assert same.positions == 24 and same.acceptance >= 0.95
+    assert 0.0 < same.draft_step_s < 10.0
+    shifted = probe_pair(target, ShiftedLogits(target), prompt, new_tokens=24)
+    assert shifted.acceptance <= 0.05  # the control: the same real probe, a faulty draft
+
+
+def test_greedy_continuation_is_the_engines_greedy_output(tiny_target, target):
+    """The probe's target text is what the engine decodes (K = 0, greedy) from the same prompt."""
+    prompt = list(range(5, 25))
+    llm = LLM(target=str(tiny_target), method="ngram", num_speculative_tokens=0, enforce_eager=True)
+    out = llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))[0]
+    assert greedy_continuation(target, prompt, 16) == out.token_ids
+
+
+def costly_controller() -> GoodputController:
+    cost = CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3)  # ~22 ms a step, 2.4 ms a verified token
+    return GoodputController(cost=cost, cheap_draft=0.0)
+
+
+def fresh_request() -> Sequence:
+    return Sequence("new", [1, 2, 3], SamplingParams(max_tokens=100_000), max_len=200_000)
+
+
+def test_a_high_price_speculates_from_the_first_step_and_a_low_one_does_not():
+    """A draft at 7 ms a token (a third of a step): right 85% of the time it is worth 3 drafts from the first
+    step; right 30% (the control) none; the unseeded prior (0.5, 0.45, ...) with the same draft price, 1."""
+    seeded = costly_controller()
+    seeded.seed_pair(0.85, 7e-3)
+    k_seeded = seeded.choose([fresh_request()], K_MAX)[0]
+    low = costly_controller()
+    low.seed_pair(0.30, 7e-3)
+    unseeded = costly_controller()
+    unseeded.cost.seed_draft(7e-3)
+    assert k_seeded >= 3 and low.choose([fresh_request()], K_MAX)[0] == 0
+    assert unseeded.choose([fresh_request()], K_MAX)[0] < k_seeded
+
+
+def test_the_seeded_draft_price_is_refined_not_replaced():
+    """Seeded at 7 ms a draft, then steady steps that cost 8 ms a draft: the price moves towards 8 and stays
+    near it; seeded at 7 and then shown 30 ms a draft (a slower machine), it follows the steps."""
+    for truth, lo, hi in ((8e-3, 7e-3, 8.5e-3), (30e-3, 20e-3, 31e-3)):
+        cost = CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3)
+        cost.seed_draft(7e-3)
+        assert cost.predict_draft(1, 1) == pytest.approx(7e-3, rel=0.02)
+        for k in [3, 4, 3, 5] * 10:
+            cost.observe(1, k, 100.0, cost.predict_verify(1, k, 100.0), truth * k)
+        assert lo <= cost.predict_draft(1, 4) / 4 <= hi
+
+
+def test_an_llm_with_goodput_and_a_draft_model_is_priced_at_load():
+    """SmolLM2 and its shipped draft: probed at load, the price seeds the controller's pool; without a draft
+    model there is nothing to price."""
+    llm = LLM("smollm2-135m-instruct", method="draft", controller="goodput", num_speculative_tokens=4)
+    price = llm.pair_price
+    assert price is not None and price.positions == 32 and 0.0 < price.acceptance <= 1.0
+    pool = llm.engine.controller.acceptance
+    assert np.allclose(pool.pool_hits / pool.pool_trials, min(price.acceptance, 0.98))
+    assert llm.engine.controller.cost.predict_draft(1, 1) == pytest.approx(price.draft_step_s, rel=0.05)
+    assert LLM("smollm2-135m-instruct", method="ngram", controller="goodput").pair_price is None
