@@ -13,8 +13,9 @@ CPU has it, else AVX-512BW, else portable scalar code, all three bitwise equal.
 It is not the dequantized model's product, but it is a function of each row alone: a row's output is bitwise the
 same alone or in any batch, so speculation under it stays exact with respect to it.
 
-`use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s over the same blocks, grouped once there (a
-second copy of the weight's bytes, 1.3x for Q6_K; the file's rows stay for row subsets and `dequantized`);
+`use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s over the same blocks, grouped once there (1.3x
+the bytes for Q6_K, the file's for the others); the file's rows are let go, and rebuilt from the groups
+(`ungroup_rows`) where a row subset or `dequantized` asks for them;
 `apply_arithmetic` does so for arithmetic "fast" (EngineConfig.arithmetic; `exact`, the default, leaves the model
 as it is).
 """
@@ -30,7 +31,7 @@ from gguf import GGMLQuantizationType
 from torch import nn
 
 from specdecode.models.quant_rows import TYPES, QuantLinear
-from specdecode.models.row_groups import group_rows
+from specdecode.models.row_groups import group_rows, ungroup_rows
 from specdecode.models.torch_op import build_op, load_op
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
@@ -116,9 +117,13 @@ class Int8QuantLinear(nn.Module):
             raise ValueError(f"Int8QuantLinear supports {', '.join(t.name for t in TYPES)}, not {linear.qtype.name}")
         self.qtype, self.in_features, self.out_features = linear.qtype, linear.in_features, linear.out_features
         self.register_buffer("bias", linear.bias)  # [out] fp32 or None
-        self._exact = [linear]  # not a submodule: kept for dequantized() without registering its buffers twice
-        self.blocks = linear.blocks  # [out, bytes_per_row] uint8, the file's rows (for row subsets); not a buffer
         self.register_buffer("groups", group_rows(linear.blocks, self.qtype))  # [ceil(out / 16), bytes]
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        """The file's rows [out, bytes_per_row] uint8, rebuilt from the groups (for row subsets and
+        `dequantized`; only the groups are held, so a fast model holds its weights once)."""
+        return ungroup_rows(self.groups, self.qtype, self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return quant_int8_grouped_linear(
@@ -127,7 +132,7 @@ class Int8QuantLinear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight [out, in] the blocks define (for readers that need it dense)."""
-        return self._exact[0].dequantized()
+        return QuantLinear(self.blocks, self.qtype, self.in_features).dequantized()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype.name}, int8"

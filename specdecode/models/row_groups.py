@@ -93,3 +93,82 @@ def group_rows(blocks: torch.Tensor, qtype: Q) -> torch.Tensor:
     flat = np.concatenate([p.reshape(groups, nb, -1) for p in parts], axis=-1)  # [G, nb, GROUP_BYTES]
     assert flat.shape[-1] == GROUP_BYTES[qtype]
     return torch.from_numpy(np.ascontiguousarray(flat).reshape(groups, -1))
+
+
+def _unlanes(a: np.ndarray) -> np.ndarray:
+    """[G, nb, ..., 16] -> [G, 16, nb, ...]: `_lanes` undone."""
+    return np.moveaxis(a, -1, 1)
+
+
+def _unhalves(h: np.ndarray) -> np.ndarray:
+    """[G, nb, 16, 2] -> [G, 16, nb, 2]: `_halves` undone."""
+    return h.transpose(0, 2, 1, 3)
+
+
+def _unquads(q: np.ndarray) -> np.ndarray:
+    """[G, nb, Q, 16, 4] -> [G, 16, nb, 4 * Q]: `_quads` undone."""
+    g, nb, n, rows, _ = q.shape
+    return q.transpose(0, 3, 1, 2, 4).reshape(g, rows, nb, 4 * n)
+
+
+def _unfifth_bits(masks: np.ndarray) -> np.ndarray:
+    """[G, nb, 8, 8] -> Q5_0's qh bytes [G, 16, nb, 4]: `_fifth_bits` undone."""
+    g, nb = masks.shape[:2]
+    per = np.unpackbits(masks, axis=-1, bitorder="little").reshape(g, nb, 2, 4, ROWS, 4)  # [G, nb, h, k, r, t]
+    bits = per.transpose(0, 4, 1, 2, 3, 5).reshape(g, ROWS, nb, 32)  # [G, 16, nb, 32]: bit p of row r
+    return np.packbits(bits, axis=-1, bitorder="little")
+
+
+def _q4k_scale_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """Q4_K's unpacked 6-bit scales and mins [..., 8] each -> its 12 packed bytes [..., 12] (ggml's layout: j < 4
+    in the low 6 bits of bytes j and j + 4; j >= 4 in the nibbles of byte j + 4 and the top 2 bits of j - 4, j)."""
+    lo, hi = slice(0, 4), slice(4, 8)
+    top = np.concatenate([sc[..., lo] | ((sc[..., hi] >> 4) << 6), mn[..., lo] | ((mn[..., hi] >> 4) << 6)], axis=-1)
+    return np.concatenate([top, (sc[..., hi] & 15) | ((mn[..., hi] & 15) << 4)], axis=-1).astype(np.uint8)
+
+
+def _q6k_bytes(q: np.ndarray) -> np.ndarray:
+    """Stored quants (0..63) in natural order [..., 256] -> Q6_K's ql [..., 128] and qh [..., 64] bytes:
+    `q6k_quants` undone."""
+    ql = np.zeros((*q.shape[:-1], 128), dtype=np.uint8)
+    qh = np.zeros((*q.shape[:-1], 64), dtype=np.uint8)
+    for h in range(2):
+        for part in range(4):  # weights 128h + 32 part + (0..31)
+            w = q[..., 128 * h + 32 * part : 128 * h + 32 * part + 32]
+            low = slice(64 * h + 32 * (part % 2), 64 * h + 32 * (part % 2) + 32)
+            ql[..., low] |= (w & 15) << (4 * (part // 2))
+            qh[..., 32 * h : 32 * h + 32] |= (w >> 4) << (2 * part)
+    return np.concatenate([ql, qh], axis=-1)
+
+
+def ungroup_rows(groups: torch.Tensor, qtype: Q, out: int) -> torch.Tensor:
+    """`group_rows` undone: [groups, nb * GROUP_BYTES] -> the GGUF blocks [out, bytes_per_row] uint8, bit for bit
+    the rows it was given (a fast model keeps only its groups; row subsets and `dequantized` come from here)."""
+    if qtype not in GROUP_BYTES:
+        raise ValueError(f"ungroup_rows takes {', '.join(t.name for t in GROUP_BYTES)}, not {qtype.name}")
+    g = groups.shape[0]
+    flat = groups.numpy().reshape(g, -1, GROUP_BYTES[qtype])  # [G, nb, GROUP_BYTES]
+    nb = flat.shape[1]
+
+    def take(n: int) -> np.ndarray:  # the next n bytes of every group's block
+        nonlocal flat
+        part, flat = flat[..., :n], flat[..., n:]
+        return part
+
+    if qtype == Q.Q4_K:
+        d, dmin = _unhalves(take(32).reshape(g, nb, 16, 2)), _unhalves(take(32).reshape(g, nb, 16, 2))
+        sc, mn = (_unlanes(take(128).reshape(g, nb, 8, 16)) for _ in range(2))
+        parts = [d, dmin, _q4k_scale_bytes(sc, mn), _unquads(take(2048).reshape(g, nb, 32, 16, 4))]
+    elif qtype == Q.Q6_K:
+        d, sc = _unhalves(take(32).reshape(g, nb, 16, 2)), _unlanes(take(256).reshape(g, nb, 16, 16))
+        parts = [_q6k_bytes(_unquads(take(4096).reshape(g, nb, 64, 16, 4))), sc, d]
+    elif qtype == Q.Q8_0:
+        parts = [_unhalves(take(32).reshape(g, nb, 16, 2)), _unquads(take(512).reshape(g, nb, 8, 16, 4))]
+    elif qtype == Q.Q5_0:
+        d, qs = _unhalves(take(32).reshape(g, nb, 16, 2)), _unquads(take(256).reshape(g, nb, 4, 16, 4))
+        parts = [d, _unfifth_bits(take(64).reshape(g, nb, 8, 8)), qs]
+    else:  # Q4_1
+        d, m = _unhalves(take(32).reshape(g, nb, 16, 2)), _unhalves(take(32).reshape(g, nb, 16, 2))
+        parts = [d, m, _unquads(take(256).reshape(g, nb, 4, 16, 4))]
+    rows = np.concatenate(parts, axis=-1).reshape(g * ROWS, -1)[:out]  # [out, nb * type_bytes]
+    return torch.from_numpy(np.ascontiguousarray(rows))
