@@ -226,7 +226,8 @@ class LLM:
             if max(ids) >= self.vocab_size:  # a model smaller than its tokenizer (the tests' tiny ones): no probe
                 return controller
             self.pair_price = probe_pair(self.target, self.draft_model, ids, PAIR_PROBE_TOKENS)
-            controller.seed_pair(self.pair_price.acceptance, self.pair_price.draft_step_s)
+            price = self.pair_price
+            controller.seed_pair(price.acceptance, price.draft_step_s, price.draft_read_s)
         return controller
 
     def close(self) -> None:

@@ -93,6 +93,8 @@ class GoodputController(ControllerBase):
         self.probe_interval = probe_every  # steps between widening probes: probe_every, or more where they cost
         self.widened = False  # this step is a widening probe: observe() measures what it cost
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
+        self.draft_read_s = 0.0  # seconds a token costs a draft model to catch up on (seed_pair); 0: not priced
+        self.caught_up: set[str] = set()  # rows that have drafted: their draft model has read them
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
         self.tree_mode = False
         self.confidence_mode = False  # a chain drafter whose confidences set the width (suffix): same
@@ -100,11 +102,27 @@ class GoodputController(ControllerBase):
         self.tree_verified: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # this step's (confidences, depths)
         self.tree_idle = 0  # steps since a tree was last verified
 
-    def seed_pair(self, acceptance: float, draft_step_s: float, weight: float = 8.0) -> None:
+    def seed_pair(self, acceptance: float, draft_step_s: float, draft_read_s: float = 0.0, weight: float = 8.0) -> None:
         """Start from a draft model's price measured at load (control/pair_probe.py): its acceptance as the
-        pool prior, worth `weight` drafts tried per position, and its steady step as the cost of a drafted token."""
+        pool prior, worth `weight` drafts tried per position, its steady step as the cost of a drafted token,
+        and draft_read_s, the seconds a token costs it to read when it catches up (see `_worth_catching_up`)."""
         self.acceptance.seed_pool(acceptance, weight)
         self.cost.seed_draft(draft_step_s)
+        self.draft_read_s = draft_read_s
+
+    def _worth_catching_up(self, seq: Sequence, k: int, p: np.ndarray, num_seqs: int, context: float) -> bool:
+        """Whether a row whose draft model has read none of it yet should start drafting at K = k: its first
+        drafts cost reading its whole text (a long prompt: a 1000-token RAG prompt is ~1000 draft-model tokens
+        of prefill), paid back only over the tokens it still has to generate. The saving per token is a plain
+        step's time less a K-step's time over its expected tokens; reading is draft_read_s a token (0 without a
+        probe at load: lookup drafters read nothing)."""
+        if self.draft_read_s <= 0.0 or seq.request_id in self.caught_up:
+            return True
+        remaining = min(seq.params.max_tokens - seq.metrics.num_generated, seq.room)
+        reach = np.cumprod(p[:k])  # [k]
+        per_token_k = self.cost.predict(num_seqs, k, context) / (1.0 + reach.sum())
+        saving = remaining * (self.cost.predict(num_seqs, 0, context) - per_token_k)
+        return saving > len(seq.token_ids) * self.draft_read_s
 
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1
@@ -129,6 +147,11 @@ class GoodputController(ControllerBase):
         k = self._with_hysteresis(gain, k_max)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
         ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]
+        # A row the draft model has not read yet drafts only if what it saves pays for that reading; else it
+        # neither drafts nor is probed (a probe would pay the reading too).
+        unread = [i for i, s in enumerate(seqs) if not self._worth_catching_up(s, max(k, 1), p[i], len(seqs), context)]
+        ks[unread] = 0
+        caps[unread] = 0
         return self._probe(seqs, ks.tolist(), caps.tolist())
 
     def _drafting_is_cheap(self, num_seqs: int, k_max: int, context: float) -> bool:
@@ -240,6 +263,8 @@ class GoodputController(ControllerBase):
             if rid in self.tree_verified and proposed:
                 self.tree_calibration.update(*self.tree_verified[rid], accepted)
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
+            if proposed:
+                self.caught_up.add(rid)
             self.acceptance.update(rid, proposed, accepted)
         num_seqs = len(stats.seqs)
         if num_seqs and stats.step_time_s > 0:
@@ -262,6 +287,7 @@ class GoodputController(ControllerBase):
         self.tree_verified.pop(seq.request_id, None)
         self.idle.pop(seq.request_id, None)
         self.probing.discard(seq.request_id)
+        self.caught_up.discard(seq.request_id)
 
     def live_request_ids(self) -> set[str]:
-        return self.acceptance.request_ids() | set(self.tree_verified) | set(self.idle) | self.probing
+        return self.acceptance.request_ids() | set(self.tree_verified) | set(self.idle) | self.probing | self.caught_up

@@ -7,9 +7,10 @@ since), so `goodput` kept the Qwen2.5-Coder pair at K = 0 although the 0.5B is r
 
 The probe: the target writes `new_tokens` tokens greedily after a prompt (its own text, as in service); the draft
 reads the prompt and that text teacher-forced, in one forward, and the share of written positions where its top
-token is the target's is its greedy acceptance rate on that text. A few one-token draft forwards after it time a
-steady draft step. About a second on the 1.5B pair; `GoodputController.seed_pair` takes the result as a prior
-that the requests' own outcomes soon outweigh.
+token is the target's is its greedy acceptance rate on that text; that forward's time per token prices a catch-up
+(the draft reading a prompt). A few one-token draft forwards after it time a steady draft step. About a second
+on the 1.5B pair; `GoodputController.seed_pair` takes the result as a prior that the requests' own outcomes soon
+outweigh.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class PairPrice:
     acceptance: float  # the share of the target's greedy tokens that are also the draft's top token
     draft_step_s: float  # median seconds of one steady one-token draft forward
     positions: int  # how many target tokens the acceptance was measured on
+    draft_read_s: float = 0.0  # seconds a token costs the draft in one forward over the prompt and text (a catch-up)
 
 
 def _forward(model: LlamaModel, cache, tokens: list[int], start: int) -> torch.Tensor:
@@ -56,7 +58,9 @@ def probe_pair(
     written = greedy_continuation(target, prompt_ids, new_tokens)
     cache = draft.new_cache(1, len(prompt_ids) + new_tokens + repeats + 1)
     text = prompt_ids + written
+    t0 = time.perf_counter()
     logits = _forward(draft, cache, text[:-1], 0)  # [P + N - 1, vocab]: position i predicts token i + 1
+    read_s = (time.perf_counter() - t0) / (len(text) - 1)
     guesses = logits[len(prompt_ids) - 1 :].argmax(-1).tolist()  # [N] the draft's guess at each written token
     agree = sum(g == w for g, w in zip(guesses, written, strict=True))
     times = []
@@ -64,4 +68,4 @@ def probe_pair(
         t0 = time.perf_counter()
         _forward(draft, cache, [written[-1]], len(text) - 1 + r)
         times.append(time.perf_counter() - t0)
-    return PairPrice(agree / len(written), statistics.median(times[1:]), len(written))
+    return PairPrice(agree / len(written), statistics.median(times[1:]), len(written), read_s)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from specdecode.config import SamplingParams
+from specdecode.control.base import StepStats
 from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController
 from specdecode.control.pair_probe import greedy_continuation, probe_pair
@@ -106,3 +107,42 @@ def test_an_llm_with_goodput_and_a_draft_model_is_priced_at_load():
     assert np.allclose(pool.pool_hits / pool.pool_trials, min(price.acceptance, 0.98))
     assert llm.engine.controller.cost.predict_draft(1, 1) == pytest.approx(price.draft_step_s, rel=0.05)
     assert LLM("smollm2-135m-instruct", method="ngram", controller="goodput").pair_price is None
+
+
+def request(prompt_tokens: int, max_tokens: int = 128) -> Sequence:
+    return Sequence("r", list(range(prompt_tokens)), SamplingParams(max_tokens=max_tokens), max_len=200_000)
+
+
+def drafting_steps(ctrl: GoodputController, seq: Sequence, steps: int) -> int:
+    """Steps in which the row was given drafts (every draft rejected: nothing changes what was learned)."""
+    drafted = 0
+    for _ in range(steps):
+        ks = ctrl.choose([seq], K_MAX)
+        ctrl.observe(StepStats([seq], ks, [0], 0.022, ks[0] + 1, 100.0, 0.0, 0.022))
+        drafted += ks[0] > 0
+    return drafted
+
+
+def test_a_long_unread_prompt_is_not_worth_the_drafts_catch_up():
+    """Seeded at 0.85 acceptance, 7 ms a draft and 2 ms a token read: a 100-token prompt with 128 tokens to write
+    drafts from the first step; a 3000-token prompt (6 s of reading for well under 1 s saved) neither drafts nor
+    is probed in 100 steps. The control, reading unpriced (0), drafts the long one too."""
+    short, long = costly_controller(), costly_controller()
+    short.seed_pair(0.85, 7e-3, 2e-3)
+    long.seed_pair(0.85, 7e-3, 2e-3)
+    assert short.choose([request(100)], K_MAX)[0] >= 2
+    assert drafting_steps(long, request(3000), 100) == 0
+    control = costly_controller()
+    control.seed_pair(0.85, 7e-3, 0.0)
+    assert control.choose([request(3000)], K_MAX)[0] >= 2
+
+
+def test_a_row_the_draft_has_read_is_not_priced_again():
+    """Once a row has drafted, its draft model has read it: a long text no longer keeps it from drafting."""
+    ctrl = costly_controller()
+    ctrl.seed_pair(0.85, 7e-3, 2e-3)
+    seq = request(3000)
+    assert ctrl.choose([seq], K_MAX)[0] == 0
+    ctrl.observe(StepStats([seq], [2], [2], 0.04, 3, 100.0, 0.014, 0.026))  # it drafted (a probe, say)
+    ctrl.k_batch = None
+    assert ctrl.choose([seq], K_MAX)[0] >= 2
