@@ -225,8 +225,7 @@ class LLM:
             ids = self.encode(self.apply_chat_template(chat) if self.tokenizer.chat_template else chat[0]["content"])
             if max(ids) >= self.vocab_size:  # a model smaller than its tokenizer (the tests' tiny ones): no probe
                 return controller
-            self.pair_price = probe_pair(self.target, self.draft_model, ids, PAIR_PROBE_TOKENS)
-            price = self.pair_price
+            price = self.pair_price = probe_pair(self.target, self.draft_model, ids, PAIR_PROBE_TOKENS)
             controller.seed_pair(price.acceptance, price.draft_step_s, price.draft_read_s)
         return controller
 

@@ -88,5 +88,9 @@ class AcceptanceTracker:
             self.pool_hits = self.pool_decay * self.pool_hits + hits
             self.pool_trials = self.pool_decay * self.pool_trials + trials
 
+    def has_drafted(self, request_id: str) -> bool:
+        """Whether the request has had drafts verified (it has counts of its own)."""
+        return request_id in self.trials
+
     def request_ids(self) -> set[str]:
         return set(self.hits) | set(self.trials)

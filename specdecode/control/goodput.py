@@ -94,7 +94,6 @@ class GoodputController(ControllerBase):
         self.widened = False  # this step is a widening probe: observe() measures what it cost
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
         self.draft_read_s = 0.0  # seconds a token costs a draft model to catch up on (seed_pair); 0: not priced
-        self.caught_up: set[str] = set()  # rows that have drafted: their draft model has read them
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
         self.tree_mode = False
         self.confidence_mode = False  # a chain drafter whose confidences set the width (suffix): same
@@ -116,7 +115,7 @@ class GoodputController(ControllerBase):
         of prefill), paid back only over the tokens it still has to generate. The saving per token is a plain
         step's time less a K-step's time over its expected tokens; reading is draft_read_s a token (0 without a
         probe at load: lookup drafters read nothing)."""
-        if self.draft_read_s <= 0.0 or seq.request_id in self.caught_up:
+        if self.draft_read_s <= 0.0 or self.acceptance.has_drafted(seq.request_id):  # drafted: its draft read it
             return True
         remaining = min(seq.params.max_tokens - seq.metrics.num_generated, seq.room)
         reach = np.cumprod(p[:k])  # [k]
@@ -263,8 +262,6 @@ class GoodputController(ControllerBase):
             if rid in self.tree_verified and proposed:
                 self.tree_calibration.update(*self.tree_verified[rid], accepted)
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
-            if proposed:
-                self.caught_up.add(rid)
             self.acceptance.update(rid, proposed, accepted)
         num_seqs = len(stats.seqs)
         if num_seqs and stats.step_time_s > 0:
@@ -287,7 +284,6 @@ class GoodputController(ControllerBase):
         self.tree_verified.pop(seq.request_id, None)
         self.idle.pop(seq.request_id, None)
         self.probing.discard(seq.request_id)
-        self.caught_up.discard(seq.request_id)
 
     def live_request_ids(self) -> set[str]:
-        return self.acceptance.request_ids() | set(self.tree_verified) | set(self.idle) | self.probing | self.caught_up
+        return self.acceptance.request_ids() | set(self.tree_verified) | set(self.idle) | self.probing
