@@ -13,7 +13,14 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from specdecode.arms import with_default_arm
-from specdecode.config import ConfigError, EngineConfig, SamplingParams, SpeculativeConfig, split_settings
+from specdecode.config import (
+    IDLE_PREFILL_TOKENS,
+    ConfigError,
+    EngineConfig,
+    SamplingParams,
+    SpeculativeConfig,
+    split_settings,
+)
 from specdecode.control import Controller, make_controller
 from specdecode.control.goodput import GoodputController
 from specdecode.control.pair_probe import PairPrice, probe_pair
@@ -25,6 +32,7 @@ from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
 from specdecode.models.gguf_quantized import quantized_source
 from specdecode.models.llama import LlamaModel
 from specdecode.models.loader import resolve_model_dir
+from specdecode.models.packed_linear import warm_row_buckets
 from specdecode.models.shipped_draft import DEFAULT_DRAFTS
 from specdecode.step.sequence import Sequence, TokenLogprob
 
@@ -228,6 +236,15 @@ class LLM:
             price = self.pair_price = probe_pair(self.target, self.draft_model, ids, PAIR_PROBE_TOKENS)
             controller.seed_pair(price.acceptance, price.draft_step_s, price.draft_read_s)
         return controller
+
+    def warm_up(self) -> int:
+        """Compile before serving what a step would compile on first meeting a shape: oneDNN's primitive for each
+        row count a step can send (the largest prompt chunk, or every running request verifying K + 1 tokens).
+        Call it from the thread that will run the steps. Returns how many primitives ran (0 without oneDNN)."""
+        c = self.engine_config
+        rows = max(c.max_num_batched_tokens, IDLE_PREFILL_TOKENS, c.max_num_seqs * (self.spec.k + 1))
+        models = (self.target, self.draft_model)
+        return sum(warm_row_buckets(m, rows) for m in models if isinstance(m, torch.nn.Module))
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (idempotent)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from specdecode.config import ConfigError, SamplingParams
 from specdecode.engine.engine import Engine, SeqUpdate
+from specdecode.server.free_memory import release_free_memory
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import OpenAIError
 from specdecode.step.sequence import SeqMetrics, Sequence, Status, TokenLogprob
@@ -117,6 +118,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stopping = False
         self._running = False
+        self._stepped = False  # a step ran since the loop was last idle
         self._thread: threading.Thread | None = None
         self.last_step_failure: str | None = None  # the last whole-batch failure, shown by /health
 
@@ -175,11 +177,16 @@ class AsyncEngine:
         while not self._stopping:
             self._wake.clear()
             self._drain_inbox()
+            idle = not self.engine.has_work()
+            if idle and self._stepped:  # before the gauges say idle: idle memory is measured after it
+                release_free_memory()
+                self._stepped = False
             self.metrics.running.set(len(self.engine.running))
             self.metrics.waiting.set(len(self.engine.waiting))
-            if not self.engine.has_work():
+            if idle:
                 self._wake.wait(timeout=0.5)
                 continue
+            self._stepped = True
             try:
                 updates = self.engine.step()
             except Exception as e:  # noqa: BLE001 - one failing batch must not stop the server

@@ -49,6 +49,7 @@ def serve(a: argparse.Namespace) -> None:
         if getattr(a, flag) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')} needs --replicas")
     llm = llm_from_args(a)
+    llm.warm_up()  # here: the main thread runs the steps (below)
     asgi, app = build_app(llm, config, engine_thread=False)
     http = uvicorn.Server(uvicorn.Config(asgi, host=a.host, port=a.port, log_level=a.log_level, lifespan="on"))
     engine = app.state.server.engine

@@ -48,9 +48,8 @@ def test_packed_linear_equals_plain(kind):
             assert torch.allclose(model(x), w, atol=1e-5)
 
 
-def shapes_reaching_onednn(rows: range) -> set[int]:
-    """The row counts oneDNN itself is called with (each new one compiles and caches a primitive)."""
-    seen: set[int] = set()
+def recording_onednn_linear(seen: set[int]) -> packed_linear.OneDNNLinear:
+    """A OneDNNLinear [8 -> 4] that adds to `seen` each row count it calls oneDNN itself with."""
     lin = packed_linear.OneDNNLinear(nn.Linear(8, 4))
 
     class Recorder(nn.Module):
@@ -63,6 +62,13 @@ def shapes_reaching_onednn(rows: range) -> set[int]:
             return self.wrapped(x)
 
     lin.inner = Recorder(lin.inner)
+    return lin
+
+
+def shapes_reaching_onednn(rows: range) -> set[int]:
+    """The row counts oneDNN itself is called with (each new one compiles and caches a primitive)."""
+    seen: set[int] = set()
+    lin = recording_onednn_linear(seen)
     with torch.inference_mode():
         for n in rows:
             out = lin(torch.randn(n, 8))
@@ -86,3 +92,21 @@ def test_row_buckets_pad_little():
     for rows in range(1, 5000):
         padded = packed_linear.row_bucket(rows)
         assert rows <= padded <= max(rows * 1.125, packed_linear.EXACT_ROWS)
+
+
+def shapes_new_after_warm_up(warm_rows: int, served_rows: int) -> set[int]:
+    """Row counts reaching oneDNN for the first time while serving 1..served_rows rows after a warm-up."""
+    warmed: set[int] = set()
+    lin = recording_onednn_linear(warmed)
+    packed_linear.warm_row_buckets(nn.Sequential(lin), warm_rows)
+    return shapes_reaching_onednn(range(1, served_rows + 1)) - warmed
+
+
+def test_warm_up_meets_every_shape_a_server_will_send():
+    """`specdecode serve` warms each oneDNN linear at every row bucket up to a step's largest row count, so a
+    server compiles no primitive (and its memory grows by none) after it starts serving."""
+    assert shapes_new_after_warm_up(warm_rows=600, served_rows=600) == set()
+
+
+def test_control_a_shorter_warm_up_leaves_shapes_to_compile_while_serving():
+    assert len(shapes_new_after_warm_up(warm_rows=300, served_rows=600)) >= 8

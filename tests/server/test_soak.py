@@ -114,11 +114,12 @@ class SoakRun:
 def run_soak(server: LiveServer, num_requests: int) -> SoakRun:
     """Warm up (every path once), then soak in two halves; each phase ends when the server is idle.
 
-    Memory is judged over the second half alone. A server's memory legitimately grows the first time it meets
-    a shape: oneDNN (one of the CPU linears' packings, chosen per process by timing) compiles a primitive per
-    input shape and caches it (models/packed_linear.py pads row counts to a bounded set of sizes, so the caches
-    plateau), and the first half meets most of the shapes a soak of this context can make. A leak grows with
-    every request, in the second half as in the first.
+    Memory is judged over the second half alone, at idle, where the server holds only what it uses: it gives
+    the C heap's free pages back each time it runs out of work (server/free_memory.py; before that, the heap kept
+    the high-water mark of a step's temporaries, and a worse mix of requests met late in the soak grew the
+    server by ~24 MiB), and it compiled oneDNN's per-shape primitives before serving (when oneDNN is this
+    process's linear packing, chosen by timing: models/packed_linear.py). A leak grows with every request, in
+    the second half as in the first.
     """
     url, pid = server.url, server.proc.pid
     asyncio.run(soak(url, WARMUP_REQUESTS, CAPACITY, seed=1, context=CONTEXT))
