@@ -213,6 +213,10 @@ class SpeculativeConfig:
         help="the draft's drafting vocabulary: a .npy of token ids, or 'full' (default: the vocab.npy beside the "
         "draft, else the one shipped for a built-in draft, else full)",
     )
+    draft_stop_below: float = setting(
+        0.0,
+        help="draft model: a row stops drafting after a draft whose top probability is below this (0 = draft all K)",
+    )
     ngram_min: int = setting(2, help="shortest suffix n-gram the n-gram drafter matches")
     ngram_max: int = setting(4, help="longest suffix n-gram, tried first")
     controller: str = setting("goodput", help="speculation length per step (K_max = K)", choices=CONTROLLER_NAMES)
@@ -239,6 +243,8 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
+        if not 0.0 <= self.draft_stop_below < 1.0:
+            raise ConfigError(f"draft_stop_below must be in [0, 1), got {self.draft_stop_below}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
         self._check_suffix()

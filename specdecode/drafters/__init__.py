@@ -40,7 +40,13 @@ class DrafterContext:
 def _draft_model(ctx: DrafterContext) -> Drafter:
     if ctx.draft is None:
         raise ConfigError("method 'draft' needs a draft model (--draft)")
-    return DraftModelDrafter(ctx.draft, ctx.engine.max_num_seqs, ctx.max_len, ctx.engine.max_num_batched_tokens)
+    return DraftModelDrafter(
+        ctx.draft,
+        ctx.engine.max_num_seqs,
+        ctx.max_len,
+        ctx.engine.max_num_batched_tokens,
+        stop_below=ctx.spec.draft_stop_below,
+    )
 
 
 def _heads_dir(ctx: DrafterContext, kind: str) -> Path:

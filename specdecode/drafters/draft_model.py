@@ -86,8 +86,11 @@ class DraftModelDrafter(DrafterBase):
 
     retryable_propose = True  # propose starts from the committed cache (drafters/base.py)
 
-    def __init__(self, model: LlamaModel, max_num_seqs: int, max_len: int, prefill_budget: int = 512) -> None:
+    def __init__(
+        self, model: LlamaModel, max_num_seqs: int, max_len: int, prefill_budget: int = 512, stop_below: float = 0.0
+    ) -> None:
         self.model = model
+        self.stop_below = stop_below  # a row stops drafting after a draft whose confidence is below this
         self.cache = model.new_cache(max_num_seqs, max_len)
         self.prefill_budget = prefill_budget
         self.slots: dict[str, int] = {}
@@ -138,6 +141,14 @@ class DraftModelDrafter(DrafterBase):
         ready = [k if n == want else 0 for k, n, want in zip(num_tokens, take, backlogs, strict=True)]
         return logits, ready
 
+    def _stop_unsure(self, num_tokens: list[int], confidence: torch.Tensor, j: int) -> list[int]:
+        """Rows whose draft j has confidence [num_seqs] below `stop_below` keep it and draft no further: the
+        forwards a doubtful continuation would cost are saved (HF's assistant_confidence_threshold). Draft j is
+        verified either way; only whether drafts past it are made depends on it, so the rejection sampling of
+        every draft made stays exact."""
+        unsure = (confidence < self.stop_below).tolist()
+        return [min(n, j + 1) if u else n for n, u in zip(num_tokens, unsure, strict=True)]
+
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
         device = self.model.device
@@ -154,10 +165,14 @@ class DraftModelDrafter(DrafterBase):
             tokens.append(tok)
             probs.append(q)
             confidence.append(draft_confidence(logits[:, 0], q, st))
+            if self.stop_below > 0.0:
+                num_tokens = self._stop_unsure(num_tokens, confidence[-1], j)
             # Only rows that still draft feed their draft: each row's cache grows by its own count, never past it.
             rows = [b for b, n in enumerate(num_tokens) if j + 1 < n]
-            if rows:
-                logits[rows] = self._feed(slots, rows, [[t] for t in tok[rows].tolist()]).float()
+            if not rows:
+                break
+            logits[rows] = self._feed(slots, rows, [[t] for t in tok[rows].tolist()]).float()
+        k = len(tokens)  # fewer than asked when every row stopped early
         token_ids = torch.stack(tokens, dim=1)  # [num_seqs, k]
         num = torch.tensor(num_tokens, dtype=torch.long, device=device)  # [num_seqs]
         token_ids = token_ids.masked_fill(torch.arange(k, device=device)[None] >= num[:, None], PAD_TOKEN_ID)

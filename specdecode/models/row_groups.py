@@ -35,13 +35,12 @@ GROUP_BYTES = {Q.Q4_K: 2368, Q.Q6_K: 4384, Q.Q8_0: 544, Q.Q5_0: 352, Q.Q4_1: 320
 def q6k_quants(b: np.ndarray) -> np.ndarray:
     """Q6_K super-blocks [..., 210] -> the stored quants (0..63) in natural order [..., 256] uint8: weight
     128h + r is ql[64h + r % 64] >> 4(r // 64) (4 bits) and qh[32h + r % 32] >> 2(r // 32) (2 bits)."""
-    r = np.arange(128)
-    ql, qh = b[..., 0:128], b[..., 128:192]
-    halves = [
-        ((ql[..., 64 * h + r % 64] >> (4 * (r // 64))) & 15)
-        | (((qh[..., 32 * h + r % 32] >> (2 * (r // 32))) & 3) << 4)
-        for h in range(2)
-    ]
+    halves = []
+    for h in range(2):  # slices and shifts only: a gather by an index array took 9 s on the 1.5B's weights
+        ql, qh = b[..., 64 * h : 64 * h + 64], b[..., 128 + 32 * h : 160 + 32 * h]  # [..., 64], [..., 32]
+        low = np.concatenate([ql & 15, ql >> 4], axis=-1)  # [..., 128]: r < 64 low nibbles, then high
+        high = np.concatenate([(qh >> (2 * s)) & 3 for s in range(4)], axis=-1)  # [..., 128]: 32 r per shift
+        halves.append(low | (high << 4))
     return np.concatenate(halves, axis=-1).astype(np.uint8)
 
 

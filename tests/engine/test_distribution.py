@@ -62,17 +62,21 @@ def models(tmp_path_factory, smollm2_tokenizer) -> dict[str, str]:
     return paths
 
 
+def make_kwargs(models: dict[str, str], method: str, controller: str = "fixed", k: int = 4) -> dict:
+    return {
+        "target": models["target"],
+        "draft": models.get(method),
+        "method": method,
+        "num_speculative_tokens": k,
+        "controller": controller,
+        "max_num_seqs": 1024,
+        "max_model_len": 32,  # a small cache for 1024 rows: attention and allocation stay cheap
+        "max_num_batched_tokens": 16384,
+    }
+
+
 def make(models: dict[str, str], method: str, controller: str = "fixed", k: int = 4) -> LLM:
-    return LLM(
-        target=models["target"],
-        draft=models.get(method),
-        method=method,
-        num_speculative_tokens=k,
-        controller=controller,
-        max_num_seqs=1024,
-        max_model_len=32,  # a small cache for 1024 rows: attention and allocation stay cheap
-        max_num_batched_tokens=16384,
-    )
+    return LLM(**make_kwargs(models, method, controller, k))
 
 
 def exact_joint(llm: LLM, prompt: list[int]) -> torch.Tensor:
@@ -265,3 +269,21 @@ def test_draft_with_a_vocabulary_subset_stays_lossless(models):
     counts, drafted = sampled_joint(llm, SHORT[:1])
     assert_follows(counts, exact_joint(llm, SHORT[:1]))
     assert drafted >= N
+
+
+def test_draft_that_stops_when_unsure_stays_lossless(models):
+    """The draft model stops a row's drafting after a draft whose top probability is below 0.6 (on this tiny
+    random draft, often): fewer drafts, and the joint is still the target's."""
+    llm = LLM(**{**make_kwargs(models, "draft"), "draft_stop_below": 0.6})
+    drafter, cuts = llm.engine.drafter, [0]
+    stop_unsure = drafter._stop_unsure
+
+    def counting(num_tokens, confidence, j):
+        kept = stop_unsure(num_tokens, confidence, j)
+        cuts[0] += sum(a != b for a, b in zip(num_tokens, kept, strict=True))
+        return kept
+
+    drafter._stop_unsure = counting
+    counts, drafted = sampled_joint(llm, SHORT[:1])
+    assert_follows(counts, exact_joint(llm, SHORT[:1]))
+    assert drafted >= N and cuts[0] >= N // 4  # it drafted, and rows stopped short of K

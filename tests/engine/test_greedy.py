@@ -79,3 +79,22 @@ def test_batched_equals_unbatched(tiny_target, tiny_draft, reference):
 def test_dynamic_controllers_are_lossless(method, controller, tiny_target, tiny_draft, reference):
     llm = make_llm(method, 8, tiny_target, tiny_draft, 4, controller)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference
+
+
+@pytest.mark.parametrize("stop_below", [0.3, 0.9])
+def test_draft_that_stops_when_unsure_equals_plain_greedy(stop_below, tiny_target, tiny_draft, reference):
+    """Rows stop drafting at different depths in one batch; every row's cache still grows by its own count."""
+    llm = LLM(
+        target=str(tiny_target),
+        draft=str(tiny_draft),
+        method="draft",
+        num_speculative_tokens=6,
+        controller="fixed",
+        max_num_seqs=4,
+        draft_stop_below=stop_below,
+    )
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    drafted = sum(o.metrics["num_drafted"] for o in outs)
+    forwards = sum(o.metrics["num_target_forwards"] for o in outs)
+    assert 0 < drafted < 0.9 * 6 * forwards  # drafts were verified, and rows stopped short of K
