@@ -234,7 +234,8 @@ class LLM:
             if max(ids) >= self.vocab_size:  # a model smaller than its tokenizer (the tests' tiny ones): no probe
                 return controller
             price = self.pair_price = probe_pair(self.target, self.draft_model, ids, PAIR_PROBE_TOKENS)
-            controller.seed_pair(price.acceptance, price.draft_step_s, price.draft_read_s)
+            chunk = self.engine_config.max_num_batched_tokens  # the draft's catch-up budget a step (drafters/)
+            controller.seed_pair(price.acceptance, price.draft_step_s, price.draft_read_s, catch_up_chunk=chunk)
         return controller
 
     def warm_up(self) -> int:

@@ -122,11 +122,22 @@ class MethodArm:
     k: int
     controller: str
     draft: str | None = None  # `draft@SPEC`: this arm's draft (a directory or built-in name); else --draft
+    stop_below: float = 0.0  # draft model arms: --draft-stop-below for this arm (0: the command's)
+
+
+def _stop_below(text: str) -> float | None:
+    """A draft arm's fourth field, a probability in [0, 1); None when it is not one."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value < 1.0 else None
 
 
 def method_arms(text: str) -> list[MethodArm]:
-    """'ngram:8:goodput,eagle:12,draft@drafts/1l:2,eagle@heads/e:8' -> MethodArms; K defaults to 5, the controller
-    to fixed. METHOD@DIR gives a draft model or head drafter (draft, eagle, medusa, mtp) its own weights."""
+    """'ngram:8:goodput,eagle:12,draft@drafts/1l:2,eagle@heads/e:8,draft:6:fixed:0.8' -> MethodArms; K defaults to
+    5, the controller to fixed. METHOD@DIR gives a draft model or head drafter (draft, eagle, medusa, mtp) its own
+    weights; a draft arm's fourth field is its --draft-stop-below."""
     from specdecode.config import CONTROLLER_NAMES, METHODS
 
     arms = []
@@ -137,13 +148,15 @@ def method_arms(text: str) -> list[MethodArm]:
         else:
             (method, *tail), draft = item.split(":"), None
         k, controller = tail[0] if tail else "5", tail[1] if len(tail) > 1 else "fixed"
+        stop = _stop_below(tail[2]) if len(tail) == 3 and method == "draft" else (0.0 if len(tail) <= 2 else None)
         bad_draft = at and (method not in WEIGHTED_METHODS or not draft)
-        if method not in METHODS or not k.isdigit() or controller not in CONTROLLER_NAMES or len(tail) > 2 or bad_draft:
+        if method not in METHODS or not k.isdigit() or controller not in CONTROLLER_NAMES or stop is None or bad_draft:
             raise argparse.ArgumentTypeError(
                 f"bad method arm {item!r}: expected method[:K[:controller]] with method in {', '.join(METHODS)}, "
-                f"or METHOD@DIR[:K[:controller]] with METHOD in {', '.join(WEIGHTED_METHODS)}"
+                f"or METHOD@DIR[:K[:controller]] with METHOD in {', '.join(WEIGHTED_METHODS)}; a draft arm may add "
+                "a fourth field, its --draft-stop-below in [0, 1)"
             )
-        arms.append(MethodArm(method, int(k), controller, draft))
+        arms.append(MethodArm(method, int(k), controller, draft, stop))
     return arms
 
 

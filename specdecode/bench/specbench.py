@@ -137,6 +137,7 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
     if a.methods:  # one arm per method, each on its own engine over the one loaded target, all in this run
         for m in a.methods:
             draft = {"draft": m.draft} if m.draft else {}
+            draft |= {"draft_stop_below": m.stop_below} if m.stop_below else {}
             llm = llm_from_args(
                 a,
                 method=m.method,
@@ -165,7 +166,8 @@ def arm_label(spec: SpeculativeConfig, weights: str | None = None) -> str:
     given its own weights (a METHOD@DIR arm)."""
     named = weights or (spec.draft if spec.method == "draft" else None)
     name = f"{spec.method}[{draft_name(named)}]" if named else spec.method
-    return f"{name} K={spec.num_speculative_tokens} {spec.controller}"
+    stop = f" stop<{spec.draft_stop_below:g}" if spec.method == "draft" and spec.draft_stop_below else ""
+    return f"{name} K={spec.num_speculative_tokens} {spec.controller}{stop}"
 
 
 def hf_arms(a: argparse.Namespace, base, ours: list) -> list[Arm]:

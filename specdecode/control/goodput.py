@@ -94,6 +94,7 @@ class GoodputController(ControllerBase):
         self.widened = False  # this step is a widening probe: observe() measures what it cost
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
         self.draft_read_s = 0.0  # seconds a token costs a draft model to catch up on (seed_pair); 0: not priced
+        self.catch_up_chunk = 0  # tokens a draft model catches up on a step (seed_pair); 0: all at once
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
         self.tree_mode = False
         self.confidence_mode = False  # a chain drafter whose confidences set the width (suffix): same
@@ -101,27 +102,41 @@ class GoodputController(ControllerBase):
         self.tree_verified: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # this step's (confidences, depths)
         self.tree_idle = 0  # steps since a tree was last verified
 
-    def seed_pair(self, acceptance: float, draft_step_s: float, draft_read_s: float = 0.0, weight: float = 8.0) -> None:
+    def seed_pair(
+        self,
+        acceptance: float,
+        draft_step_s: float,
+        draft_read_s: float = 0.0,
+        weight: float = 8.0,
+        catch_up_chunk: int = 0,
+    ) -> None:
         """Start from a draft model's price measured at load (control/pair_probe.py): its acceptance as the
         pool prior, worth `weight` drafts tried per position, its steady step as the cost of a drafted token,
-        and draft_read_s, the seconds a token costs it to read when it catches up (see `_worth_catching_up`)."""
+        draft_read_s, the seconds a token costs it to read when it catches up, and catch_up_chunk, the tokens
+        it reads a step (the step's token budget; 0: all at once). See `_worth_catching_up`."""
         self.acceptance.seed_pool(acceptance, weight)
         self.cost.seed_draft(draft_step_s)
         self.draft_read_s = draft_read_s
+        self.catch_up_chunk = catch_up_chunk
 
     def _worth_catching_up(self, seq: Sequence, k: int, p: np.ndarray, num_seqs: int, context: float) -> bool:
         """Whether a row whose draft model has read none of it yet should start drafting at K = k: its first
         drafts cost reading its whole text (a long prompt: a 1000-token RAG prompt is ~1000 draft-model tokens
-        of prefill), paid back only over the tokens it still has to generate. The saving per token is a plain
-        step's time less a K-step's time over its expected tokens; reading is draft_read_s a token (0 without a
-        probe at load: lookup drafters read nothing)."""
+        of prefill), paid back only over the tokens it generates once the draft has read it. The saving per token
+        is a plain step's time less a K-step's time over its expected tokens; reading is draft_read_s a token (0
+        without a probe at load: lookup drafters read nothing), catch_up_chunk tokens a step, and the row
+        writes a token at K = 0 in each of those steps (a 1,000-token RAG prompt read 32 tokens a step is 32 of
+        its 128 tokens gone before its first draft: Spec-Bench's RAG and extraction rows drafted with 0.0-0.9 s
+        of reading and too few tokens left to earn it back)."""
         if self.draft_read_s <= 0.0 or self.acceptance.has_drafted(seq.request_id):  # drafted: its draft read it
             return True
-        remaining = min(seq.params.max_tokens - seq.metrics.num_generated, seq.room)
+        text = len(seq.token_ids)
+        reading_steps = -(-text // self.catch_up_chunk) if self.catch_up_chunk > 0 else 0
+        remaining = min(seq.params.max_tokens - seq.metrics.num_generated, seq.room) - reading_steps
         reach = np.cumprod(p[:k])  # [k]
         per_token_k = self.cost.predict(num_seqs, k, context) / (1.0 + reach.sum())
-        saving = remaining * (self.cost.predict(num_seqs, 0, context) - per_token_k)
-        return saving > len(seq.token_ids) * self.draft_read_s
+        saving = max(remaining, 0) * (self.cost.predict(num_seqs, 0, context) - per_token_k)
+        return saving > text * self.draft_read_s
 
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1

@@ -23,7 +23,18 @@ def test_draft_arms_carry_their_own_draft():
     ]
 
 
-@pytest.mark.parametrize("bad", ["ngram@x:2", "suffix@x:2", "draft@:2", "eagle@:2", "draft@d:2:fixed:9", "draft@d:two"])
+def test_a_draft_arm_may_stop_when_unsure():
+    assert method_arms("draft:6:fixed:0.8,draft@d:3:goodput:0.5") == [
+        MethodArm("draft", 6, "fixed", None, 0.8),
+        MethodArm("draft", 3, "goodput", "d", 0.5),
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["ngram@x:2", "suffix@x:2", "draft@:2", "eagle@:2", "draft@d:2:fixed:9", "draft@d:two", "ngram:3:fixed:0.5"]
+    + ["draft:3:fixed:x", "draft:3:fixed:0.5:1"],
+)
 def test_bad_draft_arms_are_refused(bad):
     with pytest.raises(argparse.ArgumentTypeError):
         method_arms(bad)
