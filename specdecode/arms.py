@@ -16,6 +16,7 @@ class DefaultArm:
     method: str
     num_speculative_tokens: int
     measured: str  # the results file whose dev run chose it
+    draft_stop_below: float = 0.0  # a draft model arm's --draft-stop-below
 
 
 # Chosen 2026-11-26 on a 2-core AMD EPYC, fast arithmetic (the lane-wise kernel of that morning), greedy, 128
@@ -30,8 +31,10 @@ DEFAULT_ARMS: dict[str, DefaultArm] = {
 
 # Under --arithmetic fast, where a dev run of the current kernel chose otherwise. 2026-11-26, the grouped-rows
 # kernel, all 16 dev prompts: the 0.5B draft K = 3 1.30x fast K = 0 (K = 5 1.23x, K = 7 1.10x, n-gram 1.10x).
+# 2026-11-27, the prefetching kernel, the same prompts: K = 3 1.32x, K = 4 stopping below 0.7 1.39x, K = 6 stopping
+# below 0.8 1.36x, goodput (K_max 8) 1.30x, goodput stopping below 0.8 1.34x (results/code_dev_pair_stop.json).
 FAST_ARMS: dict[str, DefaultArm] = {
-    "qwen2.5-coder-1.5b-instruct": DefaultArm("draft", 3, "results/code_dev_pair_fast.json"),
+    "qwen2.5-coder-1.5b-instruct": DefaultArm("draft", 4, "results/code_dev_pair_stop.json", draft_stop_below=0.7),
 }
 
 
@@ -42,9 +45,12 @@ def default_arm(target: str, settings: dict) -> DefaultArm | None:
 
 
 def with_default_arm(target: str, settings: dict) -> dict:
-    """`settings` (LLM keywords) with the target's default method and K filled in where no method is given; a K
-    given without a method keeps its value."""
+    """`settings` (LLM keywords) with the target's default method and K (and a draft arm's stop) filled in where no
+    method is given; a K given without a method keeps its value."""
     arm = default_arm(target, settings)
     if arm is None or settings.get("method") is not None:
         return settings
-    return {"method": arm.method, "num_speculative_tokens": arm.num_speculative_tokens, **settings}
+    filled = {"method": arm.method, "num_speculative_tokens": arm.num_speculative_tokens, **settings}
+    if arm.draft_stop_below and settings.get("draft_stop_below") is None:
+        filled["draft_stop_below"] = arm.draft_stop_below
+    return filled

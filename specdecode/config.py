@@ -215,7 +215,10 @@ class SpeculativeConfig:
     )
     draft_stop_below: float = setting(
         0.0,
-        help="draft model: a row stops drafting after a draft whose top probability is below this (0 = draft all K)",
+        default=None,
+        type=float,
+        help="draft model: a row stops drafting after a draft whose top probability is below this (0 = draft all K; "
+        "default: the target's arm, else 0)",
     )
     ngram_min: int = setting(2, help="shortest suffix n-gram the n-gram drafter matches")
     ngram_max: int = setting(4, help="longest suffix n-gram, tried first")

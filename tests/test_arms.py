@@ -64,3 +64,13 @@ def test_llm_takes_the_targets_arm(monkeypatch):
     llm = LLM(target="smollm2-135m-instruct", max_num_seqs=1)
     assert (llm.spec.method, llm.spec.num_speculative_tokens) == ("suffix", 7)
     assert LLM(target="smollm2-135m-instruct", method="ngram", max_num_seqs=1).spec.num_speculative_tokens == 5
+
+
+def test_a_draft_arm_brings_its_stop_unless_the_user_gives_one(monkeypatch):
+    monkeypatch.setitem(arms.FAST_ARMS, "some-target", DefaultArm("draft", 4, "results/dev.json", draft_stop_below=0.7))
+    monkeypatch.delenv("SPECDECODE_ARITHMETIC", raising=False)
+    fast = {"arithmetic": "fast"}
+    assert with_default_arm("some-target", fast)["draft_stop_below"] == 0.7
+    assert with_default_arm("some-target", fast | {"draft_stop_below": 0.5})["draft_stop_below"] == 0.5
+    assert "draft_stop_below" not in with_default_arm("some-target", fast | {"method": "draft"})
+    assert "draft_stop_below" not in with_default_arm("some-target", {"arithmetic": "exact"})

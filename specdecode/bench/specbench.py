@@ -137,7 +137,8 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
     if a.methods:  # one arm per method, each on its own engine over the one loaded target, all in this run
         for m in a.methods:
             draft = {"draft": m.draft} if m.draft else {}
-            draft |= {"draft_stop_below": m.stop_below} if m.stop_below else {}
+            if m.method == "draft":  # its own field, never the default arm's (filled into the command's flags)
+                draft["draft_stop_below"] = m.stop_below
             llm = llm_from_args(
                 a,
                 method=m.method,
