@@ -226,14 +226,20 @@ class LLM:
         """The controller `name`; `goodput` with a draft model starts from the pair's price, probed here
         (control/pair_probe.py: the target writes PAIR_PROBE_TOKENS tokens after a built-in prompt, the draft
         reads them, ~1 s on the 1.5B pair), kept as `pair_price` (None where nothing was probed)."""
-        controller = make_controller(name, self.target)
         self.pair_price: PairPrice | None = None
-        if isinstance(controller, GoodputController) and self.draft_model is not None:
+        if name == "goodput" and self.draft_model is not None:
             chat = PAIR_PROBE_MESSAGES
             ids = self.encode(self.apply_chat_template(chat) if self.tokenizer.chat_template else chat[0]["content"])
-            if max(ids) >= self.vocab_size:  # a model smaller than its tokenizer (the tests' tiny ones): no probe
-                return controller
-            price = self.pair_price = probe_pair(self.target, self.draft_model, ids, PAIR_PROBE_TOKENS)
+            if max(ids) < self.vocab_size:  # not a model smaller than its tokenizer (the tests' tiny ones)
+                self.pair_price = probe_pair(self.target, self.draft_model, ids, PAIR_PROBE_TOKENS)
+        return self.new_controller(name)
+
+    def new_controller(self, name: str) -> Controller:
+        """A fresh controller `name` as this LLM starts its own (benchmarks give each arm one): `goodput` with a
+        draft model seeded with the pair's price probed at load."""
+        controller = make_controller(name, self.target)
+        price = getattr(self, "pair_price", None)
+        if isinstance(controller, GoodputController) and price is not None:
             chunk = self.engine_config.max_num_batched_tokens  # the draft's catch-up budget a step (drafters/)
             controller.seed_pair(price.acceptance, price.draft_step_s, price.draft_read_s, catch_up_chunk=chunk)
         return controller

@@ -121,9 +121,12 @@ def row_room(n: int, batch: int, max_tokens: int, k_max: int, budget: int) -> in
     return most + k_max + 2
 
 
-def set_arm(engine: Engine, arm: ArmSpec) -> None:
-    """The engine decodes as `arm` from its next step: a fresh controller (no history from other arms), its K."""
-    engine.controller = RecordingController(make_controller(arm.controller, engine.target))
+def set_arm(engine: Engine, arm: ArmSpec, base=None) -> None:
+    """The engine decodes as `arm` from its next step: a fresh controller (no history from other arms; `base`, the
+    LLM, starts it as its own: goodput from the pair's price), told what the drafter has read, and its K."""
+    fresh = make_controller(arm.controller, engine.target) if base is None else base.new_controller(arm.controller)
+    fresh.bind_drafter(engine.drafter)  # a warm-up read the prompts: goodput asks the drafter, not its own history
+    engine.controller = RecordingController(fresh)
     engine.k_max = arm.k
 
 
@@ -159,12 +162,12 @@ def prefill(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[S
     return seqs
 
 
-def warm_up(engine: Engine, seqs: list[Sequence], arm: ArmSpec, until_drafted: bool = False) -> None:
+def warm_up(engine: Engine, seqs: list[Sequence], arm: ArmSpec, until_drafted: bool = False, base=None) -> None:
     """Untimed steps of `arm`, then a rewind: first uses (the compiled step's shapes, the controller's code) stay
     out of the timed runs. until_drafted: also until every row has drafted, which a draft model does once its
     catch-up on the prompt (a chunk a step, once asked for drafts) is done; else it would land in the first
     drafting arm's time."""
-    set_arm(engine, arm)
+    set_arm(engine, arm, base)
     steps = 0
     while steps < WARMUP_STEPS or (until_drafted and not all(s.metrics.num_drafted for s in seqs)):
         engine.step()
@@ -213,13 +216,13 @@ def run_cell(base, arms: list[ArmSpec], prompts: list[list[int]], plan: CellPlan
     if k_max and hasattr(engine.drafter, "prefill_budget"):  # drafters with a cache of their own (catch_up.py)
         warm_up(engine, seqs, ArmSpec("fixed:1", "fixed", 1), until_drafted=True)
     for arm in arms:
-        warm_up(engine, seqs, arm)
+        warm_up(engine, seqs, arm, base=base)
     runs: dict[str, list[ArmRun]] = {a.name: [] for a in arms}
     for r in range(plan.repeats):
         shift = (turn + r) % len(arms)
         for arm in arms[shift:] + arms[:shift]:
             bar.set_postfix_str(f"N={plan.context} B={plan.batch} {arm.name} repeat {r + 1}/{plan.repeats}")
-            set_arm(engine, arm)
+            set_arm(engine, arm, base)
             runs[arm.name].append(decode(engine, seqs, plan.batch * plan.max_tokens))
             rewind(engine, seqs)
             bar.update(1)

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from specdecode.bench.sweep_config import ArmSpec, LevelRun, SweepConfig, parse_arms
 from specdecode.config import ConfigError, SamplingParams
-from specdecode.control import Controller, StepStats, make_controller
+from specdecode.control import Controller, StepStats
 from specdecode.drafters import DrafterContext, make_drafter
 from specdecode.engine.engine import Engine
 from specdecode.prompts import Prompt
@@ -71,6 +71,9 @@ class RecordingController:
     def live_request_ids(self) -> set[str]:
         return self.inner.live_request_ids()
 
+    def bind_drafter(self, drafter) -> None:
+        self.inner.bind_drafter(drafter)
+
 
 def build_engine(base, arm: ArmSpec, num_seqs: int, max_len: int) -> Engine:
     """An engine for `arm` on the target (and draft) that `base` (an LLM) already loaded: no weights reloaded."""
@@ -82,7 +85,7 @@ def build_engine(base, arm: ArmSpec, num_seqs: int, max_len: int) -> Engine:
         base.target,
         base.tokenizer,
         make_drafter(ctx),
-        RecordingController(make_controller(arm.controller, base.target)),
+        RecordingController(base.new_controller(arm.controller)),
         config,
         spec.k,
         max_len,

@@ -29,6 +29,9 @@ class Controller(Protocol):
     def live_request_ids(self) -> set[str]:
         """Request ids this controller holds state for (tests check that only live requests are here)."""
 
+    def bind_drafter(self, drafter) -> None:
+        """The engine's drafter (called once the engine holds both): what a row would cost it to draft for."""
+
 
 class ControllerBase:
     """The Protocol's hooks with their defaults (keep every draft, learn nothing, hold nothing): a controller
@@ -49,3 +52,6 @@ class ControllerBase:
 
     def live_request_ids(self) -> set[str]:
         return set()
+
+    def bind_drafter(self, drafter) -> None:
+        """The engine's drafter, for a controller that asks it what a row costs it (goodput: what it must read)."""

@@ -23,6 +23,7 @@ a plain step's, as the cost model predicts it) and the next one waits until prob
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -95,6 +96,7 @@ class GoodputController(ControllerBase):
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
         self.draft_read_s = 0.0  # seconds a token costs a draft model to catch up on (seed_pair); 0: not priced
         self.catch_up_chunk = 0  # tokens a draft model catches up on a step (seed_pair); 0: all at once
+        self.unread: Callable[[Sequence], int] | None = None  # tokens of a row its drafter has yet to read
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
         self.tree_mode = False
         self.confidence_mode = False  # a chain drafter whose confidences set the width (suffix): same
@@ -119,6 +121,9 @@ class GoodputController(ControllerBase):
         self.draft_read_s = draft_read_s
         self.catch_up_chunk = catch_up_chunk
 
+    def bind_drafter(self, drafter) -> None:
+        self.unread = getattr(drafter, "unread", None)
+
     def _worth_catching_up(self, seq: Sequence, k: int, p: np.ndarray, num_seqs: int, context: float) -> bool:
         """Whether a row whose draft model has read none of it yet should start drafting at K = k: its first
         drafts cost reading its whole text (a long prompt: a 1000-token RAG prompt is ~1000 draft-model tokens
@@ -130,7 +135,7 @@ class GoodputController(ControllerBase):
         of reading and too few tokens left to earn it back)."""
         if self.draft_read_s <= 0.0 or self.acceptance.has_drafted(seq.request_id):  # drafted: its draft read it
             return True
-        text = len(seq.token_ids)
+        text = len(seq.token_ids) if self.unread is None else self.unread(seq)  # what is left to read of it
         reading_steps = -(-text // self.catch_up_chunk) if self.catch_up_chunk > 0 else 0
         remaining = min(seq.params.max_tokens - seq.metrics.num_generated, seq.room) - reading_steps
         reach = np.cumprod(p[:k])  # [k]

@@ -65,3 +65,7 @@ class DrafterBase:
 
     def live_request_ids(self) -> set[str]:
         return set()
+
+    def unread(self, seq: Sequence) -> int:
+        """Tokens of `seq` this drafter must still read before it can draft for it (a lookup reads nothing)."""
+        return 0

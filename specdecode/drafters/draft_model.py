@@ -106,6 +106,10 @@ class DraftModelDrafter(DrafterBase):
     def live_request_ids(self) -> set[str]:
         return set(self.slots)
 
+    def unread(self, seq: Sequence) -> int:
+        slot = self.slots.get(seq.request_id)
+        return len(seq.token_ids) - (0 if slot is None else min(self.cache.lengths[slot], len(seq.token_ids)))
+
     def commit(self, seqs: list[Sequence]) -> None:
         # The draft cached pending + its own drafts; only those the target kept stay valid.
         for s in seqs:

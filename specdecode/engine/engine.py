@@ -111,6 +111,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.controller = controller
+        controller.bind_drafter(drafter)
         self.config = config
         self.k_max = k_max
         self.max_model_len = max_model_len

@@ -200,9 +200,9 @@ def assert_runs_repeat(counts: dict[str, list[tuple[int, int, int]]]) -> None:
 def test_negative_control_a_controller_kept_across_runs_is_caught(tiny_pair, monkeypatch):
     kept = {}
 
-    def set_arm_once(engine, arm):  # the real set_arm, but each arm's controller built once and then reused
+    def set_arm_once(engine, arm, base=None):  # the real set_arm, but each arm's controller built once and reused
         if arm.name not in kept:
-            real_set_arm(engine, arm)
+            real_set_arm(engine, arm, base)
             kept[arm.name] = engine.controller
         engine.controller, engine.k_max = kept[arm.name], arm.k
 

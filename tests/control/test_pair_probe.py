@@ -158,3 +158,33 @@ def test_the_tokens_written_while_the_draft_reads_earn_nothing():
     control = costly_controller()
     control.seed_pair(0.85, 7e-3, 2e-3, catch_up_chunk=0)
     assert control.choose([request(400)], K_MAX)[0] >= 2
+
+
+class ReadDrafter:
+    """A drafter that has read every row already (as a draft model's cache after a warm-up, or a prefix cache)."""
+
+    def unread(self, seq: Sequence) -> int:
+        return 0
+
+
+def test_a_row_the_drafter_has_already_read_is_not_priced_for_reading():
+    """goodput asks the drafter what is left to read: a 3000-token row its draft has read drafts at once, though
+    goodput never saw it draft. The control, unbound, prices the whole text and does not draft."""
+    bound = costly_controller()
+    bound.seed_pair(0.85, 7e-3, 2e-3, catch_up_chunk=32)
+    bound.bind_drafter(ReadDrafter())
+    assert bound.choose([request(3000)], K_MAX)[0] >= 2
+    unbound = costly_controller()
+    unbound.seed_pair(0.85, 7e-3, 2e-3, catch_up_chunk=32)
+    assert unbound.choose([request(3000)], K_MAX)[0] == 0
+
+
+def test_a_draft_model_reports_what_it_has_left_to_read(tiny_target, tiny_draft):
+    """The draft model's backlog: the whole row before it is asked to draft, then none once it has caught up."""
+    llm = LLM(target=str(tiny_target), draft=str(tiny_draft), method="draft", num_speculative_tokens=2)
+    seq = llm.engine.add_request("r", list(range(5, 45)), SamplingParams(max_tokens=8, ignore_eos=True))
+    llm.engine.step()  # the prompt's prefill
+    assert llm.engine.drafter.unread(seq) == len(seq.token_ids)
+    while not seq.metrics.num_drafted:
+        llm.engine.step()
+    assert llm.engine.drafter.unread(seq) <= 3  # at most the tokens verified in its last step
