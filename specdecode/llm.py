@@ -238,7 +238,7 @@ class LLM:
         """A fresh controller `name` as this LLM starts its own (benchmarks give each arm one): `goodput` with a
         draft model seeded with the pair's price probed at load."""
         controller = make_controller(name, self.target)
-        price = getattr(self, "pair_price", None)
+        price = self.pair_price
         if isinstance(controller, GoodputController) and price is not None:
             chunk = self.engine_config.max_num_batched_tokens  # the draft's catch-up budget a step (drafters/)
             controller.seed_pair(price.acceptance, price.draft_step_s, price.draft_read_s, catch_up_chunk=chunk)

@@ -125,9 +125,10 @@ class GoodputController(ControllerBase):
         self.unread = getattr(drafter, "unread", None)
 
     def _worth_catching_up(self, seq: Sequence, k: int, p: np.ndarray, num_seqs: int, context: float) -> bool:
-        """Whether a row whose draft model has read none of it yet should start drafting at K = k: its first
-        drafts cost reading its whole text (a long prompt: a 1000-token RAG prompt is ~1000 draft-model tokens
-        of prefill), paid back only over the tokens it generates once the draft has read it. The saving per token
+        """Whether a row whose draft model has not read all of it yet should start drafting at K = k: its first
+        drafts cost reading the rest of its text (the drafter's `unread`; unbound, its whole text: a 1000-token RAG
+        prompt is ~1000 draft-model tokens of prefill), paid back only over the tokens it generates once the draft
+        has read it. The saving per token
         is a plain step's time less a K-step's time over its expected tokens; reading is draft_read_s a token (0
         without a probe at load: lookup drafters read nothing), catch_up_chunk tokens a step, and the row
         writes a token at K = 0 in each of those steps (a 1,000-token RAG prompt read 32 tokens a step is 32 of

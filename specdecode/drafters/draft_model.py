@@ -130,10 +130,7 @@ class DraftModelDrafter(DrafterBase):
         """Feed the rows asked to draft what the draft has not seen (the prompt, the pending token, the bonus token
         after a full accept), within one prefill chunk (catch_up.py). Returns the logits after each row's last
         token [num_seqs, 1, vocab] and the drafts each row may make: 0 for rows still catching up."""
-        backlogs = [
-            len(s.token_ids) - self.cache.lengths[slot] if k else 0
-            for s, slot, k in zip(seqs, slots, num_tokens, strict=True)
-        ]
+        backlogs = [self.unread(s) if k else 0 for s, k in zip(seqs, num_tokens, strict=True)]
         take = share_budget(backlogs, self.prefill_budget)
         rows = [b for b, n in enumerate(take) if n]
         vocab = self.model.cfg.vocab_size

@@ -22,7 +22,7 @@ def reference(tiny_target) -> list[list[int]]:
     return [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
 
 
-def make_llm(method: str, k: int, target, draft, batch: int, controller: str = "fixed") -> LLM:
+def make_llm(method: str, k: int, target, draft, batch: int, controller: str = "fixed", **settings) -> LLM:
     return LLM(
         target=str(target),
         draft=str(draft) if method == "draft" else None,
@@ -30,6 +30,7 @@ def make_llm(method: str, k: int, target, draft, batch: int, controller: str = "
         num_speculative_tokens=k,
         controller=controller,
         max_num_seqs=batch,
+        **settings,
     )
 
 
@@ -84,16 +85,7 @@ def test_dynamic_controllers_are_lossless(method, controller, tiny_target, tiny_
 @pytest.mark.parametrize("stop_below", [0.3, 0.9])
 def test_draft_that_stops_when_unsure_equals_plain_greedy(stop_below, tiny_target, tiny_draft, reference):
     """Rows stop drafting at different depths in one batch; every row's cache still grows by its own count."""
-    llm = LLM(
-        target=str(tiny_target),
-        draft=str(tiny_draft),
-        method="draft",
-        num_speculative_tokens=6,
-        controller="fixed",
-        max_num_seqs=4,
-        draft_stop_below=stop_below,
-    )
-    outs = llm.generate(PROMPTS, GREEDY)
+    outs = make_llm("draft", 6, tiny_target, tiny_draft, 4, draft_stop_below=stop_below).generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == reference
     drafted = sum(o.metrics["num_drafted"] for o in outs)
     forwards = sum(o.metrics["num_target_forwards"] for o in outs)
