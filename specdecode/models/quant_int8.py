@@ -13,8 +13,8 @@ CPU has it, else AVX-512BW, else portable scalar code, all three bitwise equal.
 It is not the dequantized model's product, but it is a function of each row alone: a row's output is bitwise the
 same alone or in any batch, so speculation under it stays exact with respect to it.
 
-`use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s over the same blocks, grouped once there (1.3x
-the bytes for Q6_K, the file's for the others); the file's rows are let go, and rebuilt from the groups
+`use_int8(model)` swaps a model's QuantLinears for `Int8QuantLinear`s over the same blocks, grouped once there (the
+file's bytes, in another order); the file's rows are let go, and rebuilt from the groups
 (`ungroup_rows`) where a row subset or `dequantized` asks for them;
 `apply_arithmetic` does so for arithmetic "fast" (EngineConfig.arithmetic; `exact`, the default, leaves the model
 as it is).

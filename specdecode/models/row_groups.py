@@ -11,9 +11,12 @@ Per group of 16 rows and weight block, in bytes (r the row within the group, t =
         d[16] | dmin[16] | sc[8][16] u8 | mn[8][16] u8 | qs[4 chunks][8 quads][16 r][4 t]
         qs[i][k][r][t] is row r's qs byte 32i + 4k + t: low nibble = position 64i + 4k + t (sub-block 2i),
         high nibble = position 64i + 32 + 4k + t (sub-block 2i + 1); sc, mn the unpacked 6-bit scales and mins.
-    Q6_K (4,384 per super-block): d[16] | sc[16 sub-blocks][16 r] i8 | q[64 quads][16 r][4 t] u8
-        q[k][r][t] is row r's stored 6-bit quant (value + 32) at position 4k + t, one byte each (the file's 4 + 2
-        bits spread out: 1.30x the bytes, for a decode that costs nothing).
+    Q6_K (3,360 per super-block, the file's bytes): d[16] | sc[16 sub-blocks][16 r] i8 | 8 pairs of sub-blocks
+        p, each ql[4][16 r][4 t] | qh[2][16 r][4 t] (384 bytes, so a block is read front to back). Row r's stored
+        6-bit quant (value + 32) at position 4k + t (quad k = 0..63; quads 8p .. 8p + 7 are sub-blocks 2p and
+        2p + 1) is split into its low 4 bits, in pair p's ql[c][r][t] (low nibble: quad 8p + c, high nibble: quad
+        8p + 4 + c, c = 0..3), and its top 2 bits, in pair p's qh[c // 2][r][t] at bit 2(2(c % 2) + s) for quad
+        8p + 4s + c: a vector of 16 rows' quads decodes in a shift, two masks and an or.
     Q8_0 (544 per block of 32): d[16] | q[8 quads][16 r][4 t] i8 (position 4k + t).
     Q5_0 (352): d[16] | qs[4 quads][16 r][4 t] | hi[8 vectors][8 bytes]
         qs[k][r][t] is row r's qs byte 4k + t: low nibble = position 4k + t, high nibble = position 16 + 4k + t;
@@ -29,7 +32,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 ROWS = 16  # weight rows per group: one per lane of a 512-bit vector of int32
-GROUP_BYTES = {Q.Q4_K: 2368, Q.Q6_K: 4384, Q.Q8_0: 544, Q.Q5_0: 352, Q.Q4_1: 320}  # per group and block
+GROUP_BYTES = {Q.Q4_K: 2368, Q.Q6_K: 3360, Q.Q8_0: 544, Q.Q5_0: 352, Q.Q4_1: 320}  # per group and block
 
 
 def q6k_quants(b: np.ndarray) -> np.ndarray:
@@ -42,6 +45,33 @@ def q6k_quants(b: np.ndarray) -> np.ndarray:
         high = np.concatenate([(qh >> (2 * s)) & 3 for s in range(4)], axis=-1)  # [..., 128]: 32 r per shift
         halves.append(low | (high << 4))
     return np.concatenate(halves, axis=-1).astype(np.uint8)
+
+
+def _q6k_split(quads: np.ndarray) -> np.ndarray:
+    """Q6_K's stored quants by quad [G, nb, 64, 16, 4] -> [G, nb, 8 pairs, 384]: each pair's ql then qh, as the
+    module docstring lays them out."""
+    g, nb = quads.shape[:2]
+    q = quads.reshape(g, nb, 8, 2, 2, 2, 16, 4)  # [G, nb, p, s, c // 2, c % 2, 16 r, 4 t]: quad 8p + 4s + c
+    ql = (q[:, :, :, 0] & 15) | ((q[:, :, :, 1] & 15) << 4)  # [G, nb, p, c // 2, c % 2, 16, 4]
+    top = (q >> 4).astype(np.uint8)
+    qh = np.zeros((g, nb, 8, 2, 16, 4), dtype=np.uint8)  # [G, nb, p, c // 2, 16, 4]
+    for s in range(2):
+        for odd in range(2):
+            qh |= top[:, :, :, s, :, odd] << (2 * (2 * odd + s))
+    return np.concatenate([ql.reshape(g, nb, 8, 256), qh.reshape(g, nb, 8, 128)], axis=-1)
+
+
+def _q6k_join(pairs: np.ndarray) -> np.ndarray:
+    """`_q6k_split` undone: [G, nb, 8 pairs, 384] -> quads [G, nb, 64, 16, 4]."""
+    g, nb = pairs.shape[:2]
+    low = pairs[..., :256].reshape(g, nb, 8, 2, 2, 16, 4)  # [G, nb, p, c // 2, c % 2, 16, 4]
+    high = pairs[..., 256:].reshape(g, nb, 8, 2, 16, 4)  # [G, nb, p, c // 2, 16, 4]
+    q = np.zeros((g, nb, 8, 2, 2, 2, 16, 4), dtype=np.uint8)  # [G, nb, p, s, c // 2, c % 2, 16, 4]
+    for s in range(2):
+        for odd in range(2):
+            top = (high >> (2 * (2 * odd + s))) & 3
+            q[:, :, :, s, :, odd] = ((low[:, :, :, :, odd] >> (4 * s)) & 15) | (top << 4)
+    return q.reshape(g, nb, 64, 16, 4)
 
 
 def _lanes(a: np.ndarray) -> np.ndarray:
@@ -82,7 +112,7 @@ def group_rows(blocks: torch.Tensor, qtype: Q) -> torch.Tensor:
         sc, mn = (v.reshape(groups, ROWS, nb, 8) for v in gguf.quants.Q4_K.get_scale_min(b[..., 4:16].reshape(-1, 12)))
         parts = [_halves(b, 0), _halves(b, 2), _lanes(sc), _lanes(mn), _quads(b[..., 16:])]  # quad 8i + k: chunk i
     elif qtype == Q.Q6_K:
-        parts = [_halves(b, 208), _lanes(b[..., 192:208]), _quads(q6k_quants(b))]
+        parts = [_halves(b, 208), _lanes(b[..., 192:208]), _q6k_split(_quads(q6k_quants(b)))]
     elif qtype == Q.Q8_0:
         parts = [_halves(b, 0), _quads(b[..., 2:34])]
     elif qtype == Q.Q5_0:
@@ -160,7 +190,7 @@ def ungroup_rows(groups: torch.Tensor, qtype: Q, out: int) -> torch.Tensor:
         parts = [d, dmin, _q4k_scale_bytes(sc, mn), _unquads(take(2048).reshape(g, nb, 32, 16, 4))]
     elif qtype == Q.Q6_K:
         d, sc = _unhalves(take(32).reshape(g, nb, 16, 2)), _unlanes(take(256).reshape(g, nb, 16, 16))
-        parts = [_q6k_bytes(_unquads(take(4096).reshape(g, nb, 64, 16, 4))), sc, d]
+        parts = [_q6k_bytes(_unquads(_q6k_join(take(3072).reshape(g, nb, 8, 384)))), sc, d]
     elif qtype == Q.Q8_0:
         parts = [_unhalves(take(32).reshape(g, nb, 16, 2)), _unquads(take(512).reshape(g, nb, 8, 16, 4))]
     elif qtype == Q.Q5_0:

@@ -186,7 +186,7 @@ constexpr int kGroupRows = 16, kMaxPass = 6;
 
 // Bytes per group of 16 rows and weight block (32 weights; a K-quant's super-block), and weights per block.
 constexpr int64_t group_bytes(int64_t t) {
-    return t == kQ4_K ? 2368 : t == kQ6_K ? 4384 : t == kQ8_0 ? 544 : t == kQ5_0 ? 352 : t == kQ4_1 ? 320 : 0;
+    return t == kQ4_K ? 2368 : t == kQ6_K ? 3360 : t == kQ8_0 ? 544 : t == kQ5_0 ? 352 : t == kQ4_1 ? 320 : 0;
 }
 constexpr int64_t block_weights(int64_t t) { return t == kQ4_K || t == kQ6_K ? 256 : 32; }
 
@@ -217,6 +217,18 @@ int32_t block32_weight(int64_t t, const uint8_t* blk, int r, int p) {
     uint64_t mask;  // Q5_0: vector 4 half + k's mask, bit 4r + i: the fifth bit
     std::memcpy(&mask, blk + 288 + 8 * (4 * half + k), 8);
     return q + 16 * int32_t((mask >> (4 * r + i)) & 1) - 16;
+}
+
+// Row r's stored Q6_K quant (0..63) at position 4 quad + u of a super-block: its low 4 bits from ql, its top 2
+// from qh (models/row_groups.py: quad 8p + 4s + c, c = 0..3, in pair p's ql vector c at nibble s and its qh
+// vector c / 2 at bit 2(2(c % 2) + s); pair p's 384 bytes from 288 + 384 p, ql's 4 vectors then qh's 2).
+inline const uint8_t* q6k_ql(const uint8_t* blk, int p, int c) { return blk + 288 + 384 * p + 64 * c; }
+inline const uint8_t* q6k_qh(const uint8_t* blk, int p, int c) { return blk + 288 + 384 * p + 256 + 64 * (c / 2); }
+int32_t q6k_weight(const uint8_t* blk, int quad, int r, int u) {
+    const int p = quad / 8, s = (quad % 8) / 4, c = quad % 4;
+    const uint8_t low = q6k_ql(blk, p, c)[r * 4 + u];
+    const uint8_t high = q6k_qh(blk, p, c)[r * 4 + u];
+    return int32_t(((low >> (4 * s)) & 0xf) | (((high >> (2 * (2 * (c % 2) + s))) & 3) << 4));
 }
 
 void grouped_portable(const GArgs& a, int64_t t) {
@@ -256,7 +268,7 @@ void grouped_portable(const GArgs& a, int64_t t) {
                         int32_t sub = -32 * int32_t(s16[16 * b + j]);
                         for (int k = 0; k < 4; ++k)
                             for (int u = 0; u < 4; ++u)
-                                sub += int32_t(blk[288 + ((4 * j + k) * kGroupRows + r) * 4 + u]) * xb[16 * j + 4 * k + u];
+                                sub += q6k_weight(blk, 4 * j + k, r, u) * xb[16 * j + 4 * k + u];
                         S += int32_t(int8_t(blk[32 + scale_row(j, a.fault) * kGroupRows + r])) * sub;
                     }
                     acc = std::fma(float(S), half_to_float(blk + 2 * r) * dx, acc);
@@ -339,6 +351,17 @@ inline void q4k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
     }
 }
 
+// Quad 4j + 4S + k's stored Q6_K quants (0..63) of the 16 rows, for sub-block j + S (j even, S = 0, 1): ql's nibble
+// S, or'ed with qh's 2 bits 2(2(k % 2) + S) moved to bits 4-5 (16-bit shifts: bits that cross a byte are masked).
+template <int S>
+inline __m512i q6k_quads(const uint8_t* blk, int j, int k) {
+    const __m512i ql = load(q6k_ql(blk, j / 2, k)), qh = load(q6k_qh(blk, j / 2, k));
+    const __m512i low = _mm512_and_si512(S ? _mm512_srli_epi16(ql, 4) : ql, _mm512_set1_epi8(0xf));
+    const int shift = 2 * (2 * (k % 2) + S);  // the top bits' place in qh: 0, 2, 4 or 6; wanted at 4
+    const __m512i moved = shift < 4 ? _mm512_slli_epi16(qh, 4 - shift) : _mm512_srli_epi16(qh, shift - 4);
+    return _mm512_or_si512(low, _mm512_and_si512(moved, _mm512_set1_epi8(0x30)));
+}
+
 // One Q6_K super-block of a group against R rows: S of every lane.
 template <bool V, int R>
 inline void q6k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m512i (&S)[R]) {
@@ -349,7 +372,7 @@ inline void q6k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
             S0[m] = _mm512_set1_epi32(-32 * int32_t(at.s16[m][j])), S1[m] = _mm512_set1_epi32(-32 * int32_t(at.s16[m][j + 1]));
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) {
-            const __m512i w0 = load(blk + 288 + (4 * j + k) * 64), w1 = load(blk + 288 + (4 * j + 4 + k) * 64);
+            const __m512i w0 = q6k_quads<0>(blk, j, k), w1 = q6k_quads<1>(blk, j, k);
             for (int m = 0; m < R; ++m) {
                 S0[m] = dp4<V>(S0[m], w0, quad(at.x[m] + 16 * j + 4 * k));
                 S1[m] = dp4<V>(S1[m], w1, quad(at.x[m] + 16 * j + 16 + 4 * k));
