@@ -323,6 +323,19 @@ struct RowsAt {
     float dx[R];
 };
 
+// The block kPrefetch bytes ahead of blk (a thread's groups are consecutive, so its bytes are one stream) is asked
+// into cache while this one is worked on. Without it, at 5-9 rows the loads waited on memory between bursts of
+// arithmetic (the 1.5B's linears at 5 rows: ~38 ms against ~23 with it). A prefetch never faults, so the last
+// blocks may point past the weight.
+constexpr int64_t kPrefetch = 8192;
+inline void prefetch_ahead(const uint8_t* blk, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetch + o), _MM_HINT_T0);
+}
+// A K-quant's block (2-3 KiB) asks for its quants one line at a time, beside the load of the same line here: asked
+// all at once at the block's start, the 37-53 requests filled the core's miss buffers and the prefetch loop stalled
+// (14% of Q4_K's samples at 5 rows, which ran at 0.65x Q4_1's speed per weight).
+inline void prefetch_line(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0); }
+
 // One Q4_K super-block of a group against R rows: S and Mn of every lane.
 template <bool V, int R>
 inline void q4k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m512i (&S)[R], __m512i (&Mn)[R]) {
@@ -334,6 +347,7 @@ inline void q4k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
 #pragma GCC unroll 8
         for (int k = 0; k < 8; ++k) {
             const __m512i v = load(blk + 320 + (i * 8 + k) * 64);
+            prefetch_line(blk + 320 + (i * 8 + k) * 64);
             const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             for (int m = 0; m < R; ++m) {
                 lo[m] = dp4<V>(lo[m], wl, quad(at.x[m] + 64 * i + 4 * k));
@@ -373,6 +387,8 @@ inline void q6k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) {
             const __m512i w0 = q6k_quads<0>(blk, j, k), w1 = q6k_quads<1>(blk, j, k);
+            prefetch_line(q6k_ql(blk, j / 2, k));
+            if (k % 2 == 0) prefetch_line(q6k_qh(blk, j / 2, k));
             for (int m = 0; m < R; ++m) {
                 S0[m] = dp4<V>(S0[m], w0, quad(at.x[m] + 16 * j + 4 * k));
                 S1[m] = dp4<V>(S1[m], w1, quad(at.x[m] + 16 * j + 16 + 4 * k));
@@ -428,26 +444,19 @@ inline void block32(const uint8_t* blk, const RowsAt<R>& at, __m512i (&S)[R]) {
     for (int m = 0; m < R; ++m) S[m] = _mm512_add_epi32(S[m], hi[m]);
 }
 
-// The block kPrefetch bytes ahead of blk (a thread's groups are consecutive, so its bytes are one stream) is asked
-// into cache while this one is worked on. Without it, at 5-9 rows the loads waited on memory between bursts of
-// arithmetic (the 1.5B's linears at 5 rows: ~38 ms against ~23 with it). A prefetch never faults, so the last
-// blocks may point past the weight.
-constexpr int64_t kPrefetch = 8192;
-inline void prefetch_ahead(const uint8_t* blk, int64_t bytes) {
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetch + o), _MM_HINT_T0);
-}
 
 // Group g (16 outputs) x activation rows m0 .. m0 + R.
 template <int64_t T, bool V, int R>
 void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
     const Acts& A = *a.acts;
     constexpr int64_t kW = block_weights(T), kBytes = group_bytes(T);
+    constexpr int64_t kQuantsAt = T == kQ4_K ? 320 : T == kQ6_K ? 288 : kBytes;  // bytes before the quants
     const int64_t nb = a.K / kW;
     __m512 acc[R];
     for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = a.w + (g * nb + b) * kBytes;
-        prefetch_ahead(blk, kBytes);
+        prefetch_ahead(blk, kQuantsAt);  // a K-quant's quants: line by line as they are read (prefetch_line)
         RowsAt<R> at;
         for (int m = 0; m < R; ++m) {
             at.x[m] = A.q.data() + (m0 + m) * A.stride + kW * b;
