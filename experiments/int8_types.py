@@ -2,8 +2,8 @@
 
     python -m experiments.int8_types [--trials 12] [--calls 20] [--out results/int8_types.json]
 
-A weight of each type, 16,384 x 8,960 random blocks (K-quants' fp16 scales kept small and finite), is grouped
-once as Int8QuantLinear does; each trial times `calls` products of every type in turn at 1 and at 5 activation
+A weight of each type, 16,384 x 8,960 random blocks (the kernel tests' `random_blocks`), is grouped once as
+Int8QuantLinear does; each trial times `calls` products of every type in turn at 1 and at 5 activation
 rows (a decode step, a 5-token verify). The types' times are compared within a trial, so a slow spell of a shared
 machine moves every type of the trial together: the figure is the median over trials of time(type) / time(Q4_K)
 at equal weights, beside each type's bytes per weight as grouped.
@@ -15,7 +15,6 @@ import argparse
 import statistics
 import time
 
-import gguf
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -23,22 +22,16 @@ from gguf import GGMLQuantizationType as Q
 from specdecode.bench.lib import provenance, write_result
 from specdecode.models import quant_int8
 from specdecode.models.row_groups import group_rows
+from tests.models.test_quant_int8 import random_blocks
 
 OUT, IN = 16384, 8960
 TYPES = (Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0, Q.Q4_1)
-FP16_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_1: (0, 2)}
 ROWS = (1, 5)
 
 
 def random_groups(qtype: Q) -> torch.Tensor:
-    """Random blocks [OUT, bytes per row] of `qtype`, fp16 fields in +-0.01, grouped -> [OUT / 16, bytes]."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    gen = np.random.default_rng(0)
-    raw = gen.integers(0, 256, size=(OUT, IN // block, size), dtype=np.uint8)  # [OUT, blocks, bytes]
-    for offset in FP16_FIELDS[qtype]:
-        d = gen.uniform(-0.01, 0.01, size=(OUT, IN // block, 1)).astype(np.float16)
-        raw[..., offset : offset + 2] = d.view(np.uint8)
-    return group_rows(torch.from_numpy(raw.reshape(OUT, -1)), qtype)
+    """A random weight [OUT, IN] of `qtype`, grouped -> [OUT / 16, bytes]."""
+    return group_rows(random_blocks(qtype, OUT, IN, np.random.default_rng(0)), qtype)
 
 
 def seconds(x: torch.Tensor, groups: torch.Tensor, qtype: Q, calls: int) -> float:

@@ -444,7 +444,6 @@ inline void block32(const uint8_t* blk, const RowsAt<R>& at, __m512i (&S)[R]) {
     for (int m = 0; m < R; ++m) S[m] = _mm512_add_epi32(S[m], hi[m]);
 }
 
-
 // Group g (16 outputs) x activation rows m0 .. m0 + R.
 template <int64_t T, bool V, int R>
 void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
