@@ -84,12 +84,17 @@ def attend_eager(
 # alias checks) added ~50 us to each call at one token, where the op's own work (cache writes and SDPA) took
 # ~70 us, 30 calls a step. It has no autograd formula: training (heads through the target's layer type)
 # calls `attend_eager`, the same function, directly (see `attend_fn`).
+# On the CPU, once the few-rows library is loaded, `attend` is its C++ kernel (kernels/attention_op.cpp): the
+# few-queries op where it serves, else `attend_general`, this function; a compiled step's decode and verify
+# steps then never enter Python (a layer's crossing cost ~30 us, 24-28 layers a step).
 _LIB = torch.library.Library("specdecode", "FRAGMENT")  # held for the process: registrations die with it
-_LIB.define(
-    "attend(Tensor q, Tensor k, Tensor v, Tensor(a!) cache_k, Tensor(b!) cache_v, int layer, Tensor slots, "
+_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor(a!) cache_k, Tensor(b!) cache_v, int layer, Tensor slots, "
     "Tensor write_pos, Tensor mask) -> Tensor"
 )
-_LIB.impl("attend", attend_eager, "CompositeExplicitAutograd")
+for _name in ("attend", "attend_general"):
+    _LIB.define(_name + _SCHEMA)
+    _LIB.impl(_name, attend_eager, "CompositeExplicitAutograd")
 attend = torch.ops.specdecode.attend.default
 
 
@@ -162,6 +167,9 @@ def _kernel_serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tor
     )
 
 
-@torch.library.register_fake("specdecode::attend", lib=_LIB)
-def _(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask):
+def _fake_attend(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask):
     return q.new_empty(q.shape[0], q.shape[1], q.shape[2] * q.shape[3])
+
+
+for _name in ("attend", "attend_general"):
+    torch.library.register_fake(f"specdecode::{_name}", _fake_attend, lib=_LIB)

@@ -77,7 +77,15 @@ def library() -> Path:
         h.update(part)
     final = build_once(cache_root() / "kernels" / f"few_rows-{h.hexdigest()}", lambda tmp: _build(tmp, compiler))
     load_op(final / "few_rows.so", "few_rows_linear", _fake_few_rows_linear)
+    if hasattr(torch.ops.specdecode, "set_attend_kernel"):  # loaded (a test may stand in for the load)
+        set_attention_kernel(os.environ.get(ATTENTION_ENV) != "0" and os.environ.get(ENV) != "0")
     return final / "few_rows.so"
+
+
+def set_attention_kernel(on: bool) -> None:
+    """Let the CPU's `specdecode::attend` (kernels/attention_op.cpp) take the few-queries kernel, or send every
+    call to the Python path (the cache writes and SDPA); tests compare the two. The library must be loaded."""
+    torch.ops.specdecode.set_attend_kernel(on)
 
 
 def _fake_few_rows_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
@@ -123,7 +131,7 @@ def _usable() -> bool:
 def attention_usable() -> bool:
     """Whether the few-queries attention op (kernels/attention_op.cpp) serves here: the library builds and
     $SPECDECODE_FEW_QUERIES_ATTENTION is not "0". It runs inside the opaque attention op (models/attention.py),
-    so no graph traces it and it needs no fake."""
+    so no graph traces it and it needs no fake; the op's C++ kernel decides the same (set_attention_kernel)."""
     return os.environ.get(ATTENTION_ENV) != "0" and _usable()
 
 

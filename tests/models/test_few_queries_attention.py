@@ -30,7 +30,16 @@ LAYERS, SLOTS, KV_HEADS, HEADS, DIM, MAX_LEN = 2, 6, 3, 9, 64, 400  # SmolLM2's 
 @pytest.fixture
 def sdpa_path(monkeypatch):
     """Attention as it is without the kernel: the Python cache writes and SDPA."""
+    use_sdpa(monkeypatch)
+    yield
+    few_rows.set_attention_kernel(True)
+
+
+def use_sdpa(monkeypatch) -> None:
+    """Send the attention op's calls to the Python path, in its C++ kernel and in Python alike (the caller turns
+    the kernel back on)."""
     monkeypatch.setattr(few_rows, "attention_usable", lambda: False)
+    few_rows.set_attention_kernel(False)
 
 
 def _inputs(gen, slots, starts, num_new, tree: bool):
@@ -99,8 +108,11 @@ def _tree_outputs(gen) -> tuple[torch.Tensor, tuple]:
 @needs_kernel
 def test_tree_masks_give_what_the_sdpa_path_gives(monkeypatch):
     out, (real, cache_k, cache_v) = _tree_outputs(torch.Generator().manual_seed(1))
-    monkeypatch.setattr(few_rows, "attention_usable", lambda: False)
-    want, (_, want_k, want_v) = _tree_outputs(torch.Generator().manual_seed(1))
+    try:
+        use_sdpa(monkeypatch)
+        want, (_, want_k, want_v) = _tree_outputs(torch.Generator().manual_seed(1))
+    finally:
+        few_rows.set_attention_kernel(True)
     assert (out - want)[real].abs().max() < 1e-5
     assert torch.equal(cache_k[..., :MAX_LEN, :], want_k[..., :MAX_LEN, :])
     assert torch.equal(cache_v[..., :MAX_LEN, :], want_v[..., :MAX_LEN, :])
@@ -182,3 +194,32 @@ def test_the_op_sends_the_kernel_decode_and_verify_steps_only():
     assert not attention._kernel_serves(*half)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # a teacher under the student's autocast (train/test_bf16.py)
         assert not attention._kernel_serves(q.detach(), kv, kv, cache, mask)
+
+
+def _python_calls(monkeypatch, tokens: int) -> int:
+    """How many times one attention call of `tokens` new tokens entered the op's Python path."""
+    calls = []
+    real = attention._kernel_serves
+    monkeypatch.setattr(attention, "_kernel_serves", lambda *a: calls.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(3)
+    _attend(*_inputs(gen, [1], [100], [tokens], tree=False))
+    return len(calls)
+
+
+@needs_kernel
+def test_a_decode_step_never_enters_python(monkeypatch):
+    """The CPU's attention op takes a decode or verify step in C++ (a compiled step's layers then never cross into
+    Python) and sends a prefill chunk past the kernel's queries to the Python path."""
+    assert _python_calls(monkeypatch, 1) == 0
+    assert _python_calls(monkeypatch, 9) == 0
+    assert _python_calls(monkeypatch, attention.KERNEL_MAX_QUERIES + 1) == 1
+
+
+@needs_kernel
+def test_control_the_kernel_turned_off_is_caught_entering_python(monkeypatch):
+    """Negative control: the same count with the C++ kernel's switch off."""
+    try:
+        few_rows.set_attention_kernel(False)
+        assert _python_calls(monkeypatch, 1) == 1
+    finally:
+        few_rows.set_attention_kernel(True)

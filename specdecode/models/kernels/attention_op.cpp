@@ -2,11 +2,14 @@
 // (models/attention.py calls it in place of writing the cache and calling SDPA from Python; models/few_rows.py
 // builds it into the same library). It writes the new K/V into the cache, then attends each row over its own
 // slot's keys up to its last new token, reading nothing past it and copying nothing.
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -17,6 +20,11 @@ extern "C" bool few_queries_attention(const float* q, const float* k, const floa
                                       float scale);
 
 namespace {
+
+// Whether `specdecode::attend` on the CPU may take the few-queries kernel ($SPECDECODE_FEW_QUERIES_ATTENTION;
+// models/few_rows.py sets it once the library is loaded, and tests turn it off to compare with SDPA).
+std::atomic<bool> g_attend_kernel{false};
+constexpr int64_t kMaxQueries = 32;  // models/attention.py's KERNEL_MAX_QUERIES: a longer chunk goes to SDPA
 
 void check_float(const at::Tensor& t, int64_t dim, const char* name) {
     TORCH_CHECK(t.dim() == dim && t.scalar_type() == at::kFloat && t.device().is_cpu(), name, " must be ", dim,
@@ -90,12 +98,49 @@ at::Tensor few_queries_attend(const at::Tensor& q, const at::Tensor& k, const at
     return out.view({n, T, H * D});
 }
 
+bool last_dim_dense(const at::Tensor& t) { return t.dim() > 0 && t.stride(t.dim() - 1) == 1; }
+
+// What models/attention.py's _kernel_serves asks, here so that a compiled step's attention never enters Python:
+// a decode or verify step (at most kMaxQueries new tokens a row) in fp32, outside autograd and autocast.
+bool kernel_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cache_k,
+                   const at::Tensor& mask) {
+    const int64_t d = q.dim() == 4 ? q.size(3) : 0;
+    return g_attend_kernel.load(std::memory_order_relaxed) && q.dim() == 4 && q.size(1) <= kMaxQueries &&
+           (d == 16 || d == 32 || d == 64 || d == 128) && q.scalar_type() == at::kFloat &&
+           k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && cache_k.scalar_type() == at::kFloat &&
+           mask.scalar_type() == at::kFloat && !(q.requires_grad() || k.requires_grad() || v.requires_grad()) &&
+           !at::autocast::is_autocast_enabled(at::kCPU) && last_dim_dense(q) && last_dim_dense(k) &&
+           last_dim_dense(v) && last_dim_dense(mask);
+}
+
+// `specdecode::attend` for CPU tensors: the few-queries op where it serves, else `specdecode::attend_general`
+// (models/attention.py: the cache writes and SDPA, in Python). A compiled step calls this through AOTInductor's
+// proxy executor, so a decode step's 24-28 layers no longer each cross into Python (~30 us a layer).
+at::Tensor attend_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& cache_k,
+                      at::Tensor& cache_v, int64_t layer, const at::Tensor& slots, const at::Tensor& write_pos,
+                      const at::Tensor& mask) {
+    if (kernel_serves(q, k, v, cache_k, mask))
+        return few_queries_attend(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask);
+    static const auto general =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("specdecode::attend_general", "")
+            .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&,
+                              int64_t, const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+    return general.call(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask);
+}
+
 }  // namespace
+
+void set_attend_kernel(bool on) { g_attend_kernel.store(on); }
 
 TORCH_LIBRARY_FRAGMENT(specdecode, m) {
     m.def(
         "few_queries_attend(Tensor q, Tensor k, Tensor v, Tensor(a!) cache_k, Tensor(b!) cache_v, int layer, "
         "Tensor slots, Tensor write_pos, Tensor mask) -> Tensor");
+    m.def("set_attend_kernel(bool on) -> ()", &set_attend_kernel);
 }
 
-TORCH_LIBRARY_IMPL(specdecode, CPU, m) { m.impl("few_queries_attend", &few_queries_attend); }
+TORCH_LIBRARY_IMPL(specdecode, CPU, m) {
+    m.impl("few_queries_attend", &few_queries_attend);
+    m.impl("attend", &attend_cpu);
+}
