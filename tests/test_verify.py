@@ -19,7 +19,7 @@ import specdecode.verify.chain
 import specdecode.verify.streams
 from specdecode.config import SamplingParams
 from specdecode.verify.chain import verify
-from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, process_logits
+from specdecode.verify.sampling import PAD_TOKEN_ID, SamplingTensors, non_finite_rows, process_logits
 from specdecode.verify.streams import Purpose, sample
 from tests.stats import assert_follows
 
@@ -247,3 +247,26 @@ def test_a_vanishing_top_p_keeps_the_top_token(top_p):
     probs = process_logits(logits, st)[0, 0]
     assert torch.isfinite(probs).all() and abs(probs.sum().item() - 1.0) < 1e-6
     assert probs.argmax().item() == 1 and probs[3] == 0.0
+
+
+def _planted_rows() -> tuple[torch.Tensor, list[bool]]:
+    """[6, 3, 50] logits: rows with NaN, +inf, a whole row at -inf (a grammar's mask), -inf here and there, both
+    NaN and +inf, and nothing; and which rows are broken (NaN or +inf)."""
+    logits = torch.randn(6, 3, 50, generator=torch.Generator().manual_seed(0))
+    logits[0, 2, 7] = float("nan")
+    logits[1, 0, 3] = float("inf")
+    logits[2] = float("-inf")
+    logits[3, 1, :40] = float("-inf")
+    logits[4, 0, 1], logits[4, 2, 2] = float("inf"), float("nan")
+    return logits, [True, True, False, False, True, False]
+
+
+def test_non_finite_rows_are_the_rows_holding_nan_or_plus_inf():
+    logits, broken = _planted_rows()
+    assert non_finite_rows(logits).tolist() == broken
+
+
+def test_control_a_check_blind_to_the_sign_of_inf_is_caught():
+    """Negative control: reading every non-finite value as broken flags the masked rows too."""
+    logits, broken = _planted_rows()
+    assert (~torch.isfinite(logits.flatten(1).amax(1))).tolist() != broken

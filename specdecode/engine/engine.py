@@ -34,7 +34,7 @@ from specdecode.step.runner import PAD_SLACK, forward_ragged
 from specdecode.step.sequence import Sequence, Status, TokenLogprob
 from specdecode.verify.chain import VerifyResult, verify
 from specdecode.verify.logits_adjust import LogitAdjuster, chain_paths, tree_paths
-from specdecode.verify.sampling import SamplingTensors, processed_logprobs
+from specdecode.verify.sampling import SamplingTensors, non_finite_rows, processed_logprobs
 from specdecode.verify.tree import verify_tree
 from specdecode.verify.tree_layout import tree_layout
 
@@ -56,8 +56,8 @@ def quarantine(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Such a row is one request's failure (its own logit bias, say), not the batch's: the others verify as they
     would have, and the engine fails that request alone. -inf is a token that may not follow (a grammar's mask).
     """
-    broken = (torch.isnan(logits) | torch.isposinf(logits)).flatten(1).any(1)  # [num_seqs]
-    return logits.masked_fill(broken[:, None, None], 0.0), broken
+    broken = non_finite_rows(logits)  # [num_seqs]
+    return (logits.masked_fill(broken[:, None, None], 0.0) if bool(broken.any()) else logits), broken
 
 
 @dataclass
