@@ -256,6 +256,22 @@ def test_cheap_drafts_are_not_looked_up_when_no_width_can_pay(num_seqs):
         assert [sum(ks) for ks in asked] == [0, 0, 0, 0, 1, 0, 0, 0]  # after 4 silent steps, one probe at depth 1
 
 
+def lookups_asked(margin: float) -> int:
+    """32 rows whose histories say 0.665 a draft, tokens at 1 ms over a 20 ms step: one draft a row is predicted
+    to pay ~3% (32 x 1.665 tokens in 84 ms against 32 in 52), more drafts less. The drafts choose asks for."""
+    ctrl = GoodputController(cost=CostModel.linear(20e-3, 0.0, 1e-3, 0.0), widen_margin=margin)
+    ctrl.acceptance.estimate = lambda request_id, n: np.full(n, 0.665)
+    return sum(ctrl.choose(make_seqs(32), K_MAX))
+
+
+def test_cheap_drafts_are_not_looked_up_for_a_gain_truncate_would_cut():
+    """A gain inside truncate's margin would be cut there after every row's lookup was paid for, so choose asks
+    for none. Control: with no margin the same rows are asked for every draft."""
+    assert (32 * 1.665 / 84) / (32 / 52) == pytest.approx(1.031, abs=1e-3)
+    assert lookups_asked(0.05) == 0
+    assert lookups_asked(0.0) == 32 * K_MAX
+
+
 @pytest.mark.parametrize("sets_width", [True, False])
 def test_a_drafter_whose_confidences_set_the_width_is_always_asked(sets_width):
     """The skip above goes by the rows' histories, which do not decide a suffix chain's width (its
