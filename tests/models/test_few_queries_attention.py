@@ -196,13 +196,15 @@ def test_the_op_sends_the_kernel_decode_and_verify_steps_only():
         assert not attention._kernel_serves(q.detach(), kv, kv, cache, mask)
 
 
-def _python_calls(monkeypatch, tokens: int) -> int:
-    """How many times one attention call of `tokens` new tokens entered the op's Python path."""
+def _python_calls(monkeypatch, tokens: int, dtype: torch.dtype = torch.float32) -> int:
+    """How many times one attention call of `tokens` new tokens (its tensors in `dtype`) entered the op's Python
+    path."""
     calls = []
     real = attention._kernel_serves
     monkeypatch.setattr(attention, "_kernel_serves", lambda *a: calls.append(1) or real(*a))
-    gen = torch.Generator().manual_seed(3)
-    _attend(*_inputs(gen, [1], [100], [tokens], tree=False))
+    q, k, v, cache_k, cache_v, meta, mask = _inputs(torch.Generator().manual_seed(3), [1], [100], [tokens], tree=False)
+    q, k, v, cache_k, cache_v, mask = (t.to(dtype) for t in (q, k, v, cache_k, cache_v, mask))
+    _attend(q, k, v, cache_k, cache_v, meta, mask)
     return len(calls)
 
 
@@ -213,6 +215,18 @@ def test_a_decode_step_never_enters_python(monkeypatch):
     assert _python_calls(monkeypatch, 1) == 0
     assert _python_calls(monkeypatch, 9) == 0
     assert _python_calls(monkeypatch, attention.KERNEL_MAX_QUERIES + 1) == 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", ["bf16", "autocast"])
+def test_the_c_plus_plus_kernel_refuses_what_kernel_serves_refuses(monkeypatch, case):
+    """The op's C++ kernel asks again what `_kernel_serves` asks (test above): a decode step in bf16, or under
+    the CPU's autocast, goes to the Python path as it did there (a decode step in fp32 does not: the test above)."""
+    if case == "bf16":
+        assert _python_calls(monkeypatch, 1, torch.bfloat16) == 1
+    else:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert _python_calls(monkeypatch, 1) == 1
 
 
 @needs_kernel
