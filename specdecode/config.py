@@ -8,6 +8,9 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 
 MAX_SPECULATIVE_TOKENS = 64
+# Recent tokens a draft model attends to past its 4-token sink (drafters/draft_window.py). The 0.5B Qwen2.5-Coder
+# draft's fp32 K/V are ~25 KB a token: 1,024 of them are ~9% of what its weights cost a step.
+DEFAULT_DRAFT_WINDOW = 1024
 MAX_N = 16  # samples per request (SamplingParams.n); each takes a cache slot
 MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's limit
 METHODS = (
@@ -220,6 +223,11 @@ class SpeculativeConfig:
         help="draft model: a row stops drafting after a draft whose top probability is below this (0 = draft all K; "
         "default: the target's arm, else 0)",
     )
+    draft_window: int = setting(
+        DEFAULT_DRAFT_WINDOW,
+        help="draft model: past this many tokens of context it attends to the first 4 and the last N only "
+        "(StreamingLLM's cache: its step and prefill stop growing with the context; 0 = the whole context)",
+    )
     ngram_min: int = setting(2, help="shortest suffix n-gram the n-gram drafter matches")
     ngram_max: int = setting(4, help="longest suffix n-gram, tried first")
     controller: str = setting("goodput", help="speculation length per step (K_max = K)", choices=CONTROLLER_NAMES)
@@ -248,6 +256,8 @@ class SpeculativeConfig:
             raise ConfigError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
         if not 0.0 <= self.draft_stop_below < 1.0:
             raise ConfigError(f"draft_stop_below must be in [0, 1), got {self.draft_stop_below}")
+        if self.draft_window < 0:
+            raise ConfigError(f"draft_window must be >= 0 (0 = the whole context), got {self.draft_window}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
         self._check_suffix()

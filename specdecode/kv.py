@@ -72,6 +72,12 @@ class KVCache:
         self.k[:, slot, :, dst] = self.k[:, slot, :, src]
         self.v[:, slot, :, dst] = self.v[:, slot, :, src]
 
+    def move(self, slot: int, src: int, dst: int, length: int) -> None:
+        """Move positions src .. src + length of a slot to dst .. dst + length (every layer): a draft's window
+        sliding down to its sink (drafters/draft_window.py). The ranges may overlap."""
+        for cache in (self.k, self.v):
+            cache[:, slot, :, dst : dst + length] = cache[:, slot, :, src : src + length].clone()
+
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Copy the first `length` positions of slot src into slot dst (every layer): a shared prompt."""
         self.k[:, dst, :, :length] = self.k[:, src, :, :length]

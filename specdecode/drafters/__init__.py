@@ -46,6 +46,7 @@ def _draft_model(ctx: DrafterContext) -> Drafter:
         ctx.max_len,
         ctx.engine.max_num_batched_tokens,
         stop_below=ctx.spec.draft_stop_below,
+        window=ctx.spec.draft_window,
     )
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 
-from specdecode.config import ConfigError
+from specdecode.config import MAX_SPECULATIVE_TOKENS, ConfigError
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.catch_up import share_budget
+from specdecode.drafters.draft_window import SINK, DraftWindow
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
 from specdecode.models.compiled import load_target
 from specdecode.models.llama import LlamaModel, StepFunctions
@@ -87,16 +88,29 @@ class DraftModelDrafter(DrafterBase):
     retryable_propose = True  # propose starts from the committed cache (drafters/base.py)
 
     def __init__(
-        self, model: LlamaModel, max_num_seqs: int, max_len: int, prefill_budget: int = 512, stop_below: float = 0.0
+        self,
+        model: LlamaModel,
+        max_num_seqs: int,
+        max_len: int,
+        prefill_budget: int = 512,
+        stop_below: float = 0.0,
+        window: int = 0,
     ) -> None:
         self.model = model
         self.stop_below = stop_below  # a row stops drafting after a draft whose confidence is below this
-        self.cache = model.new_cache(max_num_seqs, max_len)
+        # window: recent tokens the draft attends to besides the sink (draft_window.py); 0, or a window whose
+        # cache would be no shorter than the whole context, reads everything
+        self.window = DraftWindow(window, MAX_SPECULATIVE_TOKENS) if window else None
+        if self.window is not None and self.window.capacity >= max_len:
+            self.window = None
+        self.cache = model.new_cache(max_num_seqs, max_len if self.window is None else self.window.capacity)
         self.prefill_budget = prefill_budget
         self.slots: dict[str, int] = {}
+        self.shift = [0] * max_num_seqs  # per slot: a cached token's position less its cache index, past the sink
 
     def add_sequence(self, seq: Sequence) -> None:
-        self.slots[seq.request_id] = self.cache.allocate()  # the prompt is fed by _catch_up, a chunk per step
+        slot = self.slots[seq.request_id] = self.cache.allocate()  # the prompt is fed by _catch_up, a chunk a step
+        self.shift[slot] = 0
 
     def remove_sequence(self, seq: Sequence) -> None:
         slot = self.slots.pop(seq.request_id, None)
@@ -106,23 +120,60 @@ class DraftModelDrafter(DrafterBase):
     def live_request_ids(self) -> set[str]:
         return set(self.slots)
 
+    def _backlog(self, seq: Sequence, slot: int) -> int:
+        """Tokens of seq past what the slot's cache covers (its cached tokens, and those a window skipped)."""
+        return len(seq.token_ids) - min(self.cache.lengths[slot] + self.shift[slot], len(seq.token_ids))
+
     def unread(self, seq: Sequence) -> int:
         slot = self.slots.get(seq.request_id)
-        return len(seq.token_ids) - (0 if slot is None else min(self.cache.lengths[slot], len(seq.token_ids)))
+        if slot is None:
+            return len(seq.token_ids)
+        backlog = self._backlog(seq, slot)
+        return backlog if self.window is None else self.window.to_read(self.cache.lengths[slot], backlog)
 
     def commit(self, seqs: list[Sequence]) -> None:
         # The draft cached pending + its own drafts; only those the target kept stay valid.
         for s in seqs:
             slot = self.slots[s.request_id]
-            self.cache.set_length(slot, min(self.cache.lengths[slot], s.num_cached))
+            kept = min(self.cache.lengths[slot], s.num_cached - self.shift[slot])
+            if self.shift[slot] and kept < SINK:  # cut back past a skip (a rewind): read the row afresh
+                kept, self.shift[slot] = 0, 0
+            self.cache.set_length(slot, kept)
 
     def _feed(self, slots: list[int], rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
         """Cache tokens[i] after row rows[i]'s cached ones; the logits after each row's last token [rows, 1, vocab]."""
         picked = [slots[b] for b in rows]
-        logits = forward_ragged(self.model, self.cache, picked, tokens, last_only=True)
+        shift = None if self.window is None else [self.shift[s] for s in picked]
+        logits = forward_ragged(self.model, self.cache, picked, tokens, last_only=True, shift=shift)
         for slot, t in zip(picked, tokens, strict=True):
             self.cache.set_length(slot, self.cache.lengths[slot] + len(t))
         return logits
+
+    def _skip_and_cap(self, seqs: list[Sequence], slots: list[int], num_tokens: list[int]) -> list[int]:
+        """Each row's backlog to read this step (0 for rows not asked to draft); a window first skips what it
+        will never read and holds a row short of its sink to the sink."""
+        backlogs = []
+        for seq, slot, k in zip(seqs, slots, num_tokens, strict=True):
+            backlog = self._backlog(seq, slot) if k else 0
+            if self.window is not None and backlog:
+                length = self.cache.lengths[slot]
+                skipped = self.window.skip(length, backlog)
+                self.shift[slot] += skipped
+                backlog = self.window.feed_cap(length, backlog - skipped)
+            backlogs.append(backlog)
+        return backlogs
+
+    def _make_room(self, slots: list[int], feeds: list[int]) -> None:
+        """Slide every slot that could not take its feed (catch-up and drafts) down to its sink and last window."""
+        if self.window is None:
+            return
+        window = self.window.window
+        for slot, feed in zip(slots, feeds, strict=True):
+            length = self.cache.lengths[slot]
+            if feed and self.window.needs_slide(length, feed):
+                self.cache.move(slot, length - window, SINK, window)
+                self.shift[slot] += length - window - SINK
+                self.cache.set_length(slot, SINK + window)
 
     def _catch_up(
         self, seqs: list[Sequence], slots: list[int], num_tokens: list[int]
@@ -130,17 +181,20 @@ class DraftModelDrafter(DrafterBase):
         """Feed the rows asked to draft what the draft has not seen (the prompt, the pending token, the bonus token
         after a full accept), within one prefill chunk (catch_up.py). Returns the logits after each row's last
         token [num_seqs, 1, vocab] and the drafts each row may make: 0 for rows still catching up."""
-        backlogs = [self.unread(s) if k else 0 for s, k in zip(seqs, num_tokens, strict=True)]
+        backlogs = self._skip_and_cap(seqs, slots, num_tokens)
         take = share_budget(backlogs, self.prefill_budget)
+        self._make_room(slots, [n + k for n, k in zip(take, num_tokens, strict=True)])
         rows = [b for b, n in enumerate(take) if n]
         vocab = self.model.cfg.vocab_size
         logits = torch.zeros((len(seqs), 1, vocab), device=self.model.device)  # [num_seqs, 1, vocab]
         if rows:
-            starts = [self.cache.lengths[slots[b]] for b in rows]
+            starts = [self.cache.lengths[slots[b]] + self.shift[slots[b]] for b in rows]  # first unread token
             feed = [seqs[b].token_ids[n : n + take[b]] for b, n in zip(rows, starts, strict=True)]
             logits[rows] = self._feed(slots, rows, feed).float()
-        ready = [k if n == want else 0 for k, n, want in zip(num_tokens, take, backlogs, strict=True)]
-        return logits, ready
+        # A row drafts once it has read everything: its whole backlog fed, and nothing held back behind its sink.
+        rows_read = zip(seqs, slots, take, backlogs, strict=True)
+        fed = [n == want and self._backlog(s, slot) == 0 for s, slot, n, want in rows_read]
+        return logits, [k if done else 0 for k, done in zip(num_tokens, fed, strict=True)]
 
     def _stop_unsure(self, num_tokens: list[int], confidence: torch.Tensor, j: int) -> list[int]:
         """Rows whose draft j has confidence [num_seqs] below `stop_below` keep it and draft no further: the

@@ -112,11 +112,14 @@ class AttentionMetadata:
         tree_mask: torch.Tensor | None = None,
         num_new: torch.Tensor | list[int] | None = None,
         max_len: int | None = None,
+        shift: list[int] | None = None,
     ) -> AttentionMetadata:
         """Metadata for `num_tokens` new tokens per row (rows are padded to that many by the caller).
 
         num_new: real tokens per row ([num_seqs]; None = all `num_tokens`); the rest is padding, written to the
         scratch column. max_len: the cache's length; keys past it are never attended (only padding sits there).
+        shift: per row, a token's position less its cache index (a windowed draft's cache; None = 0): only RoPE
+        sees positions, the causal mask orders cache indices.
         """
         start_t = torch.tensor(start, dtype=torch.long, device=device)
         steps = torch.arange(num_tokens, device=device)  # [T]
@@ -126,10 +129,11 @@ class AttentionMetadata:
             num_new_t = torch.as_tensor(num_new, dtype=torch.long, device=device)  # [num_seqs]
             write_pos = torch.where(steps[None] < num_new_t[:, None], write_pos, -1)
         kv_len = max(start) + num_tokens
+        first = start_t if shift is None else start_t + torch.tensor(shift, dtype=torch.long, device=device)
         return cls(
             slots=torch.tensor(slots, dtype=torch.long, device=device),
             start=start_t,
-            positions=start_t[:, None] + offsets,
+            positions=first[:, None] + offsets,
             kv_len=kv_len if max_len is None else min(kv_len, max_len),
             write_pos=write_pos,
             tree_mask=tree_mask,

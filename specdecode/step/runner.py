@@ -17,10 +17,12 @@ def forward_ragged(
     tokens: list[list[int]],
     last_only: bool,
     return_hidden: bool = False,
+    shift: list[int] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Feed tokens[b] after the cached tokens of slots[b]; logits [num_seqs, 1 or T, vocab].
 
-    With return_hidden, also the final hidden states [num_seqs, T, hidden].
+    With return_hidden, also the final hidden states [num_seqs, T, hidden]. shift: per row, its tokens' positions
+    less their cache indices (AttentionMetadata.build; a windowed draft's cache).
     Rows are right-padded to the longest; padding writes into the cache's scratch column, which nothing reads.
     Cache lengths are not changed here: the caller commits them.
     """
@@ -29,7 +31,7 @@ def forward_ragged(
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tokens], dtype=torch.long, device=device)
     starts = [cache.lengths[s] for s in slots]
     lengths = [len(t) for t in tokens]
-    meta = AttentionMetadata.build(slots, starts, width, device, num_new=lengths, max_len=cache.max_len)
+    meta = AttentionMetadata.build(slots, starts, width, device, num_new=lengths, max_len=cache.max_len, shift=shift)
     index = None
     if last_only:
         index = torch.tensor([[len(t) - 1] for t in tokens], dtype=torch.long, device=device)  # [num_seqs, 1]
