@@ -103,7 +103,12 @@ class Family:
 
 def llm(target: str, method: str, device: str, eager: bool, share: LLM | None = None, **kwargs) -> LLM:
     return LLM(
-        target=target, method=method, device=device, enforce_eager=eager, share_target=share, controller="fixed",
+        target=target,
+        method=method,
+        device=device,
+        enforce_eager=eager,
+        share_target=share,
+        controller="fixed",
         **kwargs,
     )
 
@@ -129,8 +134,16 @@ def exactness(device: str, families: tuple[str, ...], steps: tuple[str, ...], ro
                 if method == "none":
                     continue
                 try:
-                    arm = llm(fam.target, method, device, eager, ref_llm, draft=fam.assets.get(method),
-                              num_speculative_tokens=4, max_num_seqs=4)
+                    arm = llm(
+                        fam.target,
+                        method,
+                        device,
+                        eager,
+                        ref_llm,
+                        draft=fam.assets.get(method),
+                        num_speculative_tokens=4,
+                        max_num_seqs=4,
+                    )
                     outs = arm.generate(PROMPTS, GREEDY)
                     same = [o.token_ids for o in outs] == reference
                     drafted = sum(o.metrics["num_drafted"] for o in outs)
@@ -139,9 +152,11 @@ def exactness(device: str, families: tuple[str, ...], steps: tuple[str, ...], ro
                     cell[method] = {"equal": False, "error": f"{type(e).__name__}: {e}"}
             cell["seconds"] = round(time.perf_counter() - t0, 2)
             out[f"{family}/{step}"] = cell
-            print(f"exactness {family}/{step}: " + " ".join(
-                f"{m}={'ok' if v['equal'] else 'FAIL'}" for m, v in cell.items() if isinstance(v, dict)
-            ), flush=True)
+            print(
+                f"exactness {family}/{step}: "
+                + " ".join(f"{m}={'ok' if v['equal'] else 'FAIL'}" for m, v in cell.items() if isinstance(v, dict)),
+                flush=True,
+            )
     return out
 
 
@@ -190,8 +205,17 @@ def distribution(device: str, steps: tuple[str, ...], root: Path, n: int = DIST_
     for step in steps:
         for path, (method, prompt, fault) in DIST_PATHS.items():
             for faulty in (False, True):
-                arm = llm(target, method, device, step == "eager", draft=assets[method], num_speculative_tokens=4,
-                          max_num_seqs=1024, max_model_len=32, max_num_batched_tokens=16384)
+                arm = llm(
+                    target,
+                    method,
+                    device,
+                    step == "eager",
+                    draft=assets[method],
+                    num_speculative_tokens=4,
+                    max_num_seqs=1024,
+                    max_model_len=32,
+                    max_num_batched_tokens=16384,
+                )
                 with pytest_monkeypatch() as mp:
                     if faulty:
                         fault(mp, arm)
@@ -222,10 +246,21 @@ def random_model(shape: str, device: str, dtype: torch.dtype) -> LlamaModel:
     """Random weights of a real shape (a step's cost does not depend on the values), built on the device."""
     s = SHAPES[shape]
     cfg = LlamaConfig(
-        model_type="llama", vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
-        num_layers=s["layers"], num_heads=s["heads"], num_kv_heads=s["kv_heads"],
-        head_dim=s["hidden"] // s["heads"], rope_theta=500000.0, rms_eps=1e-5, max_position=8192,
-        tie_embeddings=False, qkv_bias=False, o_bias=False, qk_norm=False,
+        model_type="llama",
+        vocab_size=s["vocab"],
+        hidden_size=s["hidden"],
+        intermediate_size=s["inter"],
+        num_layers=s["layers"],
+        num_heads=s["heads"],
+        num_kv_heads=s["kv_heads"],
+        head_dim=s["hidden"] // s["heads"],
+        rope_theta=500000.0,
+        rms_eps=1e-5,
+        max_position=8192,
+        tie_embeddings=False,
+        qkv_bias=False,
+        o_bias=False,
+        qk_norm=False,
     )
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -321,8 +356,11 @@ def cost(
         t0 = time.perf_counter()
         try:
             compile_s = with_step(model, mode, device)
-            result["curves"][mode] = {"rows": cost_curve(model, device, context, env["copy_bandwidth"], reps),
-                                      "compile_s": round(compile_s, 1), "seconds": round(time.perf_counter() - t0, 1)}
+            result["curves"][mode] = {
+                "rows": cost_curve(model, device, context, env["copy_bandwidth"], reps),
+                "compile_s": round(compile_s, 1),
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
         except Exception as e:
             result["curves"][mode] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
         print(f"cost {shape}/{mode}: {json.dumps(result['curves'][mode])[:600]}", flush=True)
@@ -360,12 +398,22 @@ def targets(curves: dict) -> dict:
 
 
 def environment(device: str) -> dict:
-    env = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
-           "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    env = {
+        "device": device,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
-        env |= {"name": props.name, "cuda": torch.version.cuda, "capability": f"{props.major}.{props.minor}",
-                "memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count}
+        env |= {
+            "name": props.name,
+            "cuda": torch.version.cuda,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "multiprocessors": props.multi_processor_count,
+        }
     else:
         env["name"] = platform.processor() or platform.machine()
     env["copy_bandwidth"] = copy_bandwidth(device, 2**31 if device == "cuda" else 2**26)
@@ -424,8 +472,11 @@ def run(args: argparse.Namespace) -> dict:
             result[name] = fn()
             result["sections"][name] = {"ok": True, "seconds": round(time.perf_counter() - t0, 1)}
         except Exception as e:
-            result["sections"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                                        "trace": traceback.format_exc()[-4000:]}
+            result["sections"][name] = {
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "trace": traceback.format_exc()[-4000:],
+            }
             print(f"{name}: FAILED {type(e).__name__}: {e}\n{traceback.format_exc()}", flush=True)
         save()
 
@@ -460,16 +511,24 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def passed(result: dict) -> bool:
-    exact = [v.get("equal") for k in result if k.startswith("exactness_") for cell in result[k].values()
-             for v in cell.values() if isinstance(v, dict)]
+    exact = [
+        v.get("equal")
+        for k in result
+        if k.startswith("exactness_")
+        for cell in result[k].values()
+        for v in cell.values()
+        if isinstance(v, dict)
+    ]
     dist = [v["pass"] for k in result if k.startswith("distribution_") for v in result[k].values()]
     return all(exact) and all(dist)
 
 
 def print_summary(result: dict) -> None:
     env = result.get("env", {})
-    print(f"\n== gpu check: {env.get('name')} torch {env.get('torch')} cuda {env.get('cuda')}; "
-          f"copy {env.get('copy_bandwidth', 0) / 1e9:.0f} GB/s; {result.get('seconds')} s")
+    print(
+        f"\n== gpu check: {env.get('name')} torch {env.get('torch')} cuda {env.get('cuda')}; "
+        f"copy {env.get('copy_bandwidth', 0) / 1e9:.0f} GB/s; {result.get('seconds')} s"
+    )
     for name, s in result["sections"].items():
         print(f"  {name}: {'ok' if s.get('ok') else s}")
     for mode, c in result.get("cost", {}).get("curves", {}).items():

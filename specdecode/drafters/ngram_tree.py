@@ -80,4 +80,3 @@ class NgramTreeDrafter(DrafterBase):
         num = torch.tensor([len(r[0]) for r in rows], dtype=torch.long)
         dev = self.device
         return Proposal(ids.to(dev), num.to(dev), None, conf.to(dev), parents.to(dev))
-

@@ -13,4 +13,3 @@ class NoDrafter(DrafterBase):
 
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
         return Proposal.from_lists([[] for _ in seqs], 0, self.device)
-

@@ -105,8 +105,14 @@ FAULTS = {
 
 
 def make(method: str, tiny_target, tiny_draft) -> LLM:
-    return LLM(target=str(tiny_target), draft=str(tiny_draft), method=method, controller="fixed",
-               num_speculative_tokens=3, max_num_seqs=5)
+    return LLM(
+        target=str(tiny_target),
+        draft=str(tiny_draft),
+        method=method,
+        controller="fixed",
+        num_speculative_tokens=3,
+        max_num_seqs=5,
+    )
 
 
 @pytest.fixture(scope="module")
