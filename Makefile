@@ -22,6 +22,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check specdecode tests tools experiments
+	$(PY) -m ruff format --check specdecode tests tools experiments
 	$(PY) -m pytest -q -x --durations=25
 
 # The long forms of the property-based engine tests (>20,000 examples, about an hour on 2 cores) and of the
@@ -50,6 +51,7 @@ models: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check specdecode tests tools experiments
+	$(PY) -m ruff format --check specdecode tests tools experiments
 
 # The GPU check (tools/gpu_check.py): exactness on CUDA, CUDA graphs, an 8B-shaped step-cost curve. On a GPU machine
 # with its own torch and no network, carry the gguf wheel and run `python3 -m tools.gpu_check` from the source tree.
