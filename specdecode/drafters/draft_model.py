@@ -100,7 +100,7 @@ class DraftModelDrafter(DrafterBase):
         self.stop_below = stop_below  # a row stops drafting after a draft whose confidence is below this
         # window: recent tokens the draft attends to besides the sink (draft_window.py); 0, or a window whose
         # cache would be no shorter than the whole context, reads everything
-        self.window = DraftWindow(window, MAX_SPECULATIVE_TOKENS) if window else None
+        self.window = DraftWindow(window, MAX_SPECULATIVE_TOKENS, prefill_budget) if window else None
         if self.window is not None and self.window.capacity >= max_len:
             self.window = None
         self.cache = model.new_cache(max_num_seqs, max_len if self.window is None else self.window.capacity)

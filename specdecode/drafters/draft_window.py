@@ -27,17 +27,18 @@ SINK = 4  # StreamingLLM keeps four initial tokens
 @dataclass(frozen=True)
 class DraftWindow:
     """The sink-and-window arithmetic of one drafter's cache. window: recent tokens kept besides the sink;
-    max_drafts: tokens a row may draft in one step (K_max)."""
+    max_drafts: tokens a row may draft in one step (K_max); budget: tokens of backlog a step reads at most."""
 
     window: int
     max_drafts: int
+    budget: int
 
     @property
     def capacity(self) -> int:
         """Cache length a slot needs: the sink and the window, plus one step's feed. A step feeds a row at most
-        SINK + window tokens of its backlog (`feed_cap`: a longer backlog is skipped down to that) and its drafts,
-        so a slot slid down to SINK + window before the step always has room for it."""
-        return 2 * (SINK + self.window) + self.max_drafts + 1
+        SINK + window tokens of its backlog (`feed_cap`: a longer backlog is skipped down to that), and no more
+        than the budget, and its drafts, so a slot slid down to SINK + window before the step has room for it."""
+        return 2 * SINK + self.window + min(self.window, self.budget) + self.max_drafts + 1
 
     def skip(self, length: int, unread: int) -> int:
         """Tokens of a row's backlog to leave unread: all but the last `window`, once the sink is cached.
