@@ -8,11 +8,12 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 
 MAX_SPECULATIVE_TOKENS = 64
-# Recent tokens a draft model attends to past its 4-token sink (drafters/draft_window.py). The 0.5B Qwen2.5-Coder
-# draft's fp32 K/V are ~25 KB a token: 4,096 of them are ~100 MB a step against its 279 MB of weights (400 MB at
-# 16k tokens unwindowed). Chosen on the dev code prompts at 8k tokens: 4,096 kept the whole context's acceptance
-# (0.88 at K = 1, 0.73 at K = 3), 1,024 lost a quarter of it (0.64, 0.48).
-DEFAULT_DRAFT_WINDOW = 4096
+# Recent tokens a draft model attends to past its 4-token sink (drafters/draft_window.py). A window costs drafts
+# that need the far context: on the dev code prompts at 8k tokens (experiments/draft_window_dev.py) acceptance at
+# K = 1 was 0.88 unwindowed, 0.78 with 4,096, 0.64 with 1,024. So it engages only where the draft's cache outgrows
+# its weights: the 0.5B Qwen2.5-Coder draft's fp32 K/V are ~25 KB a token, its weights 279 MB a step, level at
+# ~11k tokens; 8,192 caps its cache at ~0.7x its weights (400 MB a step at 16k tokens unwindowed).
+DEFAULT_DRAFT_WINDOW = 8192
 MAX_N = 16  # samples per request (SamplingParams.n); each takes a cache slot
 MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's limit
 METHODS = (
