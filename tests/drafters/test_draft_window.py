@@ -108,6 +108,21 @@ def test_short_contexts_are_read_whole(tiny_draft, hf_draft):
     assert drafter.shift[drafter.slots["r"]] == 0
 
 
+def test_a_rollback_past_a_skip_reads_the_row_afresh(tiny_draft, hf_draft):
+    """Cut a row back to before the tokens its window skipped to (bench long-context's rewind can): the draft
+    forgets the row and reads it again, and its logits are the window's on the shorter sequence."""
+    drafter = make_drafter(tiny_draft)
+    draft_logits_along(drafter, PROMPT, EXTRA[:3])
+    slot = drafter.slots["r"]
+    assert drafter.shift[slot] > 0
+    seq = Sequence("r", PROMPT[:10], Params(), max_len=10_000)  # what the row is now: 10 tokens, the last pending
+    drafter.commit([seq])
+    assert (drafter.cache.lengths[slot], drafter.shift[slot]) == (0, 0)
+    logits, ready = drafter._catch_up([seq], [slot], [1])
+    assert ready == [1]
+    assert (logits[0, 0] - windowed_reference(hf_draft, PROMPT[:10], 0)).abs().max() < TOLERANCE
+
+
 def test_unread_counts_what_the_window_will_read(tiny_draft):
     drafter = make_drafter(tiny_draft)
     seq = Sequence("r", list(range(3, 1003)), Params(), max_len=10_000)
