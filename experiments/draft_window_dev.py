@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specdecode.bench import long_context as lc
-from specdecode.bench.code_prompts import CODE_PROMPTS
+from specdecode.bench.code_prompts import load_prompts
 from specdecode.bench.lib import provenance, write_result
 from specdecode.bench.sweep import build_engine
 from specdecode.bench.sweep_config import ArmSpec
@@ -32,9 +32,8 @@ TOKENS = 64
 
 def dev_text_file() -> Path:
     """The dev split of the code prompts as a jsonl of its own (long_context.text_ids reads a whole file)."""
-    lines = [line for line in CODE_PROMPTS.read_text().splitlines() if json.loads(line).get("split") == "dev"]
     path = Path(tempfile.mkdtemp()) / "code_dev.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("".join(json.dumps({"prompt": q.text}) + "\n" for q in load_prompts("code", "dev")))
     return path
 
 

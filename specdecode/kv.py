@@ -60,10 +60,11 @@ class KVCache:
         self.lengths[slot] = length
 
     def compact(self, slot: int, start: int, offsets: list[int]) -> None:
-        """Move the K/V written at start + offsets[i] to start + i (every layer): a tree's accepted path.
+        """Move the K/V written at start + offsets[i] to start + i (every layer): a tree's accepted path, or a
+        draft's window sliding down to its sink (drafters/draft_window.py).
 
-        Offsets increase (a path runs down a topologically ordered tree), so offsets[i] >= i and the copy
-        never reads a position it has already overwritten.
+        Offsets increase (a path runs down a topologically ordered tree; a window keeps its order), so
+        offsets[i] >= i, and the source is gathered into a copy before it is written.
         """
         if offsets == list(range(len(offsets))):
             return
@@ -71,12 +72,6 @@ class KVCache:
         dst = torch.arange(start, start + len(offsets), device=self.k.device)
         self.k[:, slot, :, dst] = self.k[:, slot, :, src]
         self.v[:, slot, :, dst] = self.v[:, slot, :, src]
-
-    def move(self, slot: int, src: int, dst: int, length: int) -> None:
-        """Move positions src .. src + length of a slot to dst .. dst + length (every layer): a draft's window
-        sliding down to its sink (drafters/draft_window.py). The ranges may overlap."""
-        for cache in (self.k, self.v):
-            cache[:, slot, :, dst : dst + length] = cache[:, slot, :, src : src + length].clone()
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Copy the first `length` positions of slot src into slot dst (every layer): a shared prompt."""

@@ -171,7 +171,8 @@ class DraftModelDrafter(DrafterBase):
         for slot, feed in zip(slots, feeds, strict=True):
             length = self.cache.lengths[slot]
             if feed and self.window.needs_slide(length, feed):
-                self.cache.move(slot, length - window, SINK, window)
+                first = length - window - SINK  # the window's first token, counted from the sink's end
+                self.cache.compact(slot, SINK, list(range(first, first + window)))
                 self.shift[slot] += length - window - SINK
                 self.cache.set_length(slot, SINK + window)
 
@@ -192,9 +193,8 @@ class DraftModelDrafter(DrafterBase):
             feed = [seqs[b].token_ids[n : n + take[b]] for b, n in zip(rows, starts, strict=True)]
             logits[rows] = self._feed(slots, rows, feed).float()
         # A row drafts once it has read everything: its whole backlog fed, and nothing held back behind its sink.
-        rows_read = zip(seqs, slots, take, backlogs, strict=True)
-        fed = [n == want and self._backlog(s, slot) == 0 for s, slot, n, want in rows_read]
-        return logits, [k if done else 0 for k, done in zip(num_tokens, fed, strict=True)]
+        read = [self._backlog(s, slot) == 0 for s, slot in zip(seqs, slots, strict=True)]
+        return logits, [k if done else 0 for k, done in zip(num_tokens, read, strict=True)]
 
     def _stop_unsure(self, num_tokens: list[int], confidence: torch.Tensor, j: int) -> list[int]:
         """Rows whose draft j has confidence [num_seqs] below `stop_below` keep it and draft no further: the
