@@ -15,8 +15,9 @@
 // The AVX-512 path (chosen at run time) and the portable path (std::fma, for machines without AVX-512) both
 // follow it and give the same bits; a row's output does not depend on the rows beside it.
 //
-// Work (AVX-512): threads take groups of 1-4 weight rows (more for fewer activation rows); each 16-weight chunk
+// Work (AVX-512): threads take groups of 2-4 weight rows (more for fewer activation rows); each 16-weight chunk
 // is decoded into a register and meets every activation row (in blocks of 12) in 16-wide FMAs before the next.
+// A thread's groups are one stream of bytes, and each block asks for the next group's block ahead of use.
 // The portable path takes pairs of weight rows, decoded a block at a time into a small buffer.
 //
 // specdecode::quant_rows_embedding(ids [...], blocks [V, bytes_per_row], qtype, dim) -> [..., dim]: the rows ids
@@ -214,14 +215,24 @@ void pair_portable(const Args& a, const int64_t* n, int64_t m0, int rows) {
 // chain of dependent FMAs (the defined order), so G x R independent chains (>= 4) keep the FMA unit busy.
 // The 4-bit types decode through a 16-entry table per (sub-)block: table[q] = fma(scale, q, offset), which is
 // numpy's value (scale * q is exact in fp32, so its one rounding is the one of `scale * q + offset`), and a
-// chunk is one vpermps of its nibbles.
+// chunk is one vpermps of its nibbles; Q5_0 through a 32-entry table, d * (q - 16), and one vpermt2ps.
+// A block's header (fp16 scales by F16C, the K-quants' packed sub-block scales) is decoded with vector
+// instructions once per block, where scalar code had run per block and sub-block: at one activation row that
+// alone took 0.73-0.88x the time by type (before the prefetch below; experiments/quant_rows_ab.py).
 #if QUANT_ROWS_AVX512
 
 #pragma GCC push_options
-#pragma GCC target("avx512f")
+#pragma GCC target("avx512f,f16c")
 
 __m512i load16_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 __m512 iota16() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+
+// Exact fp16 -> fp32 by the CPU's conversion (the same value as half_to_float for every finite half).
+float half_f16c(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
 
 // Per type: kSubs sub-blocks of kChunks chunks each per block; block() reads the block's header, sub() a
 // sub-block's scale, chunk() the 16 weights (32 * j ... of sub-block j, chunk h) as fp32.
@@ -235,7 +246,7 @@ struct Dec<kQ4_1> {
     __m512i bytes;
     void block(const uint8_t* row, int64_t b, bool fault) {
         const uint8_t* blk = row + b * 20;
-        const float d = half_to_float(row + scale_block<kQ4_1>(b, fault)), m = half_to_float(blk + 2);
+        const float d = half_f16c(row + scale_block<kQ4_1>(b, fault)), m = half_f16c(blk + 2);
         table = _mm512_fmadd_ps(_mm512_set1_ps(d), iota16(), _mm512_set1_ps(m));  // d * q + m, one rounding
         bytes = load16_u8(blk + 4);
     }
@@ -249,26 +260,37 @@ template <>
 struct Dec<kQ4_K> {
     static constexpr int kSubs = 8, kChunks = 2;
     const uint8_t* blk;
-    float d, dmin;
-    bool fault;
+    alignas(64) float scale[16];  // d * sc of sub-blocks 0..7, then -(dmin * mn) of the same
     __m512 table;
-    void block(const uint8_t* row, int64_t b, bool f) {
+    __m512i bytes[2];  // the 32 bytes whose low nibbles are sub-block 2i and high nibbles 2i + 1
+    void block(const uint8_t* row, int64_t b, bool fault) {
         blk = row + b * 144;
-        d = half_to_float(blk);
-        dmin = half_to_float(blk + 2);
-        fault = f;
+        // The 12 packed bytes s, one per lane (lanes 12..15 are unused): lanes 0..7 become sc_j, 8..15 mn_j, as
+        // q4k_scale_min has them: j < 4: s[j] & 63 and s[j + 4] & 63; j >= 4: s[j + 4] & 15 | (s[j - 4] >> 6) << 4
+        // and s[j + 4] >> 4 | (s[j] >> 6) << 4.
+        const __m512i s = load16_u8(blk + 4);
+        const __m512i low = _mm512_and_si512(
+            _mm512_srlv_epi32(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11), s),
+                              _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4)),
+            _mm512_setr_epi32(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+        const __m512i high = _mm512_maskz_slli_epi32(
+            0xf0f0,
+            _mm512_srli_epi32(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7), s), 6),
+            4);
+        // d * sc and dmin * mn are exact (fp16 times 6 bits); (-dmin) * mn is -(dmin * mn), bit for bit
+        const __m512 mult = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(half_f16c(blk)), _mm512_set1_ps(-half_f16c(blk + 2)));
+        _mm512_store_ps(scale, _mm512_mul_ps(mult, _mm512_cvtepi32_ps(_mm512_or_si512(low, high))));
+        if (fault) scale[kFaultSub] = scale[kFaultSub - 1];
     }
     void sub(int j) {
-        int sc, mn, unused;
-        q4k_scale_min(blk + 4, j, sc, mn);
-        if (fault && j == kFaultSub) q4k_scale_min(blk + 4, j - 1, sc, unused);
-        // d * sc and dmin * mn are exact; table[q] = round(d * sc * q - dmin * mn), numpy's value
-        table = _mm512_fmadd_ps(_mm512_set1_ps(d * float(sc)), iota16(), _mm512_set1_ps(-(dmin * float(mn))));
+        // table[q] = round(d * sc * q - dmin * mn), numpy's value
+        table = _mm512_fmadd_ps(_mm512_set1_ps(scale[j]), iota16(), _mm512_set1_ps(scale[8 + j]));
+        if (j % 2 == 0) {
+            bytes[0] = load16_u8(blk + 16 + 16 * j);
+            bytes[1] = load16_u8(blk + 16 + 16 * j + 16);
+        }
     }
-    __m512 chunk(int j, int h) const {  // 32 bytes: low nibbles are sub-block 2i, high nibbles 2i + 1
-        const __m512i bytes = load16_u8(blk + 16 + 32 * (j / 2) + 16 * h);
-        return _mm512_permutexvar_ps(j % 2 ? _mm512_srli_epi32(bytes, 4) : bytes, table);
-    }
+    __m512 chunk(int j, int h) const { return _mm512_permutexvar_ps(j % 2 ? _mm512_srli_epi32(bytes[h], 4) : bytes[h], table); }
 };
 
 template <>
@@ -278,7 +300,7 @@ struct Dec<kQ8_0> {
     __m512 d;
     void block(const uint8_t* row, int64_t b, bool fault) {
         blk = row + b * 34;
-        d = _mm512_set1_ps(half_to_float(row + scale_block<kQ8_0>(b, fault)));
+        d = _mm512_set1_ps(half_f16c(row + scale_block<kQ8_0>(b, fault)));
     }
     void sub(int) {}
     __m512 chunk(int, int h) const {
@@ -290,50 +312,55 @@ struct Dec<kQ8_0> {
 template <>
 struct Dec<kQ5_0> {
     static constexpr int kSubs = 1, kChunks = 2;
-    __m512 d;
+    __m512 low, high;  // d * (q - 16) for q = 0..15 and 16..31: exact products, numpy's values
     __m512i bytes;
     uint32_t qh;
     void block(const uint8_t* row, int64_t b, bool fault) {
         const uint8_t* blk = row + b * 22;
-        d = _mm512_set1_ps(half_to_float(row + scale_block<kQ5_0>(b, fault)));
+        const __m512 d = _mm512_set1_ps(half_f16c(row + scale_block<kQ5_0>(b, fault)));
+        low = _mm512_mul_ps(d, _mm512_sub_ps(iota16(), _mm512_set1_ps(16)));
+        high = _mm512_mul_ps(d, iota16());
         std::memcpy(&qh, blk + 2, 4);
         bytes = load16_u8(blk + 6);
     }
     void sub(int) {}
-    __m512 chunk(int, int h) const {  // weight j's fifth bit is qh bit j
-        const __m512i bit4 = _mm512_set1_epi32(16);
+    __m512 chunk(int, int h) const {  // weight j's fifth bit is qh bit j; it picks the table
         const __m512i q = h ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(0xf));
-        const __m512i q5 = _mm512_mask_or_epi32(q, __mmask16(h ? qh >> 16 : qh & 0xffff), q, bit4);
-        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q5, bit4)));
+        const __m512i q5 = _mm512_mask_or_epi32(q, __mmask16(h ? qh >> 16 : qh & 0xffff), q, _mm512_set1_epi32(16));
+        return _mm512_permutex2var_ps(low, q5, high);
     }
 };
 
 template <>
 struct Dec<kQ6_K> {
     static constexpr int kSubs = 16, kChunks = 1;
-    const uint8_t* blk;
-    float d;
-    bool fault;
+    alignas(64) float scale[16];  // d * sc[s], exact
+    alignas(64) uint8_t q[256];   // the block's 6-bit quants in weight order
     __m512 ds;
-    void block(const uint8_t* row, int64_t b, bool f) {
-        blk = row + b * 210;
-        d = half_to_float(blk + 208);
-        fault = f;
+    void block(const uint8_t* row, int64_t b, bool fault) {
+        const uint8_t* blk = row + b * 210;
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+        _mm512_store_ps(scale, _mm512_mul_ps(_mm512_set1_ps(half_f16c(blk + 208)), _mm512_cvtepi32_ps(sc)));
+        if (fault) scale[kFaultSub] = scale[kFaultSub - 1];
+        // Weight 128 h + r: low 4 bits (ql[64 h + r % 64] >> 4 (r / 64)) & 15, high 2 bits
+        // (qh[32 h + r % 32] >> 2 (r / 32)) & 3. Whole 64-byte registers at a time; 64-bit lane shifts, whose bits
+        // that cross into a byte are masked off.
+        const __m512i mask4 = _mm512_set1_epi8(0x0f), mask2 = _mm512_set1_epi8(0x03);
+        for (int h = 0; h < 2; ++h) {
+            const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
+            const __m512i hi_a = _mm512_and_si512(_mm512_srlv_epi64(qh, _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2)), mask2);
+            const __m512i hi_b = _mm512_and_si512(_mm512_srlv_epi64(qh, _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6)), mask2);
+            const __m512i a = _mm512_or_si512(_mm512_and_si512(ql, mask4), _mm512_slli_epi64(hi_a, 4));  // r < 64
+            const __m512i c = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi64(ql, 4), mask4), _mm512_slli_epi64(hi_b, 4));
+            _mm512_store_si512(q + 128 * h, a);
+            _mm512_store_si512(q + 128 * h + 64, c);
+        }
     }
-    void sub(int s) {
-        const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-        ds = _mm512_set1_ps(d * float(sc[fault && s == kFaultSub ? s - 1 : s]));
-    }
-    __m512 chunk(int s, int) const {  // weights 16 s ..: 128 h + r, r = 16 (s % 8)
-        const int h = s / 8, r = 16 * (s % 8);
-        const __m512i ql = load16_u8(blk + 64 * h + r % 64);
-        const __m512i lo = r < 64 ? _mm512_and_si512(ql, _mm512_set1_epi32(0xf)) : _mm512_srli_epi32(ql, 4);
-        const __m512i qh = load16_u8(blk + 128 + 32 * h + r % 32);
-        const int up = 4 - 2 * (r / 32);  // the 2 bits at 2 (r / 32) of qh become bits 4 and 5
-        const __m512i hi = _mm512_and_si512(up >= 0 ? _mm512_slli_epi32(qh, up) : _mm512_srli_epi32(qh, -up),
-                                            _mm512_set1_epi32(0x30));
+    void sub(int s) { ds = _mm512_set1_ps(scale[s]); }
+    __m512 chunk(int s, int) const {
         // ds * (q - 32) as numpy has it (an fma with -32 ds would give +0 where numpy gives -0)
-        return _mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(lo, hi), _mm512_set1_epi32(32))));
+        return _mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_sub_epi32(load16_u8(q + 16 * s), _mm512_set1_epi32(32))));
     }
 };
 
@@ -344,6 +371,17 @@ float reduce(__m512 acc, float bias) {
     for (int width = kLanes / 2; width >= 1; width /= 2)
         for (int i = 0; i < width; ++i) v[i] = v[i] + v[i + width];
     return v[0] + bias;
+}
+
+// Ask for the next task's bytes (the G weight rows after these, a thread's tasks being one contiguous stream) at
+// the offset this task has reached: without it the kernel waited on memory, streaming 5-11 GB/s from DRAM.
+template <int64_t T>
+void prefetch(const Args& a, const uint8_t* const* w, int groups, int64_t b) {
+    constexpr int kBytes = Layout<T>::kBytes;
+    for (int g = 0; g < groups; ++g) {
+        const char* p = reinterpret_cast<const char*>(w[g] + groups * a.row_bytes + b * kBytes);
+        for (int off = 0; off < kBytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);  // every line of a block
+    }
 }
 
 // G weight rows from n0 (clamped to the last row: the duplicates compute the same value) x R activation rows.
@@ -363,6 +401,7 @@ void rows_avx(const Args& a, int64_t n0, int64_t m0) {
     const float* x = a.x + m0 * a.K;
     for (int64_t b = 0; b < a.K / kW; ++b) {
         for (int g = 0; g < G; ++g) dec[g].block(w[g], b, a.fault);
+        prefetch<T>(a, w, G, b);
 #pragma GCC unroll 16
         for (int j = 0; j < Dec<T>::kSubs; ++j) {
             for (int g = 0; g < G; ++g) dec[g].sub(j);
@@ -387,15 +426,14 @@ void rows_avx(const Args& a, int64_t n0, int64_t m0) {
 
 using RowsFn = void (*)(const Args&, int64_t, int64_t);
 
-// Weight rows per task for R activation rows: at least 4 independent chains, G x R <= 12 accumulators where
-// the activation rows stay in L1 (7-12 rows of K <= kWideK floats); past that G = 2 (up to 24 accumulators)
-// halves how often they are streamed from L2 (1536 x 8960 Q4_K at 9 rows: 3.3 ms with G = 1, 1.9 with G = 2;
-// 151936 x 1536 Q6_K: 59 ms with G = 1, 83 with G = 2; one thread, 2-core AMD EPYC).
-constexpr int64_t kWideK = 4096;
-constexpr int group_for(int rows, bool wide) { return rows <= 3 ? 4 : rows <= 6 || wide ? 2 : 1; }
+// Weight rows per task for R activation rows: 4 up to 4 rows (at one row, 4 independent FMA chains), 2 beyond, which
+// halves how often the activation rows are loaded per FMA (G = 4 past 4 rows runs out of registers). Measured on the
+// 2-core AMD EPYC, ~100-190 MB of weights streamed from memory: G = 2 against the former G = 1 at 9 and 12 rows
+// 0.63-0.73x the time for Q4_K, Q6_K and Q4_1; G = 4 against 2 at 4 rows 0.86-0.98x, at 5-6 rows 1.1-1.3x.
+constexpr int group_for(int rows) { return rows <= 4 ? 4 : 2; }
 
-template <int64_t T, bool kWide, int... Rs>
-constexpr RowsFn kAvxRows[] = {nullptr, rows_avx<T, group_for(Rs, kWide), Rs>...};  // indexed by row count
+template <int64_t T, int... Rs>
+constexpr RowsFn kAvxRows[] = {nullptr, rows_avx<T, group_for(Rs), Rs>...};  // indexed by row count
 
 #endif  // QUANT_ROWS_AVX512
 
@@ -416,10 +454,8 @@ void run(const Args& a, bool avx) {
 #if QUANT_ROWS_AVX512
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
         const int rows = int(std::min<int64_t>(kMaxRows, a.M - m0));
-        const bool wide = a.K > kWideK;
-        const RowsFn fn = wide ? kAvxRows<T, true, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>[rows]
-                               : kAvxRows<T, false, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>[rows];
-        const int64_t group = group_for(rows, wide), tasks = (a.N + group - 1) / group;
+        const RowsFn fn = kAvxRows<T, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>[rows];
+        const int64_t group = group_for(rows), tasks = (a.N + group - 1) / group;
 #pragma omp parallel for schedule(static)
         for (int64_t t = 0; t < tasks; ++t) fn(a, t * group, m0);
     }
@@ -428,7 +464,8 @@ void run(const Args& a, bool avx) {
 
 bool has_avx512() {
 #if QUANT_ROWS_AVX512
-    static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f"));  // CPUID and the OS's XSAVE
+    // CPUID and the OS's XSAVE; F16C for the scales (every AVX-512 CPU has it)
+    static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c"));
     return has;
 #else
     return false;
