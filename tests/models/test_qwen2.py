@@ -10,6 +10,8 @@ is loaded.
 from __future__ import annotations
 
 import gc
+import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -20,14 +22,16 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+import safetensors
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from specdecode import LLM, SamplingParams
 from specdecode.cli import main
 from specdecode.drafters.subset_head import SubsetLMHead
 from specdecode.models import loader
+from specdecode.models.disk_cache import cache_root
 from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.models.loader import BUILTIN_MODELS, ModelLoadError, resolve_model_dir
@@ -59,8 +63,27 @@ def chat_ids(qwen_tokenizer) -> list[int]:
 
 
 def transformers_logits(name: str, ids: list[int]) -> torch.Tensor:
-    """[T, vocab] transformers' fp32 logits, its own dequantization of the GGUF; the model is freed at once."""
+    """[T, vocab] transformers' fp32 logits, its own dequantization of the GGUF, kept in the user's cache: loading
+    the GGUF into transformers (its Python dequantization of every block) took 38-55 s a model on each run of the
+    suite. The entry is keyed by the file (its directory is named by its sha256), the prompt's ids and the
+    transformers and torch versions, so it is transformers' answer to the same question; a missing or unreadable
+    entry is computed again."""
     path = BUILTIN_MODELS[name].gguf_path(name)
+    key = hashlib.sha256(repr((str(path), ids, transformers.__version__, torch.__version__)).encode()).hexdigest()
+    entry = cache_root() / "test_references" / f"{name}-{key[:24]}.safetensors"
+    try:
+        return load_file(entry)["logits"]
+    except (OSError, KeyError, safetensors.SafetensorError):
+        pass
+    logits = _transformers_logits(path, ids)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    partial = entry.with_suffix(f".{os.getpid()}.partial")
+    save_file({"logits": logits.contiguous()}, partial)
+    partial.replace(entry)  # atomic: a killed run leaves no half-written entry
+    return logits
+
+
+def _transformers_logits(path: Path, ids: list[int]) -> torch.Tensor:
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     with torch.inference_mode():
         logits = model.eval()(torch.tensor([ids])).logits[0]
