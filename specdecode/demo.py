@@ -1,7 +1,7 @@
 """`make demo`: plain decoding vs speculative decoding on the same prompts, both lossless. With the Qwen2.5-Coder
 pair installed (`make models`) it runs the 1.5B target on code prompts: its default arm (what `LLM(target=...)`
-picks) and the 0.5B draft model; without it, the built-in SmolLM2 target with the n-gram drafter and the shipped
-distilled draft model (`smollm2-135m-instruct-draft`).
+picks: the 0.5B draft model) and n-gram lookup; without it, the built-in SmolLM2 target with the n-gram drafter
+and the shipped distilled draft model (`smollm2-135m-instruct-draft`).
 
 Usage: python -m specdecode.demo [--model smollm2|pair] [--max-tokens N]
 """
@@ -42,7 +42,7 @@ PAIR = Demo(
         "Rename the variable `tmp` to `total` in this function and return the result:\n\n```python\ndef add_all(xs):\n"
         "    tmp = 0\n    for x in xs:\n        tmp += x\n    return tmp\n```",
     ),
-    {"default": {}, "draft": {"method": "draft"}},
+    {"default (0.5B draft)": {}, "n-gram": {"method": "ngram", "num_speculative_tokens": 3}},
 )
 
 
