@@ -203,7 +203,7 @@ class LLM:
             draft_dir = resolve_model_dir(draft, weights=gguf is None)
             vocab = drafting_vocabulary(draft, draft_dir, spec.draft_vocab)
             self.draft_model = load_draft(
-                draft_dir, device, DTYPES[dtype], config.enforce_eager, gguf, config.arithmetic, vocab
+                draft_dir, device, DTYPES[dtype], config.enforce_eager, gguf, spec.draft_arithmetic, vocab
             )
             _check_same_vocab(self.target, self.draft_model, self.tokenizer, draft_dir)
         limit = self.target.cfg.context_limit

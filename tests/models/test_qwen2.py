@@ -35,6 +35,7 @@ from specdecode.models.disk_cache import cache_root
 from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.models.loader import BUILTIN_MODELS, ModelLoadError, resolve_model_dir
+from specdecode.models.quant_int8 import Int8QuantLinear
 from specdecode.models.quant_rows import QuantLinear
 from tests.models.conftest import SMOLLM2
 from tests.models.conftest import pair_missing as _pair_missing
@@ -176,9 +177,14 @@ def plain_15b_output(plain_15b):
 
 
 @needs_pair
-@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
-def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(method, plain_15b, plain_15b_output):
-    """20 greedy tokens of each drafter (K = 4 at every step) are K = 0's; the 0.5B draft loads the same way."""
+@pytest.mark.parametrize(
+    ("method", "draft_arithmetic"), [("draft", "fast"), ("draft", "exact"), ("ngram", "fast"), ("suffix", "fast")]
+)
+def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(
+    method, draft_arithmetic, plain_15b, plain_15b_output
+):
+    """20 greedy tokens of each drafter (K = 4 at every step) are K = 0's; the 0.5B draft loads the same way, in
+    the fast arithmetic by default (drafts need not be exact) or the exact one, under the exact target."""
     spec = LLM(
         target=TARGET,
         method=method,
@@ -188,13 +194,16 @@ def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(method, plain
         max_model_len=1024,
         enforce_eager=False,  # the suite's default is eager (tests/conftest.py): this is the serving step
         share_target=plain_15b,
+        **({} if draft_arithmetic == "fast" else {"draft_arithmetic": draft_arithmetic}),
     )
     if method == "draft":
         assert spec.spec.draft == DRAFT  # the 1.5B's default draft
         assert spec.draft_model.step.compiled
         head = spec.draft_model.lm_head  # its shipped drafting vocabulary, kept as the file's Q8_0 blocks
-        assert isinstance(head, SubsetLMHead) and isinstance(head.head.linear, QuantLinear)
+        kind = Int8QuantLinear if draft_arithmetic == "fast" else QuantLinear
+        assert isinstance(head, SubsetLMHead) and type(head.head.linear) is kind
         assert head.head.linear.out_features == 32768
+        assert type(spec.target.lm_head) is QuantLinear  # the target stays exact
     got = spec.chat(CHAT, GREEDY_20)[0]
     assert "def" in plain_15b_output.text
     assert got.token_ids == plain_15b_output.token_ids
