@@ -20,9 +20,10 @@ sub-block and one permute, Q5_0 by a 32-entry one) and runs it against every act
 weight rows per task so that enough independent FMA chains are in flight at one row. A block's header (fp16
 scales, the K-quants' packed sub-block scales) is decoded with vector instructions once per block, and each
 block asks for the next task's bytes ahead of use: without that the kernel streamed its weights from memory at
-5-11 GB/s and waited on them (python -m experiments.quant_rows_speed measures it). At one row it is bound by the
-decoding, at several by its fp32 FMAs (rows x out x in / 16 of them), not by the bytes: the exact fp32 product
-rules out llama.cpp's int8 dot products with quantized activations.
+5-11 GB/s and waited on them; now 14-18 GB/s at one row (`python -m experiments.quant_rows_ab`;
+experiments/quant_rows_speed.py's shapes mostly fit the cache and hide it). At several rows it is bound by its fp32
+FMAs (rows x out x in / 16 of them), not by the bytes: the exact fp32 product rules out llama.cpp's int8 dot
+products with quantized activations.
 """
 
 from __future__ import annotations

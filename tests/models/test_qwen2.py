@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import os
 import re
 import subprocess
 import sys
@@ -22,7 +21,6 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-import safetensors
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
@@ -31,7 +29,7 @@ from specdecode import LLM, SamplingParams
 from specdecode.cli import main
 from specdecode.drafters.subset_head import SubsetLMHead
 from specdecode.models import loader
-from specdecode.models.disk_cache import cache_root
+from specdecode.models.disk_cache import build_once, cache_root
 from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, load_llama
 from specdecode.models.loader import BUILTIN_MODELS, ModelLoadError, resolve_model_dir
@@ -41,6 +39,7 @@ from tests.models.conftest import SMOLLM2
 from tests.models.conftest import pair_missing as _pair_missing
 from tests.models.gguf_files import tiny_with_biases, write_gguf
 
+REFERENCE_FILE = "logits.safetensors"
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 
@@ -67,21 +66,16 @@ def transformers_logits(name: str, ids: list[int]) -> torch.Tensor:
     """[T, vocab] transformers' fp32 logits, its own dequantization of the GGUF, kept in the user's cache: loading
     the GGUF into transformers (its Python dequantization of every block) took 38-55 s a model on each run of the
     suite. The entry is keyed by the file (its directory is named by its sha256), the prompt's ids and the
-    transformers and torch versions, so it is transformers' answer to the same question; a missing or unreadable
-    entry is computed again."""
+    transformers and torch versions, so it is transformers' answer to the same question; it is written as the
+    cache's other entries are (`build_once`: complete or absent, this user's alone)."""
     path = BUILTIN_MODELS[name].gguf_path(name)
     key = hashlib.sha256(repr((str(path), ids, transformers.__version__, torch.__version__)).encode()).hexdigest()
-    entry = cache_root() / "test_references" / f"{name}-{key[:24]}.safetensors"
-    try:
-        return load_file(entry)["logits"]
-    except (OSError, KeyError, safetensors.SafetensorError):
-        pass
-    logits = _transformers_logits(path, ids)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    partial = entry.with_suffix(f".{os.getpid()}.partial")
-    save_file({"logits": logits.contiguous()}, partial)
-    partial.replace(entry)  # atomic: a killed run leaves no half-written entry
-    return logits
+
+    def build(tmp: Path) -> None:
+        save_file({"logits": _transformers_logits(path, ids).contiguous()}, tmp / REFERENCE_FILE)
+
+    entry = build_once(cache_root() / "test_references" / f"{name}-{key[:24]}", build)
+    return load_file(entry / REFERENCE_FILE)["logits"]
 
 
 def _transformers_logits(path: Path, ids: list[int]) -> torch.Tensor:
