@@ -25,7 +25,8 @@ from specdecode.prompts import Prompt
 
 
 class EngineArm:
-    """Our engine at batch 1, greedy."""
+    """Our engine at batch 1, greedy. Its decoding part, as llama.cpp's tools count theirs: the tokens after the
+    first (which the prompt's forward makes) and the time from the first token to the end."""
 
     def __init__(self, name: str, llm) -> None:
         self.name, self.llm = name, llm
@@ -36,7 +37,11 @@ class EngineArm:
         seconds = time.perf_counter() - t0
         m = out.metrics
         trees = "node_acceptance_rate" in m
-        return Sample(m["num_generated"], seconds, m["num_drafted"], m["num_accepted"], m["num_target_forwards"], trees)
+        decode = m["elapsed_s"] - m.get("time_to_first_token_s", m["elapsed_s"])
+        return Sample(
+            m["num_generated"], seconds, m["num_drafted"], m["num_accepted"], m["num_target_forwards"], trees,
+            decode_seconds=decode or None, decode_tokens=m["num_generated"] - 1,
+        )  # fmt: skip
 
 
 class HFArm:

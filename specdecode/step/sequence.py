@@ -55,6 +55,8 @@ class SeqMetrics:
             "num_generated": self.num_generated,
             "elapsed_s": elapsed,
             "tokens_per_s": self.num_generated / elapsed if elapsed > 0 else 0.0,
+            # Once the prompt's forward has made the first token: the prompt's share of elapsed_s.
+            **({"time_to_first_token_s": self.first_token_time - self.start_time} if self.first_token_time else {}),
         }
 
 
