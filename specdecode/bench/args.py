@@ -163,6 +163,12 @@ def method_arms(text: str) -> list[MethodArm]:
 def add_specbench_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--per-category", type=int, default=3, help="prompts per category (0 = all)")
     g.add_argument(
+        "--categories",
+        type=lambda s: [c for c in s.split(",") if c],
+        default=None,
+        help="only these categories, comma-separated (default: every one the prompts file has)",
+    )
+    g.add_argument(
         "--methods",
         type=method_arms,
         default=None,

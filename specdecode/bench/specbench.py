@@ -20,7 +20,7 @@ from tqdm import tqdm
 from specdecode.bench.code_prompts import load_prompts
 from specdecode.bench.draft_tradeoff import plot_tradeoff, render_tradeoff, step_costs
 from specdecode.bench.lib import Arm, Sample, draft_name, provenance, write_result
-from specdecode.config import SamplingParams, SpeculativeConfig
+from specdecode.config import ConfigError, SamplingParams, SpeculativeConfig
 from specdecode.prompts import Prompt
 
 
@@ -103,7 +103,14 @@ def decode_rate(samples: list[Sample]) -> float:
     return sum(s.decode_tokens for s in samples) / sum(s.decode_seconds for s in samples)
 
 
-def select_prompts(prompts: list[Prompt], per_category: int) -> list[Prompt]:
+def select_prompts(prompts: list[Prompt], per_category: int, categories: list[str] | None = None) -> list[Prompt]:
+    """The first `per_category` prompts of each category (all where <= 0), of `categories` only where given: a
+    category the file lacks is an error (a typo would otherwise time nothing)."""
+    if categories is not None:
+        missing = sorted(set(categories) - {p.category for p in prompts})
+        if missing:
+            raise ConfigError(f"no prompts of categor{'y' if len(missing) == 1 else 'ies'} {', '.join(missing)}")
+        prompts = [p for p in prompts if p.category in categories]
     if per_category <= 0:
         return prompts
     seen: dict[str, int] = defaultdict(int)
@@ -267,7 +274,7 @@ def arm_notes(arms: list[Arm]) -> dict[str, str]:
 
 
 def run_from_args(a: argparse.Namespace) -> None:
-    prompts = select_prompts(load_prompts(a.prompts, a.split), a.per_category)
+    prompts = select_prompts(load_prompts(a.prompts, a.split), a.per_category, a.categories)
     arms = build_arms(a)
     chat_tok = arms[0].llm if isinstance(arms[0], EngineArm) else None
     texts = [
