@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import weakref
 from dataclasses import dataclass
@@ -92,11 +93,17 @@ class RequestOutput:
         )
 
 
-def _check_same_vocab(target: LlamaModel, draft: LlamaModel, target_tok, draft_dir) -> None:
-    if draft.cfg.vocab_size != target.cfg.vocab_size:
-        raise ConfigError(
-            f"draft vocabulary ({draft.cfg.vocab_size} tokens) differs from the target's ({target.cfg.vocab_size})"
-        )
+def _config_vocab_size(model_dir: Path) -> int:
+    """The vocabulary size a model directory's config.json gives (what its LlamaConfig will read)."""
+    return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+
+
+def _check_same_vocab(target_dir: Path, target_tok, draft_dir: Path) -> None:
+    """A draft must share the target's vocabulary: checked from the two directories' config and tokenizer files,
+    before either model's weights load (a wrong draft for the 1.5B had taken 76 s of loading to be refused)."""
+    draft_vocab, target_vocab = _config_vocab_size(draft_dir), _config_vocab_size(target_dir)
+    if draft_vocab != target_vocab:
+        raise ConfigError(f"draft vocabulary ({draft_vocab} tokens) differs from the target's ({target_vocab})")
     if (draft_dir / "tokenizer_config.json").exists() or (draft_dir / "tokenizer.json").exists():
         if AutoTokenizer.from_pretrained(draft_dir).get_vocab() != target_tok.get_vocab():
             raise ConfigError("draft tokenizer differs from the target's: speculation needs a shared vocabulary")
@@ -154,6 +161,8 @@ class LLM:
             torch.set_num_threads(os.cpu_count() or 1)
         gguf = self._quantized_source(target)
         target_dir = resolve_model_dir(target, weights=gguf is None)
+        self.tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        self._draft_dir = self._checked_draft_dir(target_dir)  # before any weights load
         self._tp: TensorParallelRuntime | None = None
         self.target_name = target
         if share_target is not None:
@@ -171,6 +180,15 @@ class LLM:
             self.close()  # a constructor that fails leaves no workers behind
             raise
         self._ids = count()
+
+    def _checked_draft_dir(self, target_dir: Path) -> Path | None:
+        """The draft model's directory (weights only where it loads fp32), its vocabulary checked against the
+        target's; None without a draft model."""
+        if self.spec.draft is None or self.spec.method != "draft":
+            return None
+        draft_dir = resolve_model_dir(self.spec.draft, weights=self._quantized_source(self.spec.draft) is None)
+        _check_same_vocab(target_dir, self.tokenizer, draft_dir)
+        return draft_dir
 
     def _quantized_source(self, spec: str) -> Path | None:
         """The GGUF file `spec` loads from with its blocks kept, or None (fp32 weights): see `quantized_source`."""
@@ -192,20 +210,17 @@ class LLM:
         return other.target
 
     def _build_engine(self, target: str, target_dir: Path) -> None:
-        """Everything around the loaded target: tokenizer, draft model, drafter, controller, engine."""
+        """Everything around the loaded target: draft model, drafter, controller, engine."""
         spec, config = self.spec, self.engine_config
-        draft, method, controller = spec.draft, spec.method, spec.controller
+        draft, controller = spec.draft, spec.controller
         device, dtype, max_model_len = config.device, config.dtype, config.max_model_len
-        self.tokenizer = AutoTokenizer.from_pretrained(target_dir)
         self.draft_model = None
-        if draft is not None and method == "draft":
-            gguf = self._quantized_source(draft)
-            draft_dir = resolve_model_dir(draft, weights=gguf is None)
+        if self._draft_dir is not None:  # checked against the target's vocabulary before the target loaded
+            draft_dir, gguf = self._draft_dir, self._quantized_source(draft)
             vocab = drafting_vocabulary(draft, draft_dir, spec.draft_vocab)
             self.draft_model = load_draft(
                 draft_dir, device, DTYPES[dtype], config.enforce_eager, gguf, spec.draft_arithmetic, vocab
             )
-            _check_same_vocab(self.target, self.draft_model, self.tokenizer, draft_dir)
         limit = self.target.cfg.context_limit
         self.max_model_len = min(max_model_len or DEFAULT_MAX_MODEL_LEN, limit)
         ctx = DrafterContext(self.target, self.draft_model, self.spec, self.engine_config, self.max_model_len, target)
