@@ -11,9 +11,11 @@ Two variants of this tree's source, each built under its own op namespace beside
 - **no 4-bit lookup**: one stream, and Q4_K's 16-weight chunk is its raw nibble bytes taken as floats instead of
   the 16-entry table lookup (one vpermps) of each chunk and the table's build per sub-block. Wrong values, the
   same loads, loop and FMAs: how fast the loop streams without the decoding instructions.
+- **no 4-bit lookup, rows apart**: the same without the one-stream layout (the kernel's rows 1-2 KB apart): whether
+  the layout matters once the decoding is gone.
 
 Each variant's figure is the median over trials of its ms and of its paired ratio to the kernel's. Only Q4_K gets
-the second variant (the 1.5B's type); rows up to 4 (the variant takes 4 weight rows a task, as the kernel does
+the lookup-free variants (the 1.5B's type); rows up to 4 (the variant takes 4 weight rows a task, as the kernel does
 there).
 """
 
@@ -94,12 +96,14 @@ def replaced(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def variant_source(lookup: bool) -> str:
-    """This tree's kernel with the one-stream task function (and, without `lookup`, Q4_K's chunks undecoded)."""
+def variant_source(lookup: bool, one_stream: bool = True) -> str:
+    """This tree's kernel with the one-stream task function (where `one_stream`) and, without `lookup`, Q4_K's
+    chunks undecoded."""
     text = quant_rows.SOURCE.read_text()
-    start = text.index("template <int64_t T, int G, int R>\nvoid rows_avx")
-    text = text[:start] + ONE_STREAM_ROWS + text[text.index("#pragma GCC pop_options", start) :]
-    text = replaced(text, "return rows <= 4 ? 4 : 2;", "return 4;")
+    if one_stream:
+        start = text.index("template <int64_t T, int G, int R>\nvoid rows_avx")
+        text = text[:start] + ONE_STREAM_ROWS + text[text.index("#pragma GCC pop_options", start) :]
+        text = replaced(text, "return rows <= 4 ? 4 : 2;", "return 4;")
     return text if lookup else replaced(text, Q4K_CHUNK, Q4K_RAW_CHUNK)
 
 
@@ -134,6 +138,7 @@ def main() -> None:
     kernel = torch.ops.specdecode.quant_rows_linear
     variants = {"one stream": variant_op("stream", variant_source(True))}
     variants["no 4-bit lookup"] = variant_op("raw", variant_source(False))
+    variants["no 4-bit lookup, rows apart"] = variant_op("raw_apart", variant_source(False, one_stream=False))
     gen = np.random.default_rng(0)
     weights = {m: random_blocks(m[1], m[2], m[3], gen) for m in MATRICES}
     streams = {m: interleaved(weights[m], m[1]) for m in MATRICES}
@@ -148,6 +153,7 @@ def main() -> None:
         for m in MATRICES:
             if m[1].name == "Q4_K":
                 arms[m]["no 4-bit lookup"] = (variants["no 4-bit lookup"], streams[m])
+                arms[m]["no 4-bit lookup, rows apart"] = (variants["no 4-bit lookup, rows apart"], weights[m])
             want = kernel(xs[m], weights[m], int(m[1]), m[3], None, 0)
             got = variants["one stream"](xs[m], streams[m], int(m[1]), m[3], None, 0)
             if not torch.equal(want, got):

@@ -21,10 +21,10 @@ weight rows per task so that enough independent FMA chains are in flight at one 
 scales, the K-quants' packed sub-block scales) is decoded with vector instructions once per block, and each
 block asks for the next task's bytes ahead of use: without that the kernel streamed its weights from memory at
 5-11 GB/s and waited on them; now 14-18 GB/s at one row (`python -m experiments.quant_rows_ab`;
-experiments/quant_rows_speed.py's shapes mostly fit the cache and hide it). At one row the 4-bit types are bound
-by their decoding instructions, not by the bytes (`python -m experiments.quant_rows_bound`: without Q4_K's table
-lookup the same loop streams 33 GB/s; one sequential stream of rows gains nothing); at several rows by the fp32
-FMAs (rows x out x in / 16 of them). The exact fp32 product rules out llama.cpp's int8 dot products with
+experiments/quant_rows_speed.py's shapes mostly fit the cache and hide it). At one row the 4-bit types are held
+first by their decoding instructions (`python -m experiments.quant_rows_bound`: a sequential stream of rows gains
+nothing; without Q4_K's table lookup the loop streams 18 GB/s in this layout and 32 in one stream, against 15); at
+several rows by the fp32 FMAs (rows x out x in / 16 of them). The exact fp32 product rules out llama.cpp's int8 dot products with
 quantized activations: those are the fast arithmetic's (models/quant_int8.py).
 """
 
