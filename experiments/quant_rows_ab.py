@@ -40,17 +40,23 @@ MATRICES = [
 ]
 
 
+def op_from_source(text: str, namespace: str, what: str) -> torch._ops.OpOverloadPacket:
+    """Build a version of the kernel's source under its own op namespace beside this tree's, load it into this
+    process and return its linear op (`what` names it in the build's progress line)."""
+    for macro in ("TORCH_LIBRARY_FRAGMENT", "TORCH_LIBRARY_IMPL"):
+        text = text.replace(f"{macro}(specdecode,", f"{macro}({namespace},")
+    text = text.replace("specdecode_quant_rows_fault", f"{namespace}_fault")  # one C symbol per library
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / f"{namespace}.cpp"
+        source.write_text(text)
+        torch.ops.load_library(str(build_op(namespace, source, quant_rows.FLAGS, what)))
+    return getattr(torch.ops, namespace).quant_rows_linear
+
+
 def baseline_op(rev: str) -> torch._ops.OpOverloadPacket:
     """Build the kernel's source at `rev` under NAMESPACE and return its linear op."""
     text = subprocess.run(["git", "show", f"{rev}:{SOURCE}"], capture_output=True, text=True, check=True).stdout
-    for macro in ("TORCH_LIBRARY_FRAGMENT", "TORCH_LIBRARY_IMPL"):
-        text = text.replace(f"{macro}(specdecode,", f"{macro}({NAMESPACE},")
-    text = text.replace("specdecode_quant_rows_fault", f"{NAMESPACE}_fault")  # one C symbol per library
-    with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / "quant_rows_baseline.cpp"
-        source.write_text(text)
-        torch.ops.load_library(str(build_op(NAMESPACE, source, quant_rows.FLAGS, f"the kernel at {rev}")))
-    return getattr(torch.ops, NAMESPACE).quant_rows_linear
+    return op_from_source(text, NAMESPACE, f"the kernel at {rev}")
 
 
 def time_call(op, x: torch.Tensor, blocks: torch.Tensor, qtype: Q, k: int, calls: int) -> float:

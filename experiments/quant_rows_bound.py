@@ -23,17 +23,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
-from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
 
-from experiments.quant_rows_ab import MATRICES, time_call
+from experiments.quant_rows_ab import MATRICES, op_from_source, time_call
 from specdecode.bench.lib import provenance, write_result
 from specdecode.models import quant_rows
-from specdecode.models.torch_op import build_op
 from tests.models.test_quant_rows import random_blocks
 
 GROUP = 4  # weight rows per task at <= 4 activation rows, and rows per interleaved group
@@ -108,15 +105,7 @@ def variant_source(lookup: bool, one_stream: bool = True) -> str:
 
 
 def variant_op(name: str, text: str) -> torch._ops.OpOverloadPacket:
-    namespace = f"quant_rows_bound_{name}"
-    for macro in ("TORCH_LIBRARY_FRAGMENT", "TORCH_LIBRARY_IMPL"):
-        text = text.replace(f"{macro}(specdecode,", f"{macro}({namespace},")
-    text = text.replace("specdecode_quant_rows_fault", f"{namespace}_fault")  # one C symbol per library
-    with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / f"{namespace}.cpp"
-        source.write_text(text)
-        torch.ops.load_library(str(build_op(namespace, source, quant_rows.FLAGS, f"variant {name}")))
-    return getattr(torch.ops, namespace).quant_rows_linear
+    return op_from_source(text, f"quant_rows_bound_{name}", f"variant {name}")
 
 
 def interleaved(blocks: torch.Tensor, qtype) -> torch.Tensor:
