@@ -7,10 +7,10 @@ and C++ GEMM settings) into two packages whose constants are the frozen, packed 
 runs inside the package through AOTInductor's proxy executor and writes the cache in place.
 
 A package's key covers everything its code and constants depend on: the weights' bytes, the config, dtype
-and device, the source of the modules traced into it, torch's version, inductor's settings, the CPU and the
-thread count. Any change gives a new key, so a stale package is never loaded; packages live under
-`<cache_root>/aoti/<key>/`, published by an atomic rename. CPU only: on CUDA the step stays under
-torch.compile (no GPU has been lent to measure AOTInductor there).
+and device, the code of the modules traced into it (their syntax trees: docstrings, comments and layout aside),
+torch's version, inductor's settings, the CPU and the thread count. Any change gives a new key, so a stale
+package is never loaded; packages live under `<cache_root>/aoti/<key>/`, published by an atomic rename. CPU only:
+on CUDA the step stays under torch.compile (no GPU has been lent to measure AOTInductor there).
 
 A model whose linears keep GGUF blocks (models/gguf_quantized.py) is packaged differently: nothing is frozen
 (there is no fp32 weight for inductor to pack, and the blocks only feed the opaque quant_rows op) and the
@@ -22,6 +22,7 @@ quantized and an fp32 model never share a package.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
@@ -59,6 +60,21 @@ def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, (quant_rows.QuantLinear, quant_int8.Int8QuantLinear)) for m in model.modules())
 
 
+def code(source: str) -> str:
+    """A Python module's code without its docstrings, comments and layout (its syntax tree, dumped): what a package
+    depends on. A change to the prose alone keeps the key, where it had made every package compile again."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and _docstring(node):
+            node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def _docstring(node: ast.AST) -> bool:
+    first = node.body[0] if node.body else None
+    return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+
+
 def package_key(model: LlamaModel) -> str:
     """A hex key over everything a package of `model`'s step depends on."""
     h = hashlib.blake2b(digest_size=16)
@@ -74,12 +90,12 @@ def package_key(model: LlamaModel) -> str:
         "shapes": [torch.fx.experimental._config.use_duck_shape, torch.fx.experimental._config.backed_size_oblivious],
         "cpu": (platform.machine(), cpu_model(), torch.backends.cpu.get_cpu_capability()),
         "threads": torch.get_num_threads(),
-        "source": [inspect.getsource(m) for m in (llama, attention, few_rows, sys.modules[__name__])],
+        "source": [code(inspect.getsource(m)) for m in (llama, attention, few_rows, sys.modules[__name__])],
         "kernels": [p.read_text() for p in few_rows.SOURCES],
     }
     if quantized:  # the op's source and how modules are built; the constants by name, shape and type only
         described["quantized"] = {
-            "source": [inspect.getsource(m) for m in (quant_rows, quant_int8, gguf_quantized)]
+            "source": [code(inspect.getsource(m)) for m in (quant_rows, quant_int8, gguf_quantized)]
             + [quant_rows.SOURCE.read_text(), quant_int8.SOURCE.read_text()],
             "modules": repr(model),
             "constants": [(n, list(t.shape), str(t.dtype)) for n, t in _constants(model, "").items()],

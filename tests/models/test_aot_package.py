@@ -3,13 +3,14 @@ never loaded for other weights, compiled again when unreadable."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 
 import pytest
 import torch
 
-from specdecode.models import aot_package
+from specdecode.models import aot_package, llama
 from specdecode.models.compiled import compile_step
 from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 
@@ -103,3 +104,14 @@ def test_prune_keeps_the_most_recently_used(tmp_path):
         os.utime(tmp_path / f"p{i}", (i, i))
     aot_package.prune(tmp_path, keep=tmp_path / "p0", max_packages=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p0", "p4", "p5"]
+
+
+def test_the_key_reads_code_not_prose():
+    """Docstrings, comments and layout do not change a package's key (a docstring edit in quant_rows.py had made
+    every package compile again); code does. The control changes one constant."""
+    src = 'def f(x):\n    """Doc."""\n    return x + 1  # one\n'
+    prose = '"""A module docstring."""\n\n\ndef f(x):\n    # a comment\n    return (x + 1)\n'
+    changed = 'def f(x):\n    """Doc."""\n    return x + 2  # one\n'
+    assert aot_package.code(src) == aot_package.code(prose) != aot_package.code(changed)
+    real = inspect.getsource(llama)
+    assert aot_package.code(real) == aot_package.code(real.replace('"""', '"""Reworded. ', 1))
