@@ -24,8 +24,8 @@ block asks for the next task's bytes ahead of use: without that the kernel strea
 experiments/quant_rows_speed.py's shapes mostly fit the cache and hide it). At one row the 4-bit types are held
 first by their decoding instructions (`python -m experiments.quant_rows_bound`: a sequential stream of rows gains
 nothing; without Q4_K's table lookup the loop streams 18 GB/s in this layout and 32 in one stream, against 15); at
-several rows by the fp32 FMAs (rows x out x in / 16 of them). The exact fp32 product rules out llama.cpp's int8 dot products with
-quantized activations: those are the fast arithmetic's (models/quant_int8.py).
+several rows by the fp32 FMAs (rows x out x in / 16 of them). The exact fp32 product rules out llama.cpp's int8
+dot products with quantized activations: those are the fast arithmetic's (models/quant_int8.py).
 """
 
 from __future__ import annotations
