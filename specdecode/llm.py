@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import weakref
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from specdecode.engine.engine import Engine
 from specdecode.engine.launch import TensorParallelRuntime, check_tensor_parallel
 from specdecode.models.compiled import ENFORCE_EAGER_ENV, load_target
 from specdecode.models.gguf_quantized import quantized_source
-from specdecode.models.llama import LlamaModel
+from specdecode.models.llama import LlamaConfig, LlamaModel
 from specdecode.models.loader import resolve_model_dir
 from specdecode.models.packed_linear import warm_row_buckets
 from specdecode.models.shipped_draft import DEFAULT_DRAFTS
@@ -93,15 +92,10 @@ class RequestOutput:
         )
 
 
-def _config_vocab_size(model_dir: Path) -> int:
-    """The vocabulary size a model directory's config.json gives (what its LlamaConfig will read)."""
-    return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
-
-
 def _check_same_vocab(target_dir: Path, target_tok, draft_dir: Path) -> None:
     """A draft must share the target's vocabulary: checked from the two directories' config and tokenizer files,
     before either model's weights load (a wrong draft for the 1.5B had taken 76 s of loading to be refused)."""
-    draft_vocab, target_vocab = _config_vocab_size(draft_dir), _config_vocab_size(target_dir)
+    draft_vocab, target_vocab = LlamaConfig.from_dir(draft_dir).vocab_size, LlamaConfig.from_dir(target_dir).vocab_size
     if draft_vocab != target_vocab:
         raise ConfigError(f"draft vocabulary ({draft_vocab} tokens) differs from the target's ({target_vocab})")
     if (draft_dir / "tokenizer_config.json").exists() or (draft_dir / "tokenizer.json").exists():

@@ -23,7 +23,6 @@ layers or head; specdecode/engine/tensor_parallel.py says how), while the target
 
 from __future__ import annotations
 
-import json
 import multiprocessing.connection
 import os
 import shutil
@@ -222,7 +221,7 @@ class TensorParallelRuntime:
     @classmethod
     def start(cls, model_dir: Path, device: str, dtype: torch.dtype, world: int) -> TensorParallelRuntime:
         """Rank 0's runtime with the target loaded; under torchrun, ranks > 0 serve here and exit."""
-        check_shardable(LlamaConfig.from_hf(json.loads((model_dir / "config.json").read_text())), world)
+        check_shardable(LlamaConfig.from_dir(model_dir), world)
         if cls.live is not None:
             raise ConfigError("one tensor-parallel LLM per process at a time: close() the other one first")
         if getattr(mp.current_process(), "_inheriting", False):  # a spawned worker re-running the main script

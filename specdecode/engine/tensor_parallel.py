@@ -174,7 +174,7 @@ class TensorParallelTarget:
         send_launch_spec(tp, model_dir, dtype)
         self.tp, self.model_dir = tp, model_dir
         self.shard = load_sharded_llama(model_dir, tp.rank, tp.world, tp.device, dtype, tp.group)
-        self.cfg = LlamaConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
+        self.cfg = LlamaConfig.from_dir(model_dir)
         self.tensor_parallel_size = tp.world
         self._ids = itertools.count()
         self._released: list[int] = []

@@ -49,6 +49,11 @@ class LlamaConfig:
     eos_token_id: int | list[int] | None = None
 
     @classmethod
+    def from_dir(cls, model_dir: Path) -> LlamaConfig:
+        """The config of a Hugging Face directory's config.json."""
+        return cls.from_hf(json.loads((Path(model_dir) / "config.json").read_text()))
+
+    @classmethod
     def from_hf(cls, cfg: dict) -> LlamaConfig:
         model_type = cfg.get("model_type", "")
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -417,7 +422,7 @@ def load_llama(
     inference=True packs fp32 CPU linears for MKL (see models/packed_linear.py); training wants False.
     """
     model_dir = Path(model_dir)
-    cfg = LlamaConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
+    cfg = LlamaConfig.from_dir(model_dir)
     tensors: dict[str, torch.Tensor] = {}
     for shard in sorted(model_dir.glob("*.safetensors")):
         tensors.update(load_file(shard))

@@ -14,7 +14,6 @@ format of ../shared/data/distill, decoded by the tokenizer that wrote them). Nev
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -110,7 +109,7 @@ def run_vocab(a: argparse.Namespace) -> None:
         raise ConfigError("give --texts and/or --responses to count tokens over")
     draft_dir = resolve_model_dir(a.draft, weights=False)
     tokenizer = AutoTokenizer.from_pretrained(draft_dir)
-    vocab_size = LlamaConfig.from_hf(json.loads((draft_dir / "config.json").read_text())).vocab_size  # Qwen pads it
+    vocab_size = LlamaConfig.from_dir(draft_dir).vocab_size  # Qwen pads it
     counts = count_tokens(tokenizer, (f.read_text(errors="replace") for f in text_files(a.texts)), vocab_size, "texts")
     if a.responses:
         writer = AutoTokenizer.from_pretrained(resolve_model_dir(a.responses_tokenizer, weights=False))
