@@ -80,7 +80,7 @@ def test_control_a_key_blind_to_the_weights_serves_stale_logits(tiny_target, com
     assert logits_gap(changed, changed_eager) > 1e-2
 
 
-def test_an_unreadable_package_is_compiled_again(tiny_target, compiles, package_root, monkeypatch, tmp_path):
+def test_an_unreadable_package_is_compiled_again(tiny_target, package_root, monkeypatch, tmp_path):
     """The compile that replaces the truncated package writes the pristine package's bytes: what is checked here
     is that an unreadable package is thrown away, compiled again and the new one served; the compiler itself
     runs for real in the test above (a second real compile of the same model took 22 s of the suite)."""
