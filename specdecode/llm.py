@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
 from specdecode.arms import with_default_arm
 from specdecode.config import (
@@ -34,6 +33,7 @@ from specdecode.models.llama import LlamaConfig, LlamaModel
 from specdecode.models.loader import resolve_model_dir
 from specdecode.models.packed_linear import warm_row_buckets
 from specdecode.models.shipped_draft import DEFAULT_DRAFTS
+from specdecode.models.tokenizer_files import load_tokenizer, vocabulary
 from specdecode.step.sequence import Sequence, TokenLogprob
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -99,7 +99,7 @@ def _check_same_vocab(target_dir: Path, target_tok, draft_dir: Path) -> None:
     if draft_vocab != target_vocab:
         raise ConfigError(f"draft vocabulary ({draft_vocab} tokens) differs from the target's ({target_vocab})")
     if (draft_dir / "tokenizer_config.json").exists() or (draft_dir / "tokenizer.json").exists():
-        if AutoTokenizer.from_pretrained(draft_dir).get_vocab() != target_tok.get_vocab():
+        if vocabulary(draft_dir) != target_tok.get_vocab():
             raise ConfigError("draft tokenizer differs from the target's: speculation needs a shared vocabulary")
 
 
@@ -155,7 +155,7 @@ class LLM:
             torch.set_num_threads(os.cpu_count() or 1)
         gguf = self._quantized_source(target)
         target_dir = resolve_model_dir(target, weights=gguf is None)
-        self.tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        self.tokenizer = load_tokenizer(target_dir)
         self._draft_dir = self._checked_draft_dir(target_dir)  # before any weights load
         self._tp: TensorParallelRuntime | None = None
         self.target_name = target

@@ -299,11 +299,11 @@ def test_files_only_directory_has_no_weights(tmp_path):
 @pytest.fixture(scope="module")
 def compiled_tiny(tmp_path_factory) -> tuple[LlamaModel, LlamaModel]:
     """(compiled, eager) quantized models of one tiny untied GGUF, the compiled one through load_target's AOT
-    package (in a cache of its own: a compile of the tiny model takes ~30 s on two cores)."""
+    package, in the user's cache: a quantized package's key holds the tensors' names, shapes and types, not their
+    values, so later runs load it (a compile of the tiny model takes ~30 s on two cores)."""
     root = tmp_path_factory.mktemp("quantized")
     path = write_tiny_gguf(root / "tiny.gguf", tie=False)
-    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
-        mp.setenv("SPECDECODE_CACHE", str(root / "cache"))
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tiny file's dense linears
         compiled = load_target(root, "cpu", torch.float32, enforce_eager=False, progress=False, gguf=path)
         eager = load_gguf_quantized(path)
