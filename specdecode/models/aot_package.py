@@ -7,7 +7,8 @@ and C++ GEMM settings) into two packages whose constants are the frozen, packed 
 runs inside the package through AOTInductor's proxy executor and writes the cache in place.
 
 A package's key covers everything its code and constants depend on: the weights' bytes, the config, dtype
-and device, the code of the modules traced into it (their syntax trees: docstrings, comments and layout aside),
+and device, the code of the modules traced into it and of the C++ kernels it calls (docstrings, comments and layout
+aside),
 torch's version, inductor's settings, the CPU and the thread count. Any change gives a new key, so a stale
 package is never loaded; packages live under `<cache_root>/aoti/<key>/`, published by an atomic rename. CPU only:
 on CUDA the step stays under torch.compile (no GPU has been lent to measure AOTInductor there).
@@ -28,6 +29,7 @@ import inspect
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -70,6 +72,17 @@ def code(source: str) -> str:
     return ast.dump(tree)
 
 
+# A C++ comment, or a string or character literal (matched whole, so a "//" or "/*" inside one is no comment).
+C_TOKENS = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL)
+
+
+def c_code(source: str) -> str:
+    """A C++ kernel's code without its comments, indentation and blank lines, as `code` is for Python: a comment
+    edit in a kernel keeps every package's key (it had made every package compile again)."""
+    text = C_TOKENS.sub(lambda m: " " if m.group(0)[0] == "/" else m.group(0), source)
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def _docstring(node: ast.AST) -> bool:
     first = node.body[0] if node.body else None
     return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
@@ -91,12 +104,12 @@ def package_key(model: LlamaModel) -> str:
         "cpu": (platform.machine(), cpu_model(), torch.backends.cpu.get_cpu_capability()),
         "threads": torch.get_num_threads(),
         "source": [code(inspect.getsource(m)) for m in (llama, attention, few_rows, sys.modules[__name__])],
-        "kernels": [p.read_text() for p in few_rows.SOURCES],
+        "kernels": [c_code(p.read_text()) for p in few_rows.SOURCES],
     }
     if quantized:  # the op's source and how modules are built; the constants by name, shape and type only
         described["quantized"] = {
             "source": [code(inspect.getsource(m)) for m in (quant_rows, quant_int8, gguf_quantized)]
-            + [quant_rows.SOURCE.read_text(), quant_int8.SOURCE.read_text()],
+            + [c_code(quant_rows.SOURCE.read_text()), c_code(quant_int8.SOURCE.read_text())],
             "modules": repr(model),
             "constants": [(n, list(t.shape), str(t.dtype)) for n, t in _constants(model, "").items()],
         }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import specdecode.bench.long_context as lc
@@ -135,6 +136,33 @@ def test_verdict_against_the_best_fixed_arm(figures, best, met):
     v = verdict(figures, arms)
     assert v["best_fixed"] == best and v["met"] is met
     assert v["ratio"] == pytest.approx(figures["goodput"]["tokens_per_s"] / figures[best]["tokens_per_s"])
+
+
+def repeated(**tps: list[float]) -> dict[str, dict]:
+    return {
+        k.replace("_", ":"): {"tokens_per_s": float(np.median(v)), "tokens_per_s_repeats": v} for k, v in tps.items()
+    }
+
+
+HELD_OUT = dict(none=[5.0, 5.0], fixed_1=[10.0, 10.0], fixed_2=[7.0, 14.0], goodput=[10.0, 10.0])
+
+
+def test_held_out_scores_the_arm_chosen_on_the_other_repeats():
+    """fixed:2's one lucky repeat makes it the best arm in-sample (10.5 against 10.0). Chosen on the other repeat,
+    it is picked once (and scores 7 there) and fixed:1 once (10): goodput's 10 is 0.95x in-sample, 1.18x held out."""
+    arms = parse_arms(["none", "fixed:1", "fixed:2", "goodput"], 5, ())
+    v = verdict(repeated(**HELD_OUT), arms)
+    assert v["best_fixed"] == "fixed:2" and v["ratio"] == pytest.approx(10 / 10.5) and not v["met"]
+    assert v["held_out_chosen"] == ["fixed:2", "fixed:1"] and v["held_out_ratio"] == pytest.approx(10 / 8.5)
+    assert v["held_out_met"]
+
+
+def test_control_choosing_on_the_scored_repeat_too_is_the_in_sample_bias(monkeypatch):
+    """Negative control: picking the arm on every repeat, the scored one included, gives the biased figure back."""
+    arms = parse_arms(["none", "fixed:1", "fixed:2", "goodput"], 5, ())
+    monkeypatch.setattr(lc, "held_out_best", lambda repeats, fixed, j: max(fixed, key=lambda n: sum(repeats[n])))
+    v = verdict(repeated(**HELD_OUT), arms)
+    assert v["held_out_ratio"] == pytest.approx(v["ratio"]) and not v["held_out_met"]
 
 
 def test_the_command_writes_json_and_plot(tmp_path, capsys):

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from specdecode.models import aot_package, llama
+from specdecode.models import aot_package, few_rows, llama, quant_int8, quant_rows
 from specdecode.models.compiled import compile_step
 from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 
@@ -116,3 +116,18 @@ def test_the_key_reads_code_not_prose():
     assert aot_package.code(src) == aot_package.code(prose) != aot_package.code(changed)
     real = inspect.getsource(llama)
     assert aot_package.code(real) == aot_package.code(real.replace('"""', '"""Reworded. ', 1))
+
+
+def test_a_kernel_comment_keeps_the_key():
+    """The same for the C++ kernels a package calls: comments and layout aside, a comment marker inside a string
+    literal kept (it is code); the control changes one constant."""
+    src = 'int f(int x) {\n    return x + 1;  // one\n}\nconst char* s = "a // b";\n'
+    prose = '/* The kernel.\n   Two lines. */\nint f(int x) {\n  return x + 1;\n}\n\nconst char* s = "a // b";  // c\n'
+    changed = 'int f(int x) {\n    return x + 2;  // one\n}\nconst char* s = "a // b";\n'
+    literal = 'int f(int x) {\n    return x + 1;  // one\n}\nconst char* s = "a // c";\n'
+    assert aot_package.c_code(src) == aot_package.c_code(prose)
+    assert len({aot_package.c_code(s) for s in (src, changed, literal)}) == 3
+    for path in (*few_rows.SOURCES, quant_rows.SOURCE, quant_int8.SOURCE):
+        real = path.read_text()
+        assert "//" in real and aot_package.c_code(real) == aot_package.c_code(real.replace("//", "// Reworded.", 1))
+        assert aot_package.c_code(real) != aot_package.c_code(real.replace("return", "return -", 1))

@@ -67,7 +67,8 @@ def test_control_a_key_blind_to_the_content_serves_stale_files(smollm2_dir, tmp_
     assert tokenizer_files.load_tokenizer(path).apply_chat_template(CHAT, tokenize=False) == before  # stale
 
 
-def test_at_most_kept_tokenizers_stay(smollm2_dir, tmp_path, parses):
+def test_at_most_kept_tokenizers_stay(smollm2_dir, tmp_path, parses, monkeypatch):
+    monkeypatch.setattr(tokenizer_files, "KEPT", 2)
     dirs = []
     for i in range(tokenizer_files.KEPT + 1):
         path = tokenizer_dir(smollm2_dir, tmp_path / f"t{i}")
