@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 KEPT = 4  # parsed tokenizers kept, most recently used first (Qwen2.5's 151,936 tokens: ~100 MB each)
 WEIGHTS = (".safetensors", ".bin", ".gguf", ".pt", ".pth")  # never read by a tokenizer: not hashed
+LARGE = 64 * 2**20  # bytes: a larger file (another format's weights, say) is keyed by its size and mtime alone
 
 _kept: OrderedDict[str, PreTrainedTokenizerBase] = OrderedDict()
 _lock = threading.Lock()
@@ -32,6 +33,8 @@ def files_key(model_dir: Path) -> str:
         h.update(path.name.encode() + b"\0")
         if path.name == "config.json":
             h.update(str(json.loads(path.read_text()).get("model_type")).encode())
+        elif (stat := path.stat()).st_size > LARGE:
+            h.update(f"{stat.st_size} {stat.st_mtime_ns}".encode())
         else:
             h.update(path.read_bytes())
         h.update(b"\0")
