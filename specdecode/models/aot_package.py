@@ -7,10 +7,9 @@ and C++ GEMM settings) into two packages whose constants are the frozen, packed 
 runs inside the package through AOTInductor's proxy executor and writes the cache in place.
 
 A package's key covers everything its code and constants depend on: the weights' bytes, the config, dtype
-and device, the code of the modules traced into it and of the C++ kernels it calls (docstrings, comments and layout
-aside),
-torch's version, inductor's settings, the CPU and the thread count. Any change gives a new key, so a stale
-package is never loaded; packages live under `<cache_root>/aoti/<key>/`, published by an atomic rename. CPU only:
+and device, the code of the modules traced into it and of the C++ kernels it calls (docstrings, comments and
+layout aside), torch's version, inductor's settings, the CPU and the thread count. Any change gives a new key, so a
+stale package is never loaded; packages live under `<cache_root>/aoti/<key>/`, published by an atomic rename. CPU only:
 on CUDA the step stays under torch.compile (no GPU has been lent to measure AOTInductor there).
 
 A model whose linears keep GGUF blocks (models/gguf_quantized.py) is packaged differently: nothing is frozen
