@@ -13,7 +13,6 @@ import pytest
 from safetensors.numpy import load_file
 
 from specdecode.models import quant_int8, quant_rows
-from specdecode.models.disk_cache import cache_root
 from specdecode.models.loader import BUILTIN_MODELS, resolve_model_dir
 from specdecode.models.provision import ProvisionError, check_installed
 from specdecode.models.torch_op import compiler
@@ -50,15 +49,6 @@ def quant_rows_kernel() -> None:
 @pytest.fixture(scope="module")
 def quant_int8_kernel() -> None:
     build_kernel(quant_int8.library)
-
-
-@pytest.fixture(scope="session")
-def tiny_packages() -> Path:
-    """The step-package cache tiny_target's plain AOT step (no few-rows GEMM) is compiled into and loaded from by
-    test_aot_package and test_compiled: the user's, as for the suite's other compiled steps. tiny_target's weights
-    are seeded, so its package's key is the same from run to run and a later run loads it (a compile takes ~22 s
-    on two cores; a session's own directory compiled it, and the changed-weights copy, on every run)."""
-    return cache_root()
 
 
 @pytest.fixture(scope="session")

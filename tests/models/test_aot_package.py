@@ -1,5 +1,9 @@
 """AOTInductor packages of the compiled step (models/aot_package.py): compiled once, loaded from disk after,
-never loaded for other weights, compiled again when unreadable."""
+never loaded for other weights, compiled again when unreadable.
+
+The packages are the user's cache's, as for the suite's other compiled steps (test_compiled loads the tiny
+target's from there): tiny_target's weights are seeded, so a package's key is the same from run to run and a later
+run loads it (a compile takes ~22 s on two cores)."""
 
 from __future__ import annotations
 
@@ -12,18 +16,12 @@ import torch
 
 from specdecode.models import aot_package, few_rows, llama, quant_int8, quant_rows
 from specdecode.models.compiled import compile_step
+from specdecode.models.disk_cache import cache_root
 from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 
 
-@pytest.fixture(scope="module")
-def package_root(tiny_packages):
-    """Where the packages of this module's models are (conftest's tiny_packages: the user's cache, which
-    test_compiled loads the same package from)."""
-    return tiny_packages
-
-
 @pytest.fixture
-def compiles(package_root, monkeypatch):
+def compiles(monkeypatch):
     """The keys of the compiles the real compiler runs during a test."""
     calls: list[str] = []
     real = aot_package.compile_packages
@@ -81,12 +79,12 @@ def test_control_a_key_blind_to_the_weights_serves_stale_logits(tiny_target, com
     assert logits_gap(changed, changed_eager) > 1e-2
 
 
-def test_an_unreadable_package_is_compiled_again(tiny_target, package_root, monkeypatch, tmp_path):
+def test_an_unreadable_package_is_compiled_again(tiny_target, monkeypatch, tmp_path):
     """The compile that replaces the truncated package writes the pristine package's bytes: what is checked here
     is that an unreadable package is thrown away, compiled again and the new one served; the compiler itself
     runs for real in the test above (a second real compile of the same model took 22 s of the suite)."""
     _, eager = compiled_copy(tiny_target)
-    package = package_root / "aoti" / aot_package.package_key(eager)
+    package = cache_root() / "aoti" / aot_package.package_key(eager)
     pristine = shutil.copytree(package, tmp_path / "pristine")
     monkeypatch.setattr(
         aot_package, "compile_packages", lambda model, out: shutil.copytree(pristine, out, dirs_exist_ok=True)

@@ -32,12 +32,10 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def models(tiny_target, tiny_packages):
+def models(tiny_target):
     eager = load_llama(tiny_target, inference=False)
     compiled = load_llama(tiny_target, inference=False)
-    with pytest.MonkeyPatch.context() as mp:  # the package test_aot_package compiled, if it ran first
-        mp.setenv("SPECDECODE_CACHE", str(tiny_packages))
-        compile_step(compiled, progress=False)
+    compile_step(compiled, progress=False)  # the package test_aot_package compiled, if it ran first
     assert compiled.step.compiled and not isinstance(compiled.step.body, torch.nn.Module)  # a package, not dynamo
     return eager, compiled
 
@@ -169,12 +167,11 @@ def test_compiled_engine_greedy_equals_eager_plain(method, tiny_target, tiny_dra
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain_tokens
 
 
-def test_large_forwards_run_on_the_eager_twin(tiny_target, tiny_packages, monkeypatch):
+def test_large_forwards_run_on_the_eager_twin(tiny_target, monkeypatch):
     """Without the few-rows GEMM, load_target sends forwards over COMPILED_MAX_ROWS tokens to the packed eager
     twin, with the same result."""
     monkeypatch.setattr(compiled_module.few_rows, "available", lambda device, dtype: False)
-    monkeypatch.setenv("SPECDECODE_CACHE", str(tiny_packages))  # the models fixture's package
-    model = load_target(tiny_target, "cpu", torch.float32, enforce_eager=False, progress=False)
+    model = load_target(tiny_target, "cpu", torch.float32, enforce_eager=False, progress=False)  # models' package
     eager = load_llama(tiny_target)
     rows = COMPILED_MAX_ROWS + 1
     assert model.step.for_rows(rows) is model.step.large and model.step.for_rows(rows - 1) is model.step
