@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 
@@ -15,21 +14,6 @@ from tests.tiny import write_tiny_model
 # tests/test_real_model.py): compiling each of the suite's hundreds of engines would take hours. Servers and
 # commands the tests start inherit this too.
 os.environ.setdefault("SPECDECODE_ENFORCE_EAGER", "1")
-
-
-@pytest.fixture(scope="session", autouse=True)
-def keep_every_step_package():
-    """The suite compiles about a dozen steps into the user's cache (tiny models with and without the few-rows
-    GEMM, SmolLM2's quantized, int8 and fp32 steps, the pair) and comes back to some of them across files:
-    with the four packages a user keeps (models/aot_package.py MAX_PACKAGES), tests/server/test_compiled_server
-    found the tiny target's package pruned by the files in between and compiled it again (~20 s). For the
-    session, none is pruned (they are a few MB each, SmolLM2's fp32 one ~0.6 GB); a test that passes its own
-    limit (test_aot_package's prune test) still gets it, and a user's next compile prunes down to four."""
-    from specdecode.models import aot_package
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(aot_package, "prune", functools.partial(aot_package.prune, max_packages=1000))
-        yield
 
 
 @pytest.fixture(scope="session")

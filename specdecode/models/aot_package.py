@@ -30,7 +30,6 @@ import os
 import platform
 import re
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from torch.export import Dim
 
 from specdecode.hardware import cpu_model
 from specdecode.models import attention, few_rows, gguf_quantized, llama, quant_int8, quant_rows
-from specdecode.models.disk_cache import build_once, cache_root, check_tree, private_dir, remove_least_recent
+from specdecode.models.disk_cache import build_once, cache_root, check_tree, private_dir, remove_beyond_bytes
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 
 FORMAT = 1  # bump when what a package holds, or how it is called, changes
@@ -53,7 +52,11 @@ INDUCTOR_SETTINGS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_
 QUANTIZED_SETTINGS = {**INDUCTOR_SETTINGS, "freezing": False, "aot_inductor.package_constants_in_so": False}
 # Export bounds: far past any step the engine runs (a shape outside them would be refused by the package).
 MAX_ROWS, MAX_LEN = 1 << 16, 1 << 24
-MAX_PACKAGES = 4  # packages kept on disk, most recently used first (SmolLM2-135M's are ~1 GB)
+# Packages kept on disk, most recently used first, up to this many bytes besides the one in use. A quantized
+# model's package is a few MB of code (its weights stay in the GGUF), an fp32 model's holds its packed weights
+# (SmolLM2-135M's: 0.25-0.6 GB): counting packages instead had a user who moved between five quantized models
+# (the pair's target and draft, SmolLM2, each arithmetic) compile one again (minutes for the 1.5B) for a few MB.
+MAX_PACKAGE_BYTES = 2 << 30
 
 
 def is_quantized(model: nn.Module) -> bool:
@@ -102,7 +105,8 @@ def package_key(model: LlamaModel) -> str:
         "shapes": [torch.fx.experimental._config.use_duck_shape, torch.fx.experimental._config.backed_size_oblivious],
         "cpu": (platform.machine(), cpu_model(), torch.backends.cpu.get_cpu_capability()),
         "threads": torch.get_num_threads(),
-        "source": [code(inspect.getsource(m)) for m in (llama, attention, few_rows, sys.modules[__name__])],
+        "source": [code(inspect.getsource(m)) for m in (llama, attention, few_rows)],
+        "packaging": [code(inspect.getsource(f)) for f in PACKAGING] + [MAX_ROWS, MAX_LEN],
         "kernels": [c_code(p.read_text()) for p in few_rows.SOURCES],
     }
     if quantized:  # the op's source and how modules are built; the constants by name, shape and type only
@@ -146,10 +150,10 @@ def load_or_compile(model: LlamaModel, on_compile: Callable[[], None] | None = N
     return runners
 
 
-def prune(root: Path, keep: Path, max_packages: int = MAX_PACKAGES) -> None:
-    """Delete all but the `max_packages` most recently used packages under `root` (`keep` always stays): each
-    is a copy of a model's weights, and every change to the model's source gives a new key."""
-    remove_least_recent([p for p in root.iterdir() if p.is_dir() and p != keep], max_packages - 1)
+def prune(root: Path, keep: Path, max_bytes: int = MAX_PACKAGE_BYTES) -> None:
+    """Delete the least recently used packages under `root` until the others fit in `max_bytes` (`keep` always
+    stays): an fp32 package is a copy of a model's weights, and every change to the traced code gives a new key."""
+    remove_beyond_bytes([p for p in root.iterdir() if p.is_dir() and p != keep], max_bytes)
 
 
 def compile_packages(model: LlamaModel, out: Path) -> None:
@@ -208,6 +212,10 @@ def _constants(model: nn.Module, prefix: str = "model.") -> dict[str, torch.Tens
     calls its constants ("model." + the model's own name)."""
     tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
     return {prefix + n: t for n, t in tensors}  # a tied tensor under each of its names
+
+
+# What of this module shapes a package (the rest finds, loads and prunes them, and may change without a new key).
+PACKAGING = (compile_packages, Body, Head, _body_example, _constants)
 
 
 def _load(path: Path, model: LlamaModel) -> Callable:

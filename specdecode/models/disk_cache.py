@@ -88,6 +88,24 @@ def remove_least_recent(dirs: list[Path], room: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under `path` (what removing it frees)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def remove_beyond_bytes(dirs: list[Path], budget: int) -> None:
+    """Delete the least recently used of `dirs` (their mtime) until the rest fit in `budget` bytes: from the most
+    recent down, the first that does not fit goes, and everything older with it."""
+    newest_first = sorted(dirs, key=lambda p: p.stat().st_mtime, reverse=True)
+    total = 0
+    for i, path in enumerate(newest_first):
+        total += tree_bytes(path)
+        if total > budget:
+            for old in newest_first[i:]:
+                shutil.rmtree(old, ignore_errors=True)
+            return
+
+
 def _publish(tmp: Path, final: Path) -> None:
     """Rename the finished build into place; it stays 0700, as mkdtemp made it."""
     try:

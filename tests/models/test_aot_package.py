@@ -8,6 +8,7 @@ run loads it (a compile takes ~22 s on two cores)."""
 from __future__ import annotations
 
 import inspect
+import linecache
 import os
 import shutil
 
@@ -16,7 +17,7 @@ import torch
 
 from specdecode.models import aot_package, few_rows, llama, quant_int8, quant_rows
 from specdecode.models.compiled import compile_step
-from specdecode.models.disk_cache import cache_root
+from specdecode.models.disk_cache import cache_root, remove_least_recent
 from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
 
 
@@ -97,12 +98,77 @@ def test_an_unreadable_package_is_compiled_again(tiny_target, monkeypatch, tmp_p
     assert compiled == [package] and logits_gap(again, eager) < 1e-4
 
 
-def test_prune_keeps_the_most_recently_used(tmp_path):
-    for i in range(6):
-        (tmp_path / f"p{i}").mkdir()
-        os.utime(tmp_path / f"p{i}", (i, i))
-    aot_package.prune(tmp_path, keep=tmp_path / "p0", max_packages=3)
+def packages(root, sizes_mb: list[float]) -> list:
+    """Package directories p0, p1, ... under root, p{i} used at time i and holding a sparse file of sizes_mb[i] MB."""
+    paths = []
+    for i, mb in enumerate(sizes_mb):
+        path = root / f"p{i}"
+        path.mkdir()
+        with open(path / aot_package.BODY, "wb") as f:
+            f.truncate(int(mb * 2**20))
+        os.utime(path, (i, i))
+        paths.append(path)
+    return paths
+
+
+def test_prune_keeps_the_most_recent_within_its_bytes(tmp_path):
+    """From the most recent down, packages are kept while they fit; the first that does not goes with all older
+    ones, and the package in use stays whatever its age and size."""
+    packages(tmp_path, [300, 1, 1, 1.5, 1, 1])
+    aot_package.prune(tmp_path, keep=tmp_path / "p0", max_bytes=int(2.5 * 2**20))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p0", "p4", "p5"]
+
+
+def test_a_user_of_five_quantized_models_and_an_fp32_one_keeps_them_all(tmp_path):
+    """A quantized model's package is a few MB (its weights stay in the GGUF), an fp32 one SmolLM2's ~0.6 GB:
+    moving among the pair's target and draft and SmolLM2, in both arithmetics, compiles none of them again."""
+    packages(tmp_path, [600, 5, 5, 4, 4, 3, 3])
+    aot_package.prune(tmp_path, keep=tmp_path / "p6")
+    assert len(list(tmp_path.iterdir())) == 7
+
+
+def test_control_a_prune_by_count_deletes_them(tmp_path, monkeypatch):
+    """The former rule (the four most recently used) through the same check: the fp32 package and two of the
+    quantized ones are gone, and the next load of each would compile again (minutes for the 1.5B)."""
+    packages(tmp_path, [600, 5, 5, 4, 4, 3, 3])
+    by_count = lambda dirs, budget: remove_least_recent(dirs, 3)  # noqa: E731 - the fault
+    monkeypatch.setattr(aot_package, "remove_beyond_bytes", by_count)
+    aot_package.prune(tmp_path, keep=tmp_path / "p6")
+    assert len(list(tmp_path.iterdir())) == 4
+
+
+def edited(monkeypatch, name: str, old: str, new: str) -> None:
+    """aot_package's source as inspect reads it, with `old` replaced by `new` inside the definition `name` (one
+    line for one: the definitions below keep their line numbers)."""
+    path = inspect.getsourcefile(aot_package)
+    lines = list(linecache.getlines(path))
+    first = inspect.getsourcelines(getattr(aot_package, name))[1] - 1
+    at = next(i for i in range(first, len(lines)) if old in lines[i])
+    lines[at] = lines[at].replace(old, new)
+    monkeypatch.setitem(linecache.cache, path, (sum(map(len, lines)), None, lines, path))
+
+
+@pytest.mark.parametrize("name, old, new", [("prune", "max_bytes)", "max_bytes // 2)"), ("_load", "is_file", "exists")])
+def test_an_edit_that_shapes_no_package_keeps_the_key(tiny_target, monkeypatch, name, old, new):
+    """How packages are found, loaded and pruned is not in them: an edit there keeps every key (hashing the whole
+    module had made every package compile again); an edit to how one is exported moves it."""
+    model = load_llama(tiny_target, inference=False)
+    before = aot_package.package_key(model)
+    with monkeypatch.context() as m:
+        edited(m, name, old, new)
+        assert aot_package.package_key(model) == before
+    with monkeypatch.context() as m:
+        edited(m, "_body_example", "cache = model.new_cache(3, 16)", "cache = model.new_cache(3, 17)")
+        assert aot_package.package_key(model) != before
+
+
+def test_control_a_key_over_the_whole_module_moves_with_a_prune_edit(tiny_target, monkeypatch):
+    """The same edit to `prune` with the module itself among what is hashed (the former key): it moves."""
+    model = load_llama(tiny_target, inference=False)
+    monkeypatch.setattr(aot_package, "PACKAGING", (*aot_package.PACKAGING, aot_package))
+    before = aot_package.package_key(model)
+    edited(monkeypatch, "prune", "max_bytes)", "max_bytes // 2)")
+    assert aot_package.package_key(model) != before
 
 
 def test_the_key_reads_code_not_prose():
