@@ -333,6 +333,15 @@ class EngineConfig:
         action="store_true",
         default=None,
     )
+    # A step's prompt chunks ride in its decode and verify forward (engine.py `_verify`), cut into rows of the step's
+    # width on the prompt's own cache slot, instead of a forward of their own that reads every weight again.
+    fused_prefill: bool = setting(
+        True,
+        help="run prompt chunks in the same target forward as the running requests' decode and verify tokens "
+        "(default; --no-fused-prefill: a forward of their own, as before)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+    )
     tensor_parallel_size: int = setting(  # ranks the target is sharded over (specdecode/engine/launch.py)
         1, help="shard the target over N processes (gloo on CPU, NCCL on CUDA; under torchrun N = WORLD_SIZE)"
     )

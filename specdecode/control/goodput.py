@@ -288,7 +288,10 @@ class GoodputController(ControllerBase):
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
             self.acceptance.update(rid, proposed, accepted)
         num_seqs = len(stats.seqs)
-        if num_seqs and stats.step_time_s > 0:
+        # A step whose forward also cached prompt chunks (fused_prefill) says nothing of a verify's or a probe's
+        # price alone: its time is not learned from (a probe in it goes unpriced).
+        self.widened &= not stats.prefill_tokens
+        if num_seqs and stats.step_time_s > 0 and not stats.prefill_tokens:
             if self.widened:
                 self._price_probe(stats)
             width = stats.num_verified_tokens // num_seqs - 1

@@ -4,7 +4,9 @@ Requests wait in a queue, take a cache slot when one is free, are prefilled in c
 a ragged batch and leave as they finish. K = 0 is plain autoregressive decoding through the same path. A step
 runs at most `max_num_batched_tokens` target tokens (vLLM's chunked prefill): the running requests' decode and
 verify tokens first, then prompt chunks from the rest, so a long prompt arriving never freezes the others; with
-nobody decoding, prompts prefill IDLE_PREFILL_TOKENS (or the budget, if larger) a step.
+nobody decoding, prompts prefill IDLE_PREFILL_TOKENS (or the budget, if larger) a step. The chunks ride in the
+verify forward as rows of its width (`chunk_rows`, `_verify`): each step reads the weights once, not once for the
+decoding rows and again for the prompts.
 
 A failure that belongs to one request fails that request alone (finish reason "error", the message on
 `Sequence.error`) and releases its state; the others of the step go on with the tokens they would have had
@@ -48,6 +50,27 @@ class Verified:
     hidden: torch.Tensor | None  # [num_seqs, k + 1, hidden] post-norm features, when the drafter reads them
     logprobs: list[list[TokenLogprob] | None]  # per row, of each emitted token, when the request asked
     broken: torch.Tensor  # [num_seqs] bool: the row's own logits held NaN or +inf (verified as zeros, not kept)
+    chunk_hidden: torch.Tensor | None = None  # [chunk rows, k + 1, hidden] of the prompt chunks that rode along
+
+
+Chunk = tuple[Sequence, list[int]]  # a prompt chunk to cache this step: its request, and the tokens from num_prefilled
+
+
+def chunk_rows(chunks: list[Chunk], width: int) -> list[tuple[Sequence, int, list[int]]]:
+    """Each chunk cut into rows of `width` tokens on its request's slot, (request, first position, tokens) each: in
+    one forward a row attends to the rows before it on the same slot, whose K/V the attention op writes first."""
+    return [
+        (seq, seq.num_prefilled + i, tokens[i : i + width])
+        for seq, tokens in chunks
+        for i in range(0, len(tokens), width)
+    ]
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (a quantized model's blocks are buffers): what a forward of its
+    own reads again."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}  # tied tensors once
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def quarantine(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,6 +143,10 @@ class Engine:
         self.cache = target.new_cache(config.max_num_seqs, max_model_len)
         # Feature drafters (eagle, medusa, mtp) read the target's hidden states through observe_features().
         self._needs_features = drafter.needs_features
+        # Prompt chunks ride in the verify forward (`_verify`), unless switched off or the target is sharded: the
+        # tensor-parallel workers repeat LlamaModel forwards, not a body whose rows are scored apart.
+        self._fused_prefill = config.fused_prefill and isinstance(target, LlamaModel)
+        self._weight_bytes = weight_bytes(target) if self._fused_prefill else 0
         drafter.bind_target_cache(self.cache)  # drafters that read the target's own K/V (layer_skip)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -193,17 +220,20 @@ class Engine:
     # ---- the step -------------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[SeqUpdate]:
-        """One step within the token budget: the running requests decode and verify, then prompts are
-        prefilled with the budget's rest. A request whose prefill ends here gets its first token next step."""
+        """One step within the token budget: the running requests decode and verify, and prompts are prefilled
+        with the budget's rest, in the same target forward (or one of their own with nobody decoding, or with
+        fused_prefill off). A request whose prefill ends here gets its first token next step."""
         self._failed: list[SeqUpdate] = []
         self._admit()
         decoding = [s for s in self.running if s.status is Status.RUNNING]
         self._verified_tokens = 0  # set by _decode: the target tokens its verify forward ran
+        self._chunks_taken = False  # set by _decode when this step's prompt chunks rode in its forward
         updates = self._decode(decoding) if decoding else []
-        budget = self.config.max_num_batched_tokens - self._verified_tokens
-        if not decoding:  # no stream waits on this step: prompts take the larger of the budget and an idle chunk
-            budget = max(budget, IDLE_PREFILL_TOKENS)
-        self._prefill_chunks(max(budget, MIN_PREFILL_TOKENS))
+        if not self._chunks_taken:
+            budget = self.config.max_num_batched_tokens - self._verified_tokens
+            if not decoding:  # no stream waits on this step: prompts take the larger of the budget and an idle chunk
+                budget = max(budget, IDLE_PREFILL_TOKENS)
+            self._prefill_chunks(max(budget, MIN_PREFILL_TOKENS))
         self._retire_finished()  # after the controller observed the step, so nothing re-creates their state
         return self._failed + updates
 
@@ -264,37 +294,53 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - its drafter state: this request alone
             self._fail(seq, e)
 
+    def _next_chunks(self, budget: int) -> list[Chunk]:
+        """The next chunk of prompt[:-1] of each prefilling sequence, at most `budget` tokens in all, oldest request
+        first (a chunk may be empty: a prompt with nothing left to cache, which `_prefilled` starts decoding)."""
+        picked = []
+        for seq in self.running:
+            if seq.status is not Status.PREFILLING or budget <= 0:
+                continue
+            chunk = seq.prompt_ids[seq.num_prefilled : min(seq.num_prefilled + budget, seq.num_cached)]
+            budget -= len(chunk)
+            picked.append((seq, chunk))
+        return picked
+
     def _prefill_chunks(self, budget: int) -> None:
-        """Cache the next chunk of prompt[:-1] of prefilling sequences, at most `budget` tokens in all, oldest
-        request first. A prompt cut anywhere gives the K/V it gives whole: each chunk attends to the cached ones.
+        """Cache the next prompt chunks (`_next_chunks`) in forwards of their own. A prompt cut anywhere gives the
+        K/V it gives whole: each chunk attends to the cached ones.
 
         The last prompt token stays pending: the first decode step feeds it with the first drafts, so every
         output token, the first included, comes from one verification path. The drafter gets the request
         (add_sequence) once its whole prompt is cached; feature drafters see each chunk's features as it runs.
         """
-        slots, chunks, seqs = [], [], []
-        for seq in self.running:
-            if seq.status is not Status.PREFILLING or budget <= 0:
-                continue
-            chunk = seq.prompt_ids[seq.num_prefilled : min(seq.num_prefilled + budget, seq.num_cached)]
+        picked = self._next_chunks(budget)
+        chunks = [(seq, c) for seq, c in picked if c]
+        hidden: list[torch.Tensor | None] = [None] * len(chunks)  # [len(chunk), hidden] each, for feature drafters
+        for group in pad_groups([len(c) for _, c in chunks], PAD_SLACK):  # chunks of unlike lengths: separate forwards
+            g_chunks = [chunks[i] for i in group]
+            out = forward_ragged(
+                self.target,
+                self.cache,
+                [s.slot for s, _ in g_chunks],
+                [c for _, c in g_chunks],
+                True,
+                self._needs_features,
+            )
+            if self._needs_features:
+                for b, i in enumerate(group):
+                    hidden[i] = out[1][b, : len(chunks[i][1])]  # out[1]: [len(group), longest chunk, hidden]
+        self._prefilled(picked, dict(zip((id(s) for s, _ in chunks), hidden, strict=True)))
+
+    def _prefilled(self, chunks: list[Chunk], hidden: dict[int, torch.Tensor | None]) -> None:
+        """Bookkeeping once `chunks` are cached: features to the drafter (hidden, by id of the request: [len(chunk),
+        hidden] each), the cache lengths, and requests whose prompt is whole start decoding."""
+        for seq, chunk in chunks:
             if chunk:
-                slots.append(seq.slot)
-                chunks.append(chunk)
-                budget -= len(chunk)
-            seqs.append((seq, len(chunk)))
-        if chunks:
-            self.num_prefill_tokens += sum(len(c) for c in chunks)
-            chunked = [seq for seq, n in seqs if n]  # the owner of each chunk
-            for group in pad_groups([len(c) for c in chunks], PAD_SLACK):  # chunks of unlike lengths: separate forwards
-                g_slots, g_chunks = [slots[i] for i in group], [chunks[i] for i in group]
-                out = forward_ragged(self.target, self.cache, g_slots, g_chunks, True, self._needs_features)
+                self.num_prefill_tokens += len(chunk)
                 if self._needs_features:
-                    hidden = out[1]  # [len(group), longest chunk of the group, hidden]
-                    for b, i in enumerate(group):
-                        seq = chunked[i]
-                        self.drafter.observe_features(seq, seq.num_prefilled, hidden[b, : len(chunks[i])])
-        for seq, n in seqs:
-            seq.num_prefilled += n
+                    self.drafter.observe_features(seq, seq.num_prefilled, hidden[id(seq)])
+            seq.num_prefilled += len(chunk)
             self.cache.set_length(seq.slot, seq.num_prefilled)
             if seq.num_prefilled == seq.num_cached:
                 seq.status = Status.RUNNING
@@ -324,7 +370,8 @@ class Engine:
             st = sampling_tensors(seqs, self.device, vocab)
         proposal = self.controller.truncate(seqs, proposal)  # draft-side only: verification stays lossless
         t1 = time.perf_counter()
-        verified = self._verify(seqs, proposal, st)  # verify
+        chunks = self._riding_chunks(len(seqs), proposal.token_ids.shape[1] + 1)
+        verified = self._verify(seqs, proposal, st, chunks)  # verify (and cache the prompt chunks)
         result = verified.result
         num_proposed = proposal.num_tokens.tolist()
         num_accepted = result.num_accepted.tolist()
@@ -346,6 +393,10 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - its grammar, stop strings or detokenizer: this request alone
                 self._fail(seq, e)
         self._after_commit(seqs, verified)
+        if self._chunks_taken:
+            self._prefilled(
+                chunks, self._chunk_features(chunks, verified.chunk_hidden if self._needs_features else None)
+            )
         self._verified_tokens = len(seqs) * (proposal.token_ids.shape[1] + 1)
         self.last_step = StepStats(
             seqs,
@@ -356,9 +407,47 @@ class Engine:
             mean_context_len=context,
             propose_time_s=t1 - t0,
             verify_time_s=t2 - t1,
+            prefill_tokens=sum(len(c) for _, c in chunks),
         )
         self.controller.observe(self.last_step)  # control
         return updates
+
+    def _riding_chunks(self, num_seqs: int, width: int) -> list[Chunk]:
+        """The prompt chunks this step's verify forward of `num_seqs` rows of `width` caches too: the budget its
+        decode and verify tokens leave, as a forward of their own would have had. None with fused_prefill off,
+        or where riding costs more than it saves (`_rides`): the step then runs them in a forward of their own."""
+        if not self._fused_prefill:
+            return []
+        chunks = self._next_chunks(max(self.config.max_num_batched_tokens - num_seqs * width, MIN_PREFILL_TOKENS))
+        if not all(self._rides(seq, len(chunk), width) for seq, chunk in chunks):
+            return []
+        self._chunks_taken = True
+        return chunks
+
+    def _rides(self, seq: Sequence, length: int, width: int) -> bool:
+        """Whether a chunk of `length` tokens of `seq` is cheaper in rows of `width` in the verify forward than in a
+        forward of its own. Each row reads the prompt's cached K/V before it (the attention op reads a row's
+        cache once for all its queries), so rows of one or two tokens read them length / width times; a forward
+        of its own reads every weight again. The chunk rides while the extra K/V reads are fewer bytes: the first
+        few hundred tokens of a prompt beside one-token steps, more beside wide verify steps."""
+        rows = -(-length // width)
+        return (rows - 1) * (seq.num_prefilled + length) * self._kv_bytes_per_token() <= self._weight_bytes
+
+    def _kv_bytes_per_token(self) -> int:
+        layers, _, kv_heads, _, head_dim = self.cache.k.shape  # [layers, slots, kv_heads, len + 1, head_dim]
+        return 2 * layers * kv_heads * head_dim * self.cache.k.element_size()  # K and V
+
+    def _chunk_features(self, chunks: list[Chunk], hidden: torch.Tensor | None) -> dict[int, torch.Tensor | None]:
+        """Each chunk's features [len(chunk), hidden] by id of its request, from its rows of the verify forward
+        (hidden [chunk rows, width, hidden], in `chunk_rows` order); Nones without a feature drafter."""
+        if hidden is None:
+            return {id(seq): None for seq, _ in chunks}
+        features, row = {}, 0
+        for seq, tokens in chunks:
+            rows = -(-len(tokens) // hidden.shape[1])
+            features[id(seq)] = hidden[row : row + rows].flatten(0, 1)[: len(tokens)]  # [len(chunk), hidden]
+            row += rows
+        return features
 
     def _clamp_k(self, seqs: list[Sequence], ks: list[int]) -> list[int]:
         # Never draft past the context, nor more than the request can still emit (one token is always the bonus).
@@ -367,8 +456,11 @@ class Engine:
             for s, k in zip(seqs, ks, strict=True)
         ]
 
-    def _verify(self, seqs: list[Sequence], proposal: Proposal, st: SamplingTensors) -> Verified:
-        """Score (pending, drafts) for every row in one target forward, then accept or reject.
+    def _verify(
+        self, seqs: list[Sequence], proposal: Proposal, st: SamplingTensors, chunks: list[Chunk] | None = None
+    ) -> Verified:
+        """Score (pending, drafts) for every row in one target forward, then accept or reject; prompt `chunks` ride
+        in the same forward as rows of its width (`chunk_rows`), scored by nobody.
 
         A chain is scored causally; a tree with its ancestor mask and positions by depth (verify/tree_layout.py).
         Penalties, logit_bias and grammars adjust the logits at each position for the drafts on its path.
@@ -379,11 +471,25 @@ class Engine:
         pending = torch.tensor([[s.token_ids[-1]] for s in seqs], dtype=torch.long, device=self.device)
         tokens = torch.cat([pending, proposal.token_ids.clamp(min=0)], dim=1)  # [num_seqs, k + 1]
         slots, starts = [s.slot for s in seqs], [s.num_cached for s in seqs]
+        num_new = proposal.num_tokens + 1  # [num_seqs]
+        rows = chunk_rows([c for c in chunks or [] if c[1]], tokens.shape[1])
+        if rows:
+            tokens, depth, mask, num_new = self._with_chunk_rows(tokens, depth, mask, num_new, rows)
+            slots += [seq.slot for seq, _, _ in rows]
+            starts += [start for _, start, _ in rows]
         meta = AttentionMetadata.build(
-            slots, starts, tokens.shape[1], self.device, depth, mask, proposal.num_tokens + 1, self.cache.max_len
+            slots, starts, tokens.shape[1], self.device, depth, mask, num_new, self.cache.max_len
         )
-        out = self.target(tokens, meta, self.cache, return_hidden=self._needs_features)
-        logits, hidden = out if self._needs_features else (out, None)  # [num_seqs, k + 1, vocab], [.., hidden]
+        chunk_hidden = None
+        if rows:  # the body over every row, the head over the verified ones only
+            hidden = self.target(tokens, meta, self.cache, tokens.new_empty(len(tokens), 0), return_hidden=True)[1]
+            scored, chunk_hidden = hidden[: len(seqs)], hidden[len(seqs) :]  # [num_seqs, k + 1, hidden], [rows, ..]
+            head = self.target.step.for_rows(tokens.numel()).head
+            logits = head(scored.flatten(0, 1)).view(*scored.shape[:2], -1)  # [num_seqs, k + 1, vocab]
+            hidden = scored if self._needs_features else None
+        else:
+            out = self.target(tokens, meta, self.cache, return_hidden=self._needs_features)
+            logits, hidden = out if self._needs_features else (out, None)  # [num_seqs, k + 1, vocab], [.., hidden]
         if st.adjust is not None:
             logits = st.adjust(logits, paths, allowed)  # [num_seqs, k + 1, vocab]
         logits, broken = quarantine(logits)
@@ -395,7 +501,28 @@ class Engine:
         logprobs = [None] * len(seqs)
         if any(n is not None for n in wanted):
             logprobs = emitted_logprobs(processed_logprobs(logits, st), result, wanted)
-        return Verified(result, starts, hidden, logprobs, broken)
+        return Verified(result, starts[: len(seqs)], hidden, logprobs, broken, chunk_hidden)
+
+    def _with_chunk_rows(
+        self,
+        tokens: torch.Tensor,  # [num_seqs, width] int64
+        depth: torch.Tensor | None,  # [num_seqs, width] a tree's depths, or None
+        mask: torch.Tensor | None,  # [num_seqs, width, width] bool a tree's ancestor mask, or None
+        num_new: torch.Tensor,  # [num_seqs] int64 real tokens per row
+        rows: list[tuple[Sequence, int, list[int]]],
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """The verify batch with the chunk rows below it: tokens padded to the width, causal (a chain's depths
+        and mask) where the batch is a tree, and their real token counts."""
+        width, device = tokens.shape[1], self.device
+        extra = torch.zeros((len(rows), width), dtype=torch.long, device=device)  # [rows, width]
+        for i, (_, _, piece) in enumerate(rows):
+            extra[i, : len(piece)] = torch.tensor(piece, dtype=torch.long, device=device)
+        counts = torch.tensor([len(piece) for _, _, piece in rows], dtype=torch.long, device=device)  # [rows]
+        if depth is not None:
+            chain = torch.arange(width, device=device).expand(len(rows), -1)  # [rows, width]
+            causal = torch.ones((width, width), dtype=torch.bool, device=device).tril().expand(len(rows), -1, -1)
+            depth, mask = torch.cat([depth, chain]), torch.cat([mask, causal])
+        return torch.cat([tokens, extra]), depth, mask, torch.cat([num_new.to(counts.dtype), counts])
 
     def _paths(
         self, proposal: Proposal, tree_mask: torch.Tensor | None, st: SamplingTensors

@@ -19,3 +19,4 @@ class StepStats:
     mean_context_len: float = 0.0  # tokens per row before the step, averaged (attention cost grows with it)
     propose_time_s: float = 0.0  # drafting (and truncation) part of step_time_s
     verify_time_s: float = 0.0  # target forward + acceptance part of step_time_s
+    prefill_tokens: int = 0  # prompt tokens cached in the same target forward (engine.py fused_prefill)

@@ -71,11 +71,12 @@ class World:
         max_num_seqs: int,
         k: int,
         self_draft: bool = False,
+        fused_prefill: bool = True,
     ) -> Engine:
         """An engine wired as LLM wires it, from the preloaded models; `self_draft`: the target drafts for itself
-        (method draft), so every draft is accepted."""
+        (method draft), so every draft is accepted; fused_prefill: EngineConfig's."""
         spec = SpeculativeConfig(method, k, self.drafter_paths.get(method), controller=controller)
-        config = EngineConfig(max_num_seqs, max_len, max_num_batched_tokens=chunk)
+        config = EngineConfig(max_num_seqs, max_len, max_num_batched_tokens=chunk, fused_prefill=fused_prefill)
         draft = (self.target if self_draft else self.draft) if method == "draft" else None
         drafter = make_drafter(DrafterContext(self.target, draft, spec, config, max_len))
         ctl = make_controller(controller, self.target)

@@ -9,11 +9,15 @@ layer skip (the target's cache) and the suffix drafters (an index over the promp
 prompt is checked as well: at every position both runs drafted from, they proposed the same tokens. And the long
 request's log-probabilities agree to float rounding, so a wrong cache that happens to move no argmax is seen.
 
-Negative controls cut the chunk boundaries wrong through the real engine (each chunk after the first starts one
-position early, repeating one, or one late, skipping one) and the same comparison fails.
+A chunk rides in the step's verify forward, cut into rows of the step's width on its own slot (fused_prefill, the
+default), or runs in a forward of its own (fused_prefill off): both are checked. Negative controls cut the chunk
+boundaries wrong through the real engine (each chunk after the first starts one position early, repeating one,
+or one late, skipping one), on either path, and the same comparison fails.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -56,8 +60,12 @@ class Run:
     """One engine run of the scene, with what the test reads of it: tokens, the long prompt's chunks, the
     long request's proposals by position, and each step's target tokens."""
 
-    def __init__(self, world: World, method: str, self_draft: bool, budget: int, monkeypatch) -> None:
-        self.engine = world.engine(method, "fixed", MAX_LEN, budget, 4, K, self_draft)
+    def __init__(
+        self, world: World, method: str, self_draft: bool, budget: int, monkeypatch, fused: bool = True
+    ) -> None:
+        self.engine = world.engine(method, "fixed", MAX_LEN, budget, 4, K, self_draft, fused)
+        if fused:  # every chunk rides: the tiny model's weights are few bytes beside its K/V (`_rides`, tested below)
+            self.engine._weight_bytes = 1 << 40
         self.chunks: list[tuple[int, int]] = []  # (first position, length) of each chunk of the long prompt
         self.proposals: dict[int, tuple] = {}  # long request's pending position -> its drafts (and tree parents)
         self.step_tokens: list[tuple[int, int]] = []  # (decode and verify tokens, prefill tokens) per step
@@ -66,16 +74,25 @@ class Run:
         self._watch(monkeypatch)
 
     def _watch(self, monkeypatch) -> None:
-        forward = engine_module.forward_ragged  # the engine's prefill forwards (decode runs the target directly)
+        prefilled = self.engine._prefilled  # every chunk's bookkeeping, whichever forward cached it
 
-        def seen(model, cache, slots, chunks, last_only, *args, **kwargs):
-            for slot, chunk in zip(slots, chunks, strict=True):
-                if self._long is not None and slot == self._long.slot:
-                    self.chunks.append((cache.lengths[slot], len(chunk)))
-            self._prefill_tokens += sum(map(len, chunks))
-            return forward(model, cache, slots, chunks, last_only, *args, **kwargs)
+        def seen(chunks, hidden):
+            for seq, chunk in chunks:
+                if chunk and seq is self._long:
+                    self.chunks.append((seq.num_prefilled, len(chunk)))
+                self._prefill_tokens += len(chunk)
+            return prefilled(chunks, hidden)
 
-        monkeypatch.setattr(engine_module, "forward_ragged", seen)
+        monkeypatch.setattr(self.engine, "_prefilled", seen)
+        self.forwards = 0  # the target's forwards (the engine's own, and a drafter's through the target)
+        target = self.engine.target
+        forward = target.forward
+
+        def counted(*args, **kwargs):
+            self.forwards += 1
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(target, "forward", counted)
         propose = self.engine.drafter.propose
 
         def recorded(seqs, num_tokens, st):
@@ -98,11 +115,15 @@ class Run:
         self._long = engine.add_request("long", LONG, long_params)
         seqs.append(self._long)
         self.interleaved = 0  # steps in which the long prompt was prefilled and every short request got tokens
+        self.interleaved_forwards: list[int] = []  # target forwards in each of those steps
         while engine.has_work():
             prefilling = self._long.status is not Status.RUNNING and self._long.status is not Status.FINISHED
+            forwards = self.forwards
             updates = self._step()
             short_served = {u.seq.request_id for u in updates if u.new_token_ids} >= {"s0", "s1", "s2"}
             self.interleaved += prefilling and short_served
+            if prefilling and short_served:
+                self.interleaved_forwards.append(self.forwards - forwards)
         assert all(s.finish_reason == "length" for s in seqs), [s.error for s in seqs]
         self.logprobs = torch.tensor([t.logprob for t in self._long.logprobs])  # [16] of the long one's tokens
         return [s.output_ids for s in seqs]
@@ -117,15 +138,16 @@ class Run:
 
 
 def check_chunked_equals_whole(
-    world: World, method: str, self_draft: bool, sampling: str, monkeypatch, fault=None
+    world: World, method: str, self_draft: bool, sampling: str, monkeypatch, fault=None, fused: bool = True
 ) -> Run:
-    """The scene with the prompt whole, then chunked (with `fault` injected first, for the controls)."""
-    whole = Run(world, method, self_draft, WHOLE, monkeypatch)
+    """The scene with the prompt whole, then chunked (with `fault` injected first, for the controls); `fused`:
+    the chunks ride in the verify forward."""
+    whole = Run(world, method, self_draft, WHOLE, monkeypatch, fused)
     want = whole.play(LONG_PARAMS[sampling])
     monkeypatch.undo()  # the chunked run watches its own engine
     if fault is not None:
         fault(monkeypatch)
-    chunked = Run(world, method, self_draft, SMALL, monkeypatch)
+    chunked = Run(world, method, self_draft, SMALL, monkeypatch, fused)
     got = chunked.play(LONG_PARAMS[sampling])
     assert whole.chunks == [(0, len(LONG) - 1)], whole.chunks  # the reference prefilled the prompt in one piece
     assert got == want, "a chunked prefill changed the tokens"
@@ -138,10 +160,11 @@ def check_chunked_equals_whole(
     return chunked
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("sampling", ["greedy", "seeded"])
 @pytest.mark.parametrize(("method", "self_draft"), CASES)
-def test_chunked_prefill_gives_the_tokens_of_one_piece(world, method, self_draft, sampling, monkeypatch):
-    chunked = check_chunked_equals_whole(world, method, self_draft, sampling, monkeypatch)
+def test_chunked_prefill_gives_the_tokens_of_one_piece(world, method, self_draft, sampling, fused, monkeypatch):
+    chunked = check_chunked_equals_whole(world, method, self_draft, sampling, monkeypatch, fused=fused)
     # The prompt was cut in contiguous chunks that cover it once, while the others kept decoding.
     starts = [start for start, _ in chunked.chunks]
     assert len(chunked.chunks) >= 5 and starts == sorted(set(starts))
@@ -150,6 +173,39 @@ def test_chunked_prefill_gives_the_tokens_of_one_piece(world, method, self_draft
     # Each step stays within the budget; a prompt always advances by MIN_PREFILL_TOKENS at least.
     for decoded, prefilled in chunked.step_tokens:
         assert decoded + prefilled <= max(SMALL, decoded + engine_module.MIN_PREFILL_TOKENS), (decoded, prefilled)
+
+
+def check_one_forward_a_step(world, fused: bool, monkeypatch) -> None:
+    """While the long prompt prefills beside the three decoding requests, each step runs one target forward."""
+    run = Run(world, "ngram", False, SMALL, monkeypatch, fused)
+    run.play(LONG_PARAMS["greedy"])
+    assert len(run.interleaved_forwards) >= 5
+    assert set(run.interleaved_forwards) == {1}, f"target forwards a step: {run.interleaved_forwards}"
+
+
+def test_a_prompt_chunk_rides_in_the_verify_forward(world, monkeypatch):
+    """fused_prefill: the chunk's weights are read once with the verify's, not in a forward of its own."""
+    check_one_forward_a_step(world, True, monkeypatch)
+
+
+def test_control_chunks_in_a_forward_of_their_own_are_caught(world, monkeypatch):
+    with pytest.raises(AssertionError, match="target forwards a step"):
+        check_one_forward_a_step(world, False, monkeypatch)
+
+
+def test_a_chunk_rides_while_its_extra_cache_reads_are_fewer_bytes_than_the_weights(world):
+    """Rows of `width` tokens each read the prompt's cache before them: a chunk of 24 tokens at position 100 in
+    one-token rows reads it 23 times more than whole; it rides only if that is no more than the weights' bytes."""
+    engine = world.engine("ngram", "fixed", MAX_LEN, SMALL, 4, K)
+    target = world.target
+    per_token = 2 * target.cfg.num_layers * target.cfg.num_kv_heads * target.cfg.head_dim * 4  # K and V, fp32
+    assert engine._kv_bytes_per_token() == per_token
+    seq = SimpleNamespace(num_prefilled=100)
+    extra = 23 * 124 * per_token
+    engine._weight_bytes = extra
+    assert engine._rides(seq, 24, 1) and engine._rides(seq, 24, 24) and engine._rides(seq, 24, 2)
+    engine._weight_bytes = extra - 1
+    assert not engine._rides(seq, 24, 1) and engine._rides(seq, 24, 24)  # one row: no extra reads
 
 
 def test_the_proposals_are_compared(world, monkeypatch):
@@ -164,38 +220,28 @@ def test_the_proposals_are_compared(world, monkeypatch):
 
 def shifted_boundaries(monkeypatch, shift: int) -> None:
     """Fault: every prompt chunk after the first starts `shift` positions off (-1 repeats the position before
-    it, +1 skips one), its length and the cache's bookkeeping unchanged."""
-    prefill = Engine._prefill_chunks
+    it, +1 skips one), its length and the cache's bookkeeping unchanged: in whichever forward it runs."""
+    next_chunks = Engine._next_chunks
 
     def faulty(self, budget):
-        forward = engine_module.forward_ragged
+        chunks = next_chunks(self, budget)
+        return [
+            (seq, seq.prompt_ids[seq.num_prefilled + shift :][: len(chunk)] if seq.num_prefilled else chunk)
+            for seq, chunk in chunks
+        ]
 
-        def off(model, cache, slots, chunks, last_only, *args, **kwargs):
-            by_slot = {s.slot: s for s in self.running}
-            moved = []
-            for slot, chunk in zip(slots, chunks, strict=True):
-                start = cache.lengths[slot] + shift
-                prompt = by_slot[slot].prompt_ids
-                moved.append(prompt[start : start + len(chunk)] if cache.lengths[slot] else chunk)
-            return forward(model, cache, slots, moved, last_only, *args, **kwargs)
-
-        monkeypatch.setattr(engine_module, "forward_ragged", off)
-        try:
-            return prefill(self, budget)
-        finally:
-            monkeypatch.setattr(engine_module, "forward_ragged", forward)
-
-    monkeypatch.setattr(Engine, "_prefill_chunks", faulty)
+    monkeypatch.setattr(Engine, "_next_chunks", faulty)
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("shift", [-1, 1])
 @pytest.mark.parametrize("method", ["ngram", "ngram_tree", "eagle"])
-def test_control_a_boundary_off_by_one_changes_the_tokens(world, method, shift, monkeypatch):
+def test_control_a_boundary_off_by_one_changes_the_tokens(world, method, shift, fused, monkeypatch):
     def fault(mp) -> None:
         shifted_boundaries(mp, shift)
 
     with pytest.raises(AssertionError, match="a chunked prefill changed the (tokens|logprobs)"):
-        check_chunked_equals_whole(world, method, False, "greedy", monkeypatch, fault)
+        check_chunked_equals_whole(world, method, False, "greedy", monkeypatch, fault, fused)
 
 
 @pytest.mark.parametrize("budget", [0, 15, -4])

@@ -134,8 +134,8 @@ def test_control_lossy_verification_is_caught(world, monkeypatch):
     """Accepting every draft unchecked (then the target's own token) breaks greedy equality with plain decoding."""
     original = Engine._verify
 
-    def accept_all(self, seqs, proposal, sampling):
-        verified = original(self, seqs, proposal, sampling)
+    def accept_all(self, seqs, proposal, sampling, *chunks):
+        verified = original(self, seqs, proposal, sampling, *chunks)
         r = verified.result
         recovered = r.output_token_ids.gather(1, r.num_accepted[:, None])  # [num_seqs, 1]
         rows = torch.cat([proposal.token_ids.clamp(min=0), recovered], dim=1)  # [num_seqs, k + 1]
