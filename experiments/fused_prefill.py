@@ -1,9 +1,10 @@
 """Prompt chunks in the verify forward (EngineConfig.fused_prefill) against a forward of their own, in one process.
 
-    python -m experiments.fused_prefill --target smollm2-135m-instruct [--requests 64] [--max-tokens 12]
-        [--slots 16] [--repeats 3] [--out results/fused_prefill_smollm2.json]
+    python -m experiments.fused_prefill --target smollm2-135m-instruct [--prompts short|code] [--requests 64]
+        [--max-tokens 32] [--slots 16] [--repeats 3] [--out results/fused_prefill_smollm2.json]
 
-Chat requests (the code set's dev prompts, cycled) run through the engine loop in two arrival patterns: all at once,
+Chat requests (`short`: bench long-prompt's eight short questions, ~30 tokens with the template; `code`: the code
+set's dev prompts, ~120; cycled) run through the engine loop in two arrival patterns: all at once,
 and one arriving per engine step (as a server sees clients that keep coming), so that nearly every step has
 requests decoding beside a prompt being prefilled. Two engines share one loaded target and differ only in
 fused_prefill; each repeat runs both, their order alternating. Reported per arm and pattern: the median over
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from specdecode.bench.code_prompts import load_prompts
 from specdecode.bench.lib import provenance, write_result
+from specdecode.bench.long_prompt import SHORT_PROMPTS
 from specdecode.config import SamplingParams
 from specdecode.llm import LLM
 
@@ -66,8 +68,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m-instruct")
     parser.add_argument("--arithmetic", default=None)
+    parser.add_argument("--prompts", choices=("short", "code"), default="short")
     parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=12)
+    parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="results/fused_prefill_smollm2.json")
@@ -77,7 +80,7 @@ def main() -> None:
     fused = LLM(**common, arithmetic=args.arithmetic, fused_prefill=True)
     separate = LLM(**common, arithmetic=args.arithmetic, fused_prefill=False, share_target=fused)
     arms = {"fused": fused, "separate": separate}
-    texts = [p.text for p in load_prompts("code", "dev")]
+    texts = SHORT_PROMPTS if args.prompts == "short" else [p.text for p in load_prompts("code", "dev")]
     prompts = [
         fused.encode(fused.apply_chat_template([{"role": "user", "content": texts[i % len(texts)]}]))
         for i in range(args.requests)
@@ -111,7 +114,15 @@ def main() -> None:
             f"separate {row['separate']['seconds']:.2f} s ({row['separate']['forwards']:.0f}): "
             f"{row['speedup']:.2f}x, same tokens {row['same_tokens']}"
         )
-    meta = {"requests": args.requests, "max_tokens": args.max_tokens, "slots": args.slots, "repeats": args.repeats}
+    mean = sum(map(len, prompts)) / len(prompts)
+    meta = {
+        "prompts": args.prompts,
+        "mean_prompt_tokens": mean,
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "slots": args.slots,
+        "repeats": args.repeats,
+    }
     payload = {**provenance("experiments.fused_prefill", fused.target), **meta, "cells": cells}
     print(f"wrote {write_result(args.out, payload)}")
 
