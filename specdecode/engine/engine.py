@@ -428,8 +428,9 @@ class Engine:
         """Whether a chunk of `length` tokens of `seq` is cheaper in rows of `width` in the verify forward than in a
         forward of its own. Each row reads the prompt's cached K/V before it (the attention op reads a row's
         cache once for all its queries), so rows of one or two tokens read them length / width times; a forward
-        of its own reads every weight again. The chunk rides while the extra K/V reads are fewer bytes: the first
-        few hundred tokens of a prompt beside one-token steps, more beside wide verify steps."""
+        of its own reads every weight again. The chunk rides while the extra K/V reads are fewer bytes: beside
+        one-token steps, the first ~120 tokens of a SmolLM2 prompt and ~800 of a Qwen2.5-Coder 1.5B one (their
+        weights' 92 MB and 1.1 GB against 45 and 56 KB of K/V a token), more beside wider verify steps."""
         rows = -(-length // width)
         return (rows - 1) * (seq.num_prefilled + length) * self._kv_bytes_per_token() <= self._weight_bytes
 
