@@ -10,9 +10,9 @@ prompt is checked as well: at every position both runs drafted from, they propos
 request's log-probabilities agree to float rounding, so a wrong cache that happens to move no argmax is seen.
 
 A chunk rides in the step's verify forward, cut into rows of the step's width on its own slot (fused_prefill, the
-default), or runs in a forward of its own (fused_prefill off): both are checked. Negative controls cut the chunk
-boundaries wrong through the real engine (each chunk after the first starts one position early, repeating one,
-or one late, skipping one), on either path, and the same comparison fails.
+default: every drafter), or runs in a forward of its own (fused_prefill off: one drafter of each kind). Negative
+controls cut the chunk boundaries wrong through the real engine (each chunk after the first starts one position
+early, repeating one, or one late, skipping one), on either path, and the same comparison fails.
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ LONG_PARAMS = {
 SMALL, WHOLE = 40, 1024  # budgets: chunks of 16..28 tokens beside three rows of K + 1 = 4, or the prompt whole
 K = 3
 CASES = [(m, False) for m in DRAFTER_METHODS] + [("draft", True)]  # ("draft", True): the target drafts for itself
+# Every case runs with its chunks in the verify forward (the default); the separate forward, unchanged code, runs
+# for one drafter of each kind: a chain, a tree, a feature drafter, a draft model, the target drafting for itself.
+SEPARATE = {("none", False), ("ngram_tree", False), ("eagle", False), ("draft", False), ("draft", True)}
+PATHS = [(m, d, True) for m, d in CASES] + [(m, d, False) for m, d in CASES if (m, d) in SEPARATE]
 
 
 @pytest.fixture(scope="module")
@@ -160,9 +164,8 @@ def check_chunked_equals_whole(
     return chunked
 
 
-@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("sampling", ["greedy", "seeded"])
-@pytest.mark.parametrize(("method", "self_draft"), CASES)
+@pytest.mark.parametrize(("method", "self_draft", "fused"), PATHS)
 def test_chunked_prefill_gives_the_tokens_of_one_piece(world, method, self_draft, sampling, fused, monkeypatch):
     chunked = check_chunked_equals_whole(world, method, self_draft, sampling, monkeypatch, fused=fused)
     # The prompt was cut in contiguous chunks that cover it once, while the others kept decoding.
