@@ -3,7 +3,8 @@
 The verify forward is padded, so the target scores N = B * (K + 1) tokens whatever each row's own K is:
 
     t_verify = a + b * B + c * N + sum_k h_k * max(0, N - n_k) + d * N * C / 1000 + r * B * C / 1000
-    t_draft  = e * K + f * B * K + g * B * [K > 0]      (g: a lookup per row whatever K, as n-gram's)
+    t_draft  = e * K + f * B * K + g * B * [K > 0] + s * B * K * C / 1000
+                                     (g: a lookup per row whatever K, as n-gram's; s: a draft model's attention)
 
 a is the fixed launch/overhead, b per row, c per token while the weights' reading dominates, h_k the extra per
 token past each knee n_k in KNEES (a weight-streaming GEMM is flat for a few rows, then turns compute-bound:
@@ -16,6 +17,10 @@ non-negative hinges also keep the curve convex). An online multiplicative correc
 predicted verify time) heals a profile measured on a busier or quieter machine, and the draft coefficients are
 learned online from measured propose times. The per-row term matters: an n-gram lookup costs the same for
 K = 1 and K = 8, and without g a fit through K = 1-3 steps charges it per position and calls K = 8 expensive.
+So does the context term: each token a draft model drafts reads its row's whole cache. The Qwen2.5-Coder 0.5B
+was priced at 10.7 ms a draft after the load probe's short prompt, and drafted at 14-15 ms a token after 2,048;
+`goodput`, learning that only slowly from a price with no context in it, drafted 3 tokens a step there where
+fixed K = 2 was 1.24x faster (`bench long-context`, code dev text, 2026-11-28).
 A profile is JSON: coefficients plus the fingerprint (model, device, dtype, torch) it was measured for.
 """
 
@@ -40,7 +45,7 @@ VERIFY_TERMS = (
     "per_token_kctx",
     "per_seq_kctx",
 )
-DRAFT_TERMS = ("per_position", "per_row_position", "per_row")
+DRAFT_TERMS = ("per_position", "per_row_position", "per_row", "per_row_position_kctx")
 MIN_SAMPLES = 4
 
 
@@ -54,9 +59,9 @@ def verify_features(num_seqs: float, num_tokens: float, context: float) -> np.nd
     return np.array([1.0, num_seqs, num_tokens, *hinges, num_tokens * context / 1000.0, num_seqs * context / 1000.0])
 
 
-def draft_features(num_seqs: float, k: float) -> np.ndarray:
+def draft_features(num_seqs: float, k: float, context: float = 0.0) -> np.ndarray:
     """[len(DRAFT_TERMS)] the regressors of t_draft (nothing is drafted, nor paid for, at K = 0)."""
-    return np.array([k, num_seqs * k, num_seqs * float(k > 0)])
+    return np.array([k, num_seqs * k, num_seqs * float(k > 0), num_seqs * k * context / 1000.0])
 
 
 def nnls_gram(gram: np.ndarray, xty: np.ndarray) -> np.ndarray:
@@ -122,19 +127,20 @@ class CostModel:
     def predict_verify(self, num_seqs: int, k: int, context: float) -> float:
         return self.correction * float(verify_features(num_seqs, num_seqs * (k + 1), context) @ self.verify_coef)
 
-    def predict_draft(self, num_seqs: int, k: int) -> float:
-        return float(draft_features(num_seqs, k) @ self.draft_coef)
+    def predict_draft(self, num_seqs: int, k: int, context: float = 0.0) -> float:
+        return float(draft_features(num_seqs, k, context) @ self.draft_coef)
 
     def predict(self, num_seqs: int, k: int, context: float) -> float:
         """Seconds of a step that drafts K tokens per row and verifies the padded [B, K + 1] block."""
-        return self.predict_verify(num_seqs, k, context) + self.predict_draft(num_seqs, k)
+        return self.predict_verify(num_seqs, k, context) + self.predict_draft(num_seqs, k, context)
 
-    def seed_draft(self, seconds_per_draft: float, weight: float = 4.0) -> None:
-        """Price a drafted token at `seconds_per_draft` (a steady draft step timed at load) before any drafting
-        step is seen: `weight` pseudo-steps at batch 1 of K = 1 and of K = 4 join the online regression, so the
-        first real steps refine the price instead of replacing it."""
+    def seed_draft(self, seconds_per_draft: float, weight: float = 4.0, context: float = 0.0) -> None:
+        """Price a drafted token at `seconds_per_draft` after `context` cached tokens (a steady draft step timed
+        at load) before any drafting step is seen: `weight` pseudo-steps at batch 1 of K = 1 and of K = 4 join the
+        online regression, so the first real steps refine the price instead of replacing it. Seeded at two
+        contexts, the fit prices the draft's attention (per_row_position_kctx) from their difference."""
         for k in (1, 4):
-            x = draft_features(1, k)  # [D]
+            x = draft_features(1, k, context)  # [D]
             self._draft_xtx = self._draft_xtx + weight * np.outer(x, x)
             self._draft_xty = self._draft_xty + weight * x * seconds_per_draft * k
         self.draft_coef = nnls_gram(self._draft_xtx, self._draft_xty)
@@ -149,7 +155,7 @@ class CostModel:
             ratio = float(np.clip(verify_s / predicted, 0.1, 10.0))  # one stalled step can't wreck the model
             self.correction += self.correction_alpha * (ratio - self.correction)
         if learn_draft and k > 0 and propose_s >= 0:
-            x = draft_features(num_seqs, k)  # [D]
+            x = draft_features(num_seqs, k, context)  # [D]
             self._draft_xtx = self.draft_decay * self._draft_xtx + np.outer(x, x)
             self._draft_xty = self.draft_decay * self._draft_xty + x * propose_s
             self._draft_seen += 1

@@ -111,13 +111,18 @@ class GoodputController(ControllerBase):
         draft_read_s: float = 0.0,
         weight: float = 8.0,
         catch_up_chunk: int = 0,
+        steps: tuple[tuple[int, float], ...] = (),
     ) -> None:
         """Start from a draft model's price measured at load (control/pair_probe.py): its acceptance as the
         pool prior, worth `weight` drafts tried per position, its steady step as the cost of a drafted token,
         draft_read_s, the seconds a token costs it to read when it catches up, and catch_up_chunk, the tokens
-        it reads a step (the step's token budget; 0: all at once). See `_worth_catching_up`."""
+        it reads a step (the step's token budget; 0: all at once). See `_worth_catching_up`. steps: (cached
+        tokens, seconds) of steady steps timed at given contexts, which then price the draft's attention
+        (draft_step_s alone is taken as a step after no context)."""
         self.acceptance.seed_pool(acceptance, weight)
-        self.cost.seed_draft(draft_step_s)
+        steps = steps or ((0, draft_step_s),)
+        for context, seconds in steps:  # together worth what one price was
+            self.cost.seed_draft(seconds, weight=4.0 / len(steps), context=context)
         self.draft_read_s = draft_read_s
         self.catch_up_chunk = catch_up_chunk
 
@@ -186,7 +191,7 @@ class GoodputController(ControllerBase):
         `goodput` ask the suffix drafter for K from its rows' acceptance histories (~2 drafts) once its
         lookups of three histories crossed 5% of a step, and its chains lost a quarter of their accepted
         tokens (τ 1.81 fixed against 1.68)."""
-        extra = self.cost.predict_draft(num_seqs, k_max) - self.cost.predict_draft(num_seqs, 1)
+        extra = self.cost.predict_draft(num_seqs, k_max, context) - self.cost.predict_draft(num_seqs, 1, context)
         return extra < self.cheap_draft * self.cost.predict_verify(num_seqs, 0, context)
 
     def _with_hysteresis(self, gain: np.ndarray, k_max: int) -> int:

@@ -107,6 +107,36 @@ def test_draft_cost_is_learned_online():
     assert model.predict_draft(4, 4) == pytest.approx(1e-3 * 4 + 0.5e-3 * 16, rel=0.02)
 
 
+def draft_priced_at(contexts: tuple[float, ...]) -> CostModel:
+    """A model seeded from steady draft steps timed at `contexts` (as the pair probe does), where a drafted
+    token costs 10 ms plus 2 ms per 1,000 cached tokens (its attention reads the row's cache)."""
+    model = default_cost_model()
+    for c in contexts:
+        model.seed_draft(10e-3 + 2e-3 * c / 1000, weight=4.0 / len(contexts), context=c)
+    return model
+
+
+def test_a_draft_models_attention_is_priced_from_two_contexts(monkeypatch):
+    """Seeded at 100 and 2,048 cached tokens, the price of a draft at 8,192 is 26 ms, the truth; seeded at the
+    short context only (the probe as it was), it is the short price, 10.2 ms: K drafts at 8k would look 2.5x
+    cheaper than they are. A control without the context term, seeded at both, splits the difference."""
+    truth = 10e-3 + 2e-3 * 8.192
+    both = draft_priced_at((100, 2048))
+    assert both.predict_draft(1, 1, 8192) == pytest.approx(truth, rel=0.02)
+    assert both.predict_draft(1, 4, 100) == pytest.approx(4 * 10.2e-3, rel=0.02)
+    assert draft_priced_at((100,)).predict_draft(1, 1, 8192) < 0.5 * truth
+    monkeypatch.setattr(cost_module, "draft_features", lambda b, k, c=0.0: np.array([k, b * k, b * (k > 0), 0.0]))
+    assert draft_priced_at((100, 2048)).predict_draft(1, 1, 8192) < 0.6 * truth
+
+
+def test_online_draft_steps_at_a_long_context_are_learned_there():
+    """Steps observed at 4,096 cached tokens teach the price there, whatever the seed said."""
+    model = draft_priced_at((100,))
+    for k in [1, 2, 3] * 10:
+        model.observe(1, k, 4096, model.predict_verify(1, k, 4096), (10e-3 + 2e-3 * 4.096) * k)
+    assert model.predict_draft(1, 2, 4096) == pytest.approx(2 * (10e-3 + 2e-3 * 4.096), rel=0.05)
+
+
 def draft_refits(monkeypatch, every: int) -> int:
     """NNLS solves of the draft coefficients over 64 drafting steps, refitting every `every`-th."""
     calls = []

@@ -158,7 +158,7 @@ def test_a_request_after_good_ones_speculates_from_its_first_step():
     a request at K = 0 (0.5, 0.45, ... do not pay for a costly draft); after requests that accepted 90%, the next
     one speculates at once."""
     costly = CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3)
-    costly.draft_coef[:] = [10e-3, 0.0, 0.0]  # a draft model: 10 ms a drafted token, half a plain step
+    costly.draft_coef[:] = [10e-3, 0.0, 0.0, 0.0]  # a draft model: 10 ms a drafted token, half a plain step
     ctrl = GoodputController(cost=costly, cheap_draft=0.0)
     first = make_seqs(1)[0]
     assert ctrl.choose([first], K_MAX)[0] == 0
@@ -235,7 +235,7 @@ def test_cheap_drafts_are_all_requested_and_truncate_decides():
     free = GoodputController(cost=step_cost())
     assert free.choose(seqs, K_MAX) == [K_MAX] * 4
     costly = step_cost()
-    costly.draft_coef = np.array([5e-3, 1e-3, 0.0])  # 5 ms per drafted position: a draft model
+    costly.draft_coef = np.array([5e-3, 1e-3, 0.0, 0.0])  # 5 ms per drafted position: a draft model
     assert max(GoodputController(cost=costly).choose(seqs, K_MAX)) < K_MAX
 
 
@@ -296,7 +296,7 @@ def test_a_lookup_cost_per_row_is_not_charged_per_position(monkeypatch):
     """Charged per position instead (the fit without the per-row term), 0.5 ms at K = 2 is 2 ms at K = 8, ~10%
     of a step: the controller then capped n-gram drafts before the lookup and lost the long accepted runs."""
     assert lookup_cost_is_cheap_after_short_steps()
-    monkeypatch.setattr(cost_module, "draft_features", lambda b, k: np.array([k, b * k, 0.0]))
+    monkeypatch.setattr(cost_module, "draft_features", lambda b, k, c=0.0: np.array([k, b * k, 0.0, 0.0]))
     assert not lookup_cost_is_cheap_after_short_steps()
 
 
@@ -313,7 +313,7 @@ def test_a_costly_lookup_is_still_asked_for_every_draft(monkeypatch):
     """Only the cost of the extra positions counts. Control: the same propose times charged per position (a
     draft model's shape) make K_max 16 ms dearer than K = 1, and choose caps it."""
     assert slow_lookup_asks_for_everything()
-    monkeypatch.setattr(cost_module, "draft_features", lambda b, k: np.array([k, b * k, 0.0]))
+    monkeypatch.setattr(cost_module, "draft_features", lambda b, k, c=0.0: np.array([k, b * k, 0.0, 0.0]))
     assert not slow_lookup_asks_for_everything()
 
 

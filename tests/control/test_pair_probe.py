@@ -15,7 +15,7 @@ from specdecode.config import SamplingParams
 from specdecode.control.base import StepStats
 from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController
-from specdecode.control.pair_probe import greedy_continuation, probe_pair
+from specdecode.control.pair_probe import LONG_CONTEXT, greedy_continuation, probe_pair
 from specdecode.llm import LLM
 from specdecode.step.sequence import Sequence
 
@@ -85,16 +85,35 @@ def test_a_high_price_speculates_from_the_first_step_and_a_low_one_does_not():
     assert unseeded.choose([fresh_request()], K_MAX)[0] < k_seeded
 
 
+def k_asked_at(context: int, steps: tuple[tuple[int, float], ...]) -> int:
+    """K a fresh goodput asks for a request `context` tokens long, seeded with draft steps timed at `steps`."""
+    ctrl = costly_controller()
+    ctrl.seed_pair(0.85, steps[0][1], steps=steps)
+    seq = Sequence("new", list(range(context + 1)), SamplingParams(max_tokens=100_000), max_len=200_000)
+    return ctrl.choose([seq], K_MAX)[0]
+
+
+def test_a_draft_dearer_at_a_long_context_drafts_less_there():
+    """A draft at 7 ms a token after 100 cached tokens and 13 ms after 2,048 (3 ms per 1,000: 32 ms at 8,192,
+    more than the 26 ms verify step): worth drafts at 100 tokens, none at 8,192. Control: priced at 100 tokens
+    only (the probe before the long timing), it still asks for drafts at 8,192."""
+    both = ((100, 7e-3), (2048, 7e-3 + 3e-3 * 1.948))
+    assert k_asked_at(100, both) >= 3
+    assert k_asked_at(8192, both) == 0
+    assert k_asked_at(8192, both[:1]) >= 1
+
+
 def test_the_seeded_draft_price_is_refined_not_replaced():
     """Seeded at 7 ms a draft, then steady steps that cost 8 ms a draft: the price moves towards 8 and stays
-    near it; seeded at 7 and then shown 30 ms a draft (a slower machine), it follows the steps."""
+    near it; seeded at 7 and then shown 30 ms a draft (a slower machine), it follows the steps (at the steps'
+    context: the seed's was 0, and where the two differ the context term may take some of the change)."""
     for truth, lo, hi in ((8e-3, 7e-3, 8.5e-3), (30e-3, 20e-3, 31e-3)):
         cost = CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3)
         cost.seed_draft(7e-3)
         assert cost.predict_draft(1, 1) == pytest.approx(7e-3, rel=0.02)
         for k in [3, 4, 3, 5] * 10:
             cost.observe(1, k, 100.0, cost.predict_verify(1, k, 100.0), truth * k)
-        assert lo <= cost.predict_draft(1, 4) / 4 <= hi
+        assert lo <= cost.predict_draft(1, 4, 100.0) / 4 <= hi
 
 
 def test_an_llm_with_goodput_and_a_draft_model_is_priced_at_load():
@@ -105,7 +124,13 @@ def test_an_llm_with_goodput_and_a_draft_model_is_priced_at_load():
     assert price is not None and price.positions == 32 and 0.0 < price.acceptance <= 1.0
     pool = llm.engine.controller.acceptance
     assert np.allclose(pool.pool_hits / pool.pool_trials, min(price.acceptance, 0.98))
-    assert llm.engine.controller.cost.predict_draft(1, 1) == pytest.approx(price.draft_step_s, rel=0.05)
+    assert 0 < price.context < price.long_context <= LONG_CONTEXT and price.draft_step_long_s > 0
+    # Seeded at both contexts: a line through the two timings where the longer is dearer (NNLS: the draft's
+    # attention never costs less than nothing), else their mean; either way, each is priced within their span.
+    timings = (price.draft_step_s, price.draft_step_long_s)
+    for context in (price.context, price.long_context):
+        predicted = llm.engine.controller.cost.predict_draft(1, 1, context)
+        assert 0.98 * min(timings) <= predicted <= 1.02 * max(timings)
     assert LLM("smollm2-135m-instruct", method="ngram", controller="goodput").pair_price is None
 
 
