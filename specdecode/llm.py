@@ -254,7 +254,12 @@ class LLM:
                 ((price.long_context, price.draft_step_long_s),) if price.long_context else ()
             )
             controller.seed_pair(
-                price.acceptance, price.draft_step_s, price.draft_read_s, catch_up_chunk=chunk, steps=steps
+                price.acceptance,
+                price.draft_step_s,
+                price.draft_read_s,
+                catch_up_chunk=chunk,
+                steps=steps,
+                window=self.spec.draft_window,
             )
         return controller
 

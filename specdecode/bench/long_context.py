@@ -75,14 +75,15 @@ def context_prompts(llm, text: list[int], n: int, rows: int, chat: bool) -> list
     return [head + text[i * ROW_STRIDE : i * ROW_STRIDE + body] + tail for i in range(rows)]
 
 
-def text_ids(llm, contexts: list[int], rows: int, prompts: str | None) -> list[int]:
+def text_ids(llm, contexts: list[int], rows: int, prompts: str | None, split: str = "all") -> list[int]:
     """The text all prompts are cut from, long enough for the longest context's last row: the prompts file's
-    prompts concatenated (`--prompts code`, the default, is the packaged code set), repeated to length."""
+    prompts concatenated (`--prompts code`, the default, is the packaged code set; --split picks its dev or eval
+    part), repeated to length."""
     from specdecode.bench.code_prompts import CODE_PROMPTS
     from specdecode.bench.long_prompt import long_prompt_ids
 
     path = str(CODE_PROMPTS) if prompts in (None, "code") else prompts
-    return long_prompt_ids(llm, max(contexts) + (rows - 1) * ROW_STRIDE, path)
+    return long_prompt_ids(llm, max(contexts) + (rows - 1) * ROW_STRIDE, path, split)
 
 
 # ---- one cell: prefill once, rewind per arm ---------------------------------------------------------------
@@ -384,7 +385,7 @@ def run_from_args(a: argparse.Namespace) -> None:
         print(note, flush=True)
     if not cells:
         raise ConfigError(f"no context fits the target's {limit} positions with the decode room")
-    text = text_ids(base, [n for n, _ in cells], max(b for _, b in cells), a.prompts)
+    text = text_ids(base, [n for n, _ in cells], max(b for _, b in cells), a.prompts, a.split)
     results = []
     with tqdm(total=len(cells) * len(arms) * a.repeats, desc="long-context", unit="arm") as bar:
         for turn, (n, b) in enumerate(cells):
@@ -404,6 +405,7 @@ def run_from_args(a: argparse.Namespace) -> None:
         "max_tokens": a.max_tokens,
         "repeats": a.repeats,
         "prompts": a.prompts or "code",
+        "split": a.split,
         "chat": a.chat,
         "target_ratio": TARGET_RATIO,
         "skipped": notes,

@@ -57,11 +57,13 @@ class Window:
         return float(np.percentile(self.tpot_s, 99)) if self.tpot_s else float("nan")
 
 
-def long_prompt_ids(llm, n: int, prompts_file: str | None) -> list[int]:
-    """n token ids of text: the --prompts file's prompts concatenated, or filler prose, repeated to length."""
+def long_prompt_ids(llm, n: int, prompts_file: str | None, split: str = "all") -> list[int]:
+    """n token ids of text: the --prompts file's prompts concatenated (those of `split` where its lines carry
+    one, as the code set's do), or filler prose, repeated to length."""
     text = FILLER
     if prompts_file:
         rows = [json.loads(line) for line in Path(prompts_file).read_text().splitlines() if line.strip()]
+        rows = [r for r in rows if split == "all" or r.get("split", split) == split]
         text = "\n\n".join(r.get("prompt") or "\n".join(r.get("turns", [])) for r in rows)
     ids = llm.tokenizer.encode(text)
     return (ids * (n // max(len(ids), 1) + 1))[:n]
@@ -188,7 +190,7 @@ def run_from_args(a: argparse.Namespace) -> None:
     budgets, alone_budget = a.budgets, max(a.budgets)
     max_len = a.max_model_len or a.long_tokens + a.max_tokens + 64
     llm = llm_from_args(a, max_num_batched_tokens=alone_budget, max_num_seqs=a.streams + 1, max_model_len=max_len)
-    long_ids = long_prompt_ids(llm, a.long_tokens, a.prompts)
+    long_ids = long_prompt_ids(llm, a.long_tokens, a.prompts, a.split)
     chat = [llm.apply_chat_template([{"role": "user", "content": p}]) if a.chat else p for p in SHORT_PROMPTS]
     shorts = [llm.tokenizer.encode(p) for p in chat]
     scene = Scene(llm, shorts, a.max_tokens)

@@ -88,6 +88,11 @@ class AcceptanceTracker:
             self.pool_hits = self.pool_decay * self.pool_hits + hits
             self.pool_trials = self.pool_decay * self.pool_trials + trials
 
+    def evidence(self, request_id: str) -> float:
+        """The request's own (forgotten) count of first drafts tried: 0 before it drafts."""
+        trials = self.trials.get(request_id)
+        return 0.0 if trials is None else float(trials[0])
+
     def has_drafted(self, request_id: str) -> bool:
         """Whether the request has had drafts verified (it has counts of its own)."""
         return request_id in self.trials

@@ -102,6 +102,9 @@ class CostModel:
     draft_refit_every: int = 8
     _draft_seen: int = 0  # drafting steps observed
     correction: float = 1.0  # measured / predicted verify time, smoothed
+    # Cached tokens a draft model's step reads at most (its window and sink, drafters/draft_window.py; 0: all):
+    # the draft's attention stops growing there.
+    draft_context_cap: int = 0
     _draft_xtx: np.ndarray = field(default_factory=lambda: np.zeros((len(DRAFT_TERMS),) * 2))  # [D, D] X^T X
     _draft_xty: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # [D] decayed X^T y
 
@@ -127,8 +130,12 @@ class CostModel:
     def predict_verify(self, num_seqs: int, k: int, context: float) -> float:
         return self.correction * float(verify_features(num_seqs, num_seqs * (k + 1), context) @ self.verify_coef)
 
+    def draft_context(self, context: float) -> float:
+        """What a drafted token's attention reads of `context` cached tokens."""
+        return min(context, self.draft_context_cap) if self.draft_context_cap > 0 else context
+
     def predict_draft(self, num_seqs: int, k: int, context: float = 0.0) -> float:
-        return float(draft_features(num_seqs, k, context) @ self.draft_coef)
+        return float(draft_features(num_seqs, k, self.draft_context(context)) @ self.draft_coef)
 
     def predict(self, num_seqs: int, k: int, context: float) -> float:
         """Seconds of a step that drafts K tokens per row and verifies the padded [B, K + 1] block."""
@@ -140,7 +147,7 @@ class CostModel:
         online regression, so the first real steps refine the price instead of replacing it. Seeded at two
         contexts, the fit prices the draft's attention (per_row_position_kctx) from their difference."""
         for k in (1, 4):
-            x = draft_features(1, k, context)  # [D]
+            x = draft_features(1, k, self.draft_context(context))  # [D]
             self._draft_xtx = self._draft_xtx + weight * np.outer(x, x)
             self._draft_xty = self._draft_xty + weight * x * seconds_per_draft * k
         self.draft_coef = nnls_gram(self._draft_xtx, self._draft_xty)
@@ -155,7 +162,7 @@ class CostModel:
             ratio = float(np.clip(verify_s / predicted, 0.1, 10.0))  # one stalled step can't wreck the model
             self.correction += self.correction_alpha * (ratio - self.correction)
         if learn_draft and k > 0 and propose_s >= 0:
-            x = draft_features(num_seqs, k, context)  # [D]
+            x = draft_features(num_seqs, k, self.draft_context(context))  # [D]
             self._draft_xtx = self.draft_decay * self._draft_xtx + np.outer(x, x)
             self._draft_xty = self.draft_decay * self._draft_xty + x * propose_s
             self._draft_seen += 1

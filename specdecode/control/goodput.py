@@ -33,6 +33,7 @@ from specdecode.control.base import ControllerBase, StepStats
 from specdecode.control.cost import CostModel, default_cost_model
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
+from specdecode.drafters.draft_window import SINK
 from specdecode.step.sequence import Sequence
 from specdecode.verify.tree_layout import tree_layout
 
@@ -71,6 +72,7 @@ class GoodputController(ControllerBase):
         cheap_draft: float = 0.05,
         widen_margin: float = 0.05,
         probe_budget: float = 0.03,
+        explore: float = 1.0,
     ) -> None:
         self.cost = cost if cost is not None else default_cost_model()
         self.acceptance = acceptance if acceptance is not None else AcceptanceTracker()
@@ -80,6 +82,10 @@ class GoodputController(ControllerBase):
         # A row drafts position j only if P(draft j accepted) >= this: ~ the cost of one verified token relative
         # to a whole step for a small model at batch 1, so a draft below it costs more than it can return.
         self.row_floor = row_floor
+        # Where K = 0 wins on the mean estimate, K = 1 is still tried while rows that have tried fewer than
+        # `thin` first drafts would pay for it at `explore` standard deviations more acceptance (`_explore`).
+        self.explore = explore
+        self.thin = 2.0
         self.cheap_draft = cheap_draft
         # `truncate` verifies drafts only for a predicted gain above this over verifying none: the cost model
         # errs by ~5% of a step, and the best of several noisy estimates is biased up. At C = 8 (n-gram,
@@ -112,14 +118,17 @@ class GoodputController(ControllerBase):
         weight: float = 8.0,
         catch_up_chunk: int = 0,
         steps: tuple[tuple[int, float], ...] = (),
+        window: int = 0,
     ) -> None:
         """Start from a draft model's price measured at load (control/pair_probe.py): its acceptance as the
         pool prior, worth `weight` drafts tried per position, its steady step as the cost of a drafted token,
         draft_read_s, the seconds a token costs it to read when it catches up, and catch_up_chunk, the tokens
         it reads a step (the step's token budget; 0: all at once). See `_worth_catching_up`. steps: (cached
         tokens, seconds) of steady steps timed at given contexts, which then price the draft's attention
-        (draft_step_s alone is taken as a step after no context)."""
+        (draft_step_s alone is taken as a step after no context); window: the draft's attention window
+        (drafters/draft_window.py; 0: none), past which its attention costs no more."""
         self.acceptance.seed_pool(acceptance, weight)
+        self.cost.draft_context_cap = SINK + window if window > 0 else 0
         steps = steps or ((0, draft_step_s),)
         for context, seconds in steps:  # together worth what one price was
             self.cost.seed_draft(seconds, weight=4.0 / len(steps), context=context)
@@ -172,7 +181,7 @@ class GoodputController(ControllerBase):
             # (SmolLM2, n-gram, 8 rows at 7,900 tokens: 5 drafts asked a row, 0.02 verified, 0.93x K = 0).
             pays = gain.max() > gain[0] * (1.0 + self.widen_margin)
             return caps.tolist() if pays else self._probe(seqs, [0] * len(seqs), caps.tolist())
-        k = self._with_hysteresis(gain, k_max)
+        k = self._with_hysteresis(gain, k_max) or self._explore(seqs, p, caps, context)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
         ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]
         # A row the draft model has not read yet drafts only if what it saves pays for that reading; else it
@@ -181,6 +190,28 @@ class GoodputController(ControllerBase):
         ks[unread] = 0
         caps[unread] = 0
         return self._probe(seqs, ks.tolist(), caps.tolist())
+
+    def _explore(self, seqs: list[Sequence], p: np.ndarray, caps: np.ndarray, context: float) -> int:
+        """1 where one draft a row would pay if the first-draft acceptance of each row with thin evidence (some
+        but fewer than `thin` first drafts tried: a row that has drafted nothing stands on the pool, which the
+        load probe and the ended requests priced) were `explore` standard deviations above its estimate, else 0.
+        A row at K = 0 learns nothing, so an estimate that one early rejection pulled down (the pool's 0.72 and one
+        miss: 0.36) would keep it there until a probe, 16 steps on, and a probe of a draft model that sat idle pays its
+        catch-up: on code at 8,192 tokens, where a draft pays from ~0.69, the 0.5B's first draft was rejected and
+        `goodput` decoded as K = 0 where fixed K = 2 was 1.13x faster. Past `thin` drafts a row is judged on its
+        estimate alone: a draft that keeps missing stops being tried after a step or two, and a batch whose rows
+        are known does not speculate on a bonus."""
+        if self.explore <= 0:
+            return 0
+        evidence = np.array([self.acceptance.evidence(s.request_id) for s in seqs])  # [B] drafts tried at 1
+        first = p[:, 0]  # [B]
+        thin = (evidence > 0) & (evidence < self.thin)  # [B] rows whose own few drafts moved their estimate
+        bonus = self.explore * np.sqrt(first * (1 - first) / (evidence + 1.0)) * thin  # [B]
+        if not bonus.any():
+            return 0
+        tokens = 1.0 + np.minimum(first + bonus, 1.0) * (caps > 0)  # [B] expected tokens at K = 1
+        one = tokens.sum() / self.cost.predict(len(seqs), 1, context)
+        return int(one > len(seqs) / self.cost.predict(len(seqs), 0, context) * (1.0 + self.margin))
 
     def _drafting_is_cheap(self, num_seqs: int, k_max: int, context: float) -> bool:
         """Drafting K_max rather than 1 for every row costs under `cheap_draft` of a plain step (learned from

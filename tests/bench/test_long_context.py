@@ -46,6 +46,24 @@ def text(smollm2) -> list[int]:
     return text_ids(smollm2, [128], rows=3, prompts=None)
 
 
+def test_the_code_sets_text_is_cut_from_the_split_asked_for(smollm2):
+    """--split dev reads only the dev prompts (tuning never sees the eval ones) and eval only the eval ones: each
+    split's first prompt opens its text and the other's never appears. Control: 'all' has both."""
+    from specdecode.bench.code_prompts import load_prompts
+
+    firsts = {s: smollm2.tokenizer.encode(load_prompts("code", s)[0].text[:200]) for s in ("dev", "eval")}
+    texts = {s: text_ids(smollm2, [4096], rows=1, prompts="code", split=s) for s in ("dev", "eval", "all")}
+
+    def holds(ids: list[int], part: list[int]) -> bool:
+        core = part[1:-1]  # token boundaries at the cut may differ
+        return any(ids[i : i + len(core)] == core for i in range(len(ids) - len(core)))
+
+    assert texts["dev"][: len(firsts["dev"]) - 1] == firsts["dev"][:-1]
+    assert texts["eval"][: len(firsts["eval"]) - 1] == firsts["eval"][:-1]
+    assert not holds(texts["dev"], firsts["eval"]) and not holds(texts["eval"], firsts["dev"])
+    assert holds(texts["all"], firsts["dev"]) and holds(texts["all"], firsts["eval"])
+
+
 @pytest.mark.parametrize("chat", [True, False])
 @pytest.mark.parametrize("n", [48, 64, 128])
 def test_prompts_have_exactly_n_tokens_and_differ_by_row(smollm2, text, n, chat):

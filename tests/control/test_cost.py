@@ -129,6 +129,16 @@ def test_a_draft_models_attention_is_priced_from_two_contexts(monkeypatch):
     assert draft_priced_at((100, 2048)).predict_draft(1, 1, 8192) < 0.6 * truth
 
 
+def test_a_windowed_draft_costs_no_more_past_its_window():
+    """A draft that attends to its sink and last 8,192 tokens (drafters/draft_window.py) costs at 16k what it
+    costs at 8,196. Control: without the cap, 16k is priced 1.3x dearer."""
+    windowed = draft_priced_at((100, 2048))
+    windowed.draft_context_cap = 8196
+    assert windowed.predict_draft(1, 2, 16384) == pytest.approx(windowed.predict_draft(1, 2, 8196))
+    whole = draft_priced_at((100, 2048))
+    assert whole.predict_draft(1, 2, 16384) > 1.3 * windowed.predict_draft(1, 2, 16384)
+
+
 def test_online_draft_steps_at_a_long_context_are_learned_there():
     """Steps observed at 4,096 cached tokens teach the price there, whatever the seed said."""
     model = draft_priced_at((100,))

@@ -172,6 +172,29 @@ def test_a_request_after_good_ones_speculates_from_its_first_step():
     assert ctrl.choose(make_seqs(1), K_MAX)[0] >= 2
 
 
+def drafting_steps_after_misses(explore: float, steps: int = 10) -> list[int]:
+    """A row whose every draft is rejected, on a step where one draft pays only above 0.5 acceptance (60 ms plain,
+    70 ms to verify two tokens, 20 ms a draft: a long context), the pool at 0.75: K asked at each step."""
+    ctrl = GoodputController(cost=CostModel.linear(50e-3, 0.0, 10e-3, 0.0), cheap_draft=0.0, explore=explore)
+    ctrl.cost.seed_draft(20e-3)
+    ctrl.acceptance.seed_pool(0.75, 8.0)
+    seqs, asked = make_seqs(1), []
+    for _ in range(steps):
+        ks = ctrl.choose(seqs, K_MAX)
+        seconds = ctrl.cost.predict(1, ks[0], 3)
+        ctrl.observe(StepStats(seqs, ks, [0], seconds, ks[0] + 1, 3.0, 20e-3 * ks[0], seconds - 20e-3 * ks[0]))
+        asked.append(min(ks[0], 1))
+    return asked
+
+
+def test_one_early_miss_does_not_stop_a_draft_that_pays_and_misses_keep_stopping_it():
+    """The pool says 0.75, the first draft misses (0.375 now, below the 0.5 a draft needs): with thin evidence
+    the row drafts once more; a second miss stops it, and it stays stopped. Control: no exploration, the first
+    miss stops it (until a probe)."""
+    assert drafting_steps_after_misses(1.0) == [1, 1] + [0] * 8
+    assert drafting_steps_after_misses(0.0) == [1] + [0] * 9
+
+
 @pytest.mark.parametrize("k_max", [0, 1])
 def test_respects_k_max(k_max):
     ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
