@@ -17,10 +17,10 @@ non-negative hinges also keep the curve convex). An online multiplicative correc
 predicted verify time) heals a profile measured on a busier or quieter machine, and the draft coefficients are
 learned online from measured propose times. The per-row term matters: an n-gram lookup costs the same for
 K = 1 and K = 8, and without g a fit through K = 1-3 steps charges it per position and calls K = 8 expensive.
-So does the context term: each token a draft model drafts reads its row's whole cache. The Qwen2.5-Coder 0.5B
-was priced at 10.7 ms a draft after the load probe's short prompt, and drafted at 14-15 ms a token after 2,048;
-`goodput`, learning that only slowly from a price with no context in it, drafted 3 tokens a step there where
-fixed K = 2 was 1.24x faster (`bench long-context`, code dev text, 2026-11-28).
+So does the context term: each token a draft model drafts reads its row's whole cache (s; capped at a windowed
+draft's window, `draft_context_cap`). The Qwen2.5-Coder 0.5B's one-token step is 10.9 ms after the load probe's
+86 tokens and 21.9 ms after 8,192 (results/goodput_draft_context.json): priced at the first alone, as it was,
+a draft at 8,192 tokens looked half its cost.
 A profile is JSON: coefficients plus the fingerprint (model, device, dtype, torch) it was measured for.
 """
 
