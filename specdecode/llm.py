@@ -250,15 +250,12 @@ class LLM:
         price = self.pair_price
         if isinstance(controller, GoodputController) and price is not None:
             chunk = self.engine_config.max_num_batched_tokens  # the draft's catch-up budget a step (drafters/)
-            steps = ((price.context, price.draft_step_s),) + (
-                ((price.long_context, price.draft_step_long_s),) if price.long_context else ()
-            )
             controller.seed_pair(
                 price.acceptance,
                 price.draft_step_s,
                 price.draft_read_s,
                 catch_up_chunk=chunk,
-                steps=steps,
+                steps=price.steps,
                 window=self.spec.draft_window,
             )
         return controller

@@ -209,9 +209,8 @@ class GoodputController(ControllerBase):
         bonus = self.explore * np.sqrt(first * (1 - first) / (evidence + 1.0)) * thin  # [B]
         if not bonus.any():
             return 0
-        tokens = 1.0 + np.minimum(first + bonus, 1.0) * (caps > 0)  # [B] expected tokens at K = 1
-        one = tokens.sum() / self.cost.predict(len(seqs), 1, context)
-        return int(one > len(seqs) / self.cost.predict(len(seqs), 0, context) * (1.0 + self.margin))
+        gain = goodput_curve(np.minimum(first + bonus, 1.0)[:, None], np.minimum(caps, 1), self.cost, context)  # [2]
+        return int(gain[1] > gain[0] * (1.0 + self.margin))
 
     def _drafting_is_cheap(self, num_seqs: int, k_max: int, context: float) -> bool:
         """Drafting K_max rather than 1 for every row costs under `cheap_draft` of a plain step (learned from

@@ -40,6 +40,12 @@ class PairPrice:
     long_context: int = 0  # cached tokens of the draft_step_long_s timing (0: not timed)
     draft_step_long_s: float = 0.0  # median seconds of a steady one-token draft forward after long_context tokens
 
+    @property
+    def steps(self) -> tuple[tuple[int, float], ...]:
+        """(cached tokens, seconds) of each steady draft step timed: `GoodputController.seed_pair`'s `steps`."""
+        long = ((self.long_context, self.draft_step_long_s),) if self.long_context else ()
+        return ((self.context, self.draft_step_s), *long)
+
 
 def _forward(model: LlamaModel, cache, tokens: list[int], start: int) -> torch.Tensor:
     """Cache `tokens` after `start` cached ones in slot 0; logits [len(tokens), vocab]."""
