@@ -1,0 +1,313 @@
+"""Replay speculation controllers on the Qwen2.5-Coder pair without this machine's timing noise.
+
+    python -m experiments.goodput_replay [--contexts 256,2048,8192] [--texts 6] [--max-tokens 64]
+        [--split dev] [--out results/goodput_replay.json]
+
+Greedy verification accepts a draft model's drafts exactly while they spell what the target says next, and a draft
+model drafting on the true prefix is the draft model teacher-forced there. So one greedy response of the target and
+one teacher-forced forward of the 0.5B over prompt + response give, for every position t, the run of drafts the
+0.5B would get accepted from t (and its confidence at each, for `--draft-stop-below`), whatever K a controller
+asks. Step times come from a table timed once in this process (target forwards of 1..K_MAX + 1 tokens, draft
+forwards of 1..3 and 16 tokens, after each context's cached tokens; medians of interleaved repeats), so every
+arm is charged the same prices and the comparison has no noise left but the texts'.
+
+Each arm decodes every text of a context in turn, as a server would see them one after another: `goodput`
+(seeded by the pair's load probe, as `LLM.new_controller` seeds it) carries its pool of ended requests from one
+text to the next; a variant re-seeds only what its name says. The fixed arms draft K every step (K = 0: none).
+The draft reads each prompt before the first step (bench long-context warms it the same way). What this leaves
+out: the engine's own overhead between forwards (the same for every arm), and the draft's confidences after a
+rejected draft (taken on the true prefix: a draft made after a miss is wasted whatever it says).
+
+The text is the code set's --split part (dev by default: this chooses how the controller works, so never the eval
+prompts), cut at offsets ROW_STRIDE apart as bench long-context cuts its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from specdecode.bench import long_context as lc
+from specdecode.bench.lib import provenance, write_result
+from specdecode.config import SamplingParams
+from specdecode.control.goodput import GoodputController
+from specdecode.llm import LLM
+from specdecode.models.llama import AttentionMetadata
+from specdecode.step.proposal import Proposal
+from specdecode.step.sequence import Sequence
+from specdecode.step.stats import StepStats
+
+K_MAX = 5
+DRAFT_WIDTHS = (1, 2, 3, 16)  # draft forward widths timed; a catch-up of other widths is interpolated
+STOP_BELOW = 0.7  # the pair's default arm under the fast arithmetic (arms.py)
+CHUNK = 512  # teacher-forced forwards, in pieces
+
+
+@dataclass
+class Text:
+    prompt: list[int]
+    response: list[int]  # the target's greedy tokens after the prompt
+    agree: np.ndarray  # [R] bool: the draft's top token on the true prefix is response[i]
+    confidence: np.ndarray  # [R] the draft's top probability there
+
+
+@dataclass
+class Prices:
+    """Seconds of one forward after `context` cached tokens: target by width, draft by width."""
+
+    target: dict[int, float]
+    draft: dict[int, float]
+
+    def draft_s(self, width: int) -> float:
+        if width <= 0:
+            return 0.0
+        known = sorted(self.draft)
+        if width in self.draft:
+            return self.draft[width]
+        lo = max(w for w in known if w < width)
+        hi = min((w for w in known if w > width), default=known[-1])
+        if hi == lo:
+            return self.draft[lo] * width / lo
+        return self.draft[lo] + (self.draft[hi] - self.draft[lo]) * (width - lo) / (hi - lo)
+
+
+def forward(model, cache, tokens: list[int], start: int, logits: bool = True) -> torch.Tensor:
+    ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
+    meta = AttentionMetadata.build([0], [start], len(tokens), model.device)
+    return model(ids, meta, cache)[0]  # [T, vocab]
+
+
+@torch.inference_mode()
+def teacher_forced(draft, prompt: list[int], response: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """[R] agreement and [R] top probability of the draft at each response position, on the true prefix."""
+    text = prompt + response
+    cache = draft.new_cache(1, len(text) + 1)
+    agree, confidence = [], []
+    for start in range(0, len(text) - 1, CHUNK):
+        piece = text[start : min(start + CHUNK, len(text) - 1)]
+        logits = forward(draft, cache, piece, start).float()  # [T, vocab]: position i predicts text[start + i + 1]
+        first = max(len(prompt) - 1 - start, 0)  # the first position that predicts a response token
+        if first >= len(piece):
+            continue
+        probs = logits[first:].softmax(-1)  # [T', vocab]
+        top, arg = probs.max(-1)
+        truth = torch.tensor(text[start + first + 1 : start + len(piece) + 1])
+        agree.append((arg == truth).numpy())
+        confidence.append(top.numpy())
+    return np.concatenate(agree), np.concatenate(confidence)
+
+
+@torch.inference_mode()
+def time_prices(base: LLM, context: int, repeats: int = 7) -> Prices:
+    """Forward times after `context` cached tokens (the cache's values do not change what a forward costs)."""
+    target, draft = base.target, base.draft_model
+    tcache = target.new_cache(1, context + K_MAX + 2)
+    dcache = draft.new_cache(1, context + max(DRAFT_WIDTHS) + 1)
+    jobs = [("target", w) for w in range(1, K_MAX + 2)] + [("draft", w) for w in DRAFT_WIDTHS]
+    times: dict[tuple[str, int], list[float]] = {j: [] for j in jobs}
+    for r in range(repeats + 1):
+        for role, w in jobs:
+            model, cache = (target, tcache) if role == "target" else (draft, dcache)
+            t0 = time.perf_counter()
+            forward(model, cache, [100] * w, context)
+            if r:  # the first round warms up
+                times[(role, w)].append(time.perf_counter() - t0)
+    med = {j: statistics.median(v) for j, v in times.items()}
+    return Prices({w: med[("target", w)] for w in range(1, K_MAX + 2)}, {w: med[("draft", w)] for w in DRAFT_WIDTHS})
+
+
+class Replay:
+    """One arm over a list of texts; `controller` None: fixed K."""
+
+    def __init__(self, controller: GoodputController | None, k: int, prices: Prices, stop_below: float) -> None:
+        self.controller, self.k, self.prices, self.stop_below = controller, k, prices, stop_below
+        self.seconds = 0.0
+        self.tokens = 0
+        self.k_chosen: list[int] = []
+        self.backlog = 0  # tokens the draft has yet to read of the current text
+        if controller is not None:
+            controller.unread = lambda seq: self.backlog
+
+    def run(self, text: Text, name: str, max_tokens: int) -> None:
+        params = SamplingParams(max_tokens=max_tokens)
+        seq = Sequence(name, text.prompt, params, max_len=len(text.prompt) + len(text.response) + K_MAX + 2)
+        seq.token_ids.append(text.response[0])  # the prefill's token: the draft read the prompt (warmed up)
+        seq.metrics.num_generated = 1
+        self.backlog = 1
+        end = min(max_tokens, len(text.response))  # a response that ended early (EOS) ends the request there
+        while seq.metrics.num_generated < end:
+            self.step(seq, text, end)
+        if self.controller is not None:
+            self.controller.forget(seq)
+
+    def step(self, seq: Sequence, text: Text, end: int) -> None:
+        t = seq.metrics.num_generated  # response tokens in token_ids; drafts would be response[t], ...
+        k = self.k if self.controller is None else self.controller.choose([seq], K_MAX)[0]
+        k = max(0, min(k, end - t - 1))  # as the engine clamps K: the step's tokens stay within the request's
+        self.k_chosen.append(k)
+        n = self.drafted(text, t, k)
+        if self.controller is not None and n:
+            proposal = Proposal(torch.full((1, n), 100), torch.tensor([n]), None, torch.ones(1, n))
+            n = int(self.controller.truncate([seq], proposal).num_tokens[0])
+        run = 0
+        while run < n and text.agree[t + run]:
+            run += 1
+        accepted = min(n, run)
+        draft_s = self.prices.draft_s(self.backlog) + (n - 1) * self.prices.draft_s(1) if n else 0.0
+        verify_s = self.prices.target[n + 1]
+        self.backlog = self.backlog_after(n, accepted)
+        seq.token_ids.extend(text.response[t : t + accepted + 1])
+        seq.metrics.num_generated += accepted + 1
+        self.seconds += draft_s + verify_s
+        self.tokens += accepted + 1
+        if self.controller is not None:
+            context = float(seq.num_cached - accepted - 1)
+            stats = StepStats([seq], [n], [accepted], draft_s + verify_s, n + 1, context, draft_s, verify_s)
+            self.controller.observe(stats)
+
+    def drafted(self, text: Text, t: int, k: int) -> int:
+        """Drafts the 0.5B makes when asked for k at response position t: it stops after a doubtful one."""
+        for j in range(k):
+            if self.stop_below > 0.0 and text.confidence[t + j] < self.stop_below:
+                return j + 1
+        return k
+
+    def backlog_after(self, n: int, accepted: int) -> int:
+        """What the draft has to read next step: the bonus token, and the last draft when all were accepted (it
+        cached pending and its drafts but the last); at K = 0 the backlog grows by the step's token."""
+        if n == 0:
+            return self.backlog + 1
+        return 2 if accepted == n else 1
+
+
+def texts_for(base: LLM, text_ids: list[int], context: int, count: int, max_tokens: int, bar) -> list[Text]:
+    prompts = lc.context_prompts(base, text_ids, context, count, True)
+    out = []
+    for prompt in prompts:
+        response = base.generate([prompt], SamplingParams(max_tokens=max_tokens))[0].outputs[0].token_ids
+        agree, confidence = teacher_forced(base.draft_model, prompt, list(response))
+        out.append(Text(prompt, list(response), agree, confidence))
+        bar.update(1)
+    return out
+
+
+def save_cell(path: str, context: int, texts: list[Text], prices: Prices) -> None:
+    """A context's texts and prices, to replay other controllers on later (`--texts-file`) without the responses'
+    generation (a 8,192-token text took ~3 minutes of prefill here)."""
+    arrays = {f"{context}_{i}_{field}": np.asarray(getattr(t, field)) for i, t in enumerate(texts) for field in vars(t)}
+    arrays[f"{context}_target"] = np.array([prices.target[w] for w in sorted(prices.target)])
+    arrays[f"{context}_draft"] = np.array([[w, prices.draft[w]] for w in sorted(prices.draft)])
+    old = dict(np.load(path)) if Path(path).exists() else {}
+    np.savez(path, **{**old, **arrays})
+
+
+def load_cell(path: str, context: int) -> tuple[list[Text], Prices] | None:
+    if not Path(path).exists():
+        return None
+    data = np.load(path)
+    if f"{context}_target" not in data:
+        return None
+    count = len({k.split("_")[1] for k in data if k.startswith(f"{context}_") and k.split("_")[1].isdigit()})
+    texts = [
+        Text(
+            data[f"{context}_{i}_prompt"].tolist(),
+            data[f"{context}_{i}_response"].tolist(),
+            data[f"{context}_{i}_agree"],
+            data[f"{context}_{i}_confidence"],
+        )
+        for i in range(count)
+    ]
+    target = {w + 1: float(s) for w, s in enumerate(data[f"{context}_target"])}
+    draft = {int(w): float(s) for w, s in data[f"{context}_draft"]}
+    return texts, Prices(target, draft)
+
+
+def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
+    """The arms replayed: fixed K, goodput as it ships, and goodput with other per-request prior weights."""
+    out = {f"fixed:{k}": Replay(None, k, prices, STOP_BELOW) for k in range(4)}
+    out["goodput"] = Replay(base.new_controller("goodput"), 0, prices, STOP_BELOW)
+    for weight in (2.0, 4.0):
+        ctrl = base.new_controller("goodput")
+        ctrl.acceptance.prior_weight = weight
+        out[f"goodput-w{weight:g}"] = Replay(ctrl, 0, prices, STOP_BELOW)
+    ctrl = base.new_controller("goodput")
+    ctrl.explore = 0.0
+    out["goodput-noexplore"] = Replay(ctrl, 0, prices, STOP_BELOW)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--contexts", default="256,2048,8192")
+    ap.add_argument("--texts", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--split", default="dev", choices=("dev", "eval"))
+    ap.add_argument("--out", default="results/goodput_replay.json")
+    ap.add_argument("--texts-file", help="an .npz of texts and prices: read where it has a context, else written")
+    a = ap.parse_args()
+    contexts = [int(x) for x in a.contexts.split(",")]
+    base = LLM(
+        target="qwen2.5-coder-1.5b-instruct",
+        draft="qwen2.5-coder-0.5b-instruct",
+        method="draft",
+        arithmetic="fast",
+        controller="goodput",  # its load probe prices the pair (LLM._controller)
+        num_speculative_tokens=K_MAX,
+        max_num_seqs=1,
+        max_model_len=max(contexts) + a.max_tokens + 2 * K_MAX + 8,
+    )
+    text_ids = lc.text_ids(base, contexts, a.texts, "code", a.split)
+    cells = []
+    with tqdm(total=len(contexts) * a.texts, unit="text", desc="responses") as bar:
+        for context in contexts:
+            cached = load_cell(a.texts_file, context) if a.texts_file else None
+            if cached is None:
+                texts = texts_for(base, text_ids, context, a.texts, a.max_tokens, bar)
+                prices = time_prices(base, context)
+                if a.texts_file:
+                    save_cell(a.texts_file, context, texts, prices)
+            else:
+                texts, prices = cached
+                bar.update(len(texts))
+            replays = arms(base, prices)
+            for name, replay in replays.items():
+                for i, text in enumerate(texts):
+                    replay.run(text, f"{name}-{i}", a.max_tokens)
+            tps = {name: r.tokens / r.seconds for name, r in replays.items()}
+            best = max((n for n in tps if n.startswith("fixed")), key=tps.get)
+            cell = {
+                "context": context,
+                "prices_ms": {
+                    "target": {w: 1e3 * s for w, s in prices.target.items()},
+                    "draft": {w: 1e3 * s for w, s in prices.draft.items()},
+                },
+                "first_draft_agreement": float(np.mean([t.agree.mean() for t in texts])),
+                "tokens_per_s": tps,
+                "mean_k": {name: float(np.mean(r.k_chosen)) for name, r in replays.items()},
+                "best_fixed": best,
+                "over_best_fixed": {name: v / tps[best] for name, v in tps.items()},
+            }
+            cells.append(cell)
+            tqdm.write(
+                f"N={context}: agreement {cell['first_draft_agreement']:.2f}; best fixed {best}; "
+                + "  ".join(f"{n} {v:.3f} (K {cell['mean_k'][n]:.2f})" for n, v in cell["over_best_fixed"].items())
+            )
+    result = {
+        **provenance(model=base.target),
+        "command": "python -m experiments.goodput_replay "
+        f"--contexts {a.contexts} --texts {a.texts} --max-tokens {a.max_tokens} --split {a.split}",
+        "pair_price": base.pair_price.__dict__,
+        "cells": cells,
+    }
+    print(f"wrote {write_result(a.out, result)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""experiments.goodput_replay charges each replayed step what the engine would do at it: drafts accepted while the
+teacher-forced draft agrees, the draft's catch-up by its backlog, the verify by its width."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experiments.goodput_replay import Prices, Replay, Text, load_cell, save_cell
+from specdecode.control.goodput import GoodputController
+
+PRICES = Prices({w: 0.01 * (1 + 0.1 * w) for w in range(1, 7)}, {1: 0.003, 2: 0.004, 3: 0.005, 16: 0.018})
+
+
+def text(agree: list[bool], confidence: float = 0.9) -> Text:
+    n = len(agree)
+    return Text(list(range(10)), list(range(100, 100 + n)), np.array(agree), np.full(n, confidence))
+
+
+def replayed(k: int, agree: list[bool]) -> Replay:
+    replay = Replay(None, k, PRICES, 0.7)
+    replay.run(text(agree), "r", 64)
+    return replay
+
+
+def test_fixed_k_is_charged_step_by_step():
+    # 9 tokens, the first from the prefill. Step 1 at t = 1: drafts 100+1, +2 both agree -> 3 tokens (t = 4), the
+    # draft reads 1 token then drafts once more; all accepted, so its next backlog is 2. Step 2 at t = 4: draft 4
+    # misses -> 1 token (t = 5). Step 3 at t = 5: both agree -> t = 8. Step 4 at t = 8: no room left (end 9): K 0.
+    replay = replayed(2, [True, True, True, True, False, True, True, True, True])
+    assert replay.k_chosen == [2, 2, 2, 0] and replay.tokens == 8
+    draft = (0.003 + 0.003) + (0.004 + 0.003) + (0.003 + 0.003)  # backlogs 1, 2, 1
+    verify = 3 * PRICES.target[3] + PRICES.target[1]
+    assert replay.seconds == pytest.approx(draft + verify)
+
+
+@pytest.mark.parametrize("agrees", [True, False], ids=["right", "control-wrong"])
+def test_a_draft_pays_only_where_it_agrees(agrees):
+    """The same assertion fails for a draft that is never right: its steps pay drafts and a wider verify for one
+    token each."""
+    agree = [agrees] * 30
+    speculating, plain = replayed(2, agree), replayed(0, agree)
+    assert speculating.tokens == plain.tokens == 29
+    assert (speculating.seconds < 0.7 * plain.seconds) == agrees
+
+
+def test_a_doubtful_draft_stops_the_chain():
+    replay = Replay(None, 3, PRICES, 0.7)
+    replay.run(text([True] * 6, confidence=0.5), "r", 64)  # every draft doubtful: one a step
+    assert replay.tokens == 5 and replay.seconds == pytest.approx(
+        PRICES.draft[1] + PRICES.draft[2] + PRICES.target[2] * 2 + PRICES.target[1]
+    )
+
+
+def test_goodput_replays_through_the_real_controller():
+    ctrl = GoodputController()
+    ctrl.acceptance.seed_pool(0.9, 8.0)
+    replay = Replay(ctrl, 0, PRICES, 0.0)
+    for i in range(3):
+        replay.run(text([True] * 40), f"r{i}", 64)
+    assert replay.tokens == 3 * 39 and max(replay.k_chosen) > 1  # it drafts on a draft that is always right
+    assert not ctrl.live_request_ids()  # each request ended
+
+
+def test_texts_and_prices_come_back_as_saved(tmp_path):
+    path = str(tmp_path / "texts.npz")
+    texts = [text([True, False, True]), text([False] * 5, confidence=0.3)]
+    save_cell(path, 256, texts, PRICES)
+    save_cell(path, 2048, texts[:1], PRICES)  # another context joins the same file
+    back, prices = load_cell(path, 256)
+    assert [t.response for t in back] == [t.response for t in texts] and back[0].prompt == texts[0].prompt
+    assert [t.agree.tolist() for t in back] == [t.agree.tolist() for t in texts]
+    assert prices == PRICES and len(load_cell(path, 2048)[0]) == 1 and load_cell(path, 8192) is None
+    first, again = replayed(2, [True, False, True] * 4), Replay(None, 2, prices, 0.7)
+    again.run(
+        Text(back[0].prompt, [100 + i for i in range(12)], np.array([True, False, True] * 4), np.full(12, 0.9)), "r", 64
+    )
+    assert (again.tokens, again.seconds) == (first.tokens, first.seconds)
