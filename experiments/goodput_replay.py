@@ -1,7 +1,7 @@
 """Replay speculation controllers on the Qwen2.5-Coder pair without this machine's timing noise.
 
     python -m experiments.goodput_replay [--contexts 256,2048,8192] [--texts 6] [--max-tokens 64]
-        [--split dev] [--out results/goodput_replay.json]
+        [--split dev] [--out results/goodput_replay.json] [--texts-file texts.npz]
 
 Greedy verification accepts a draft model's drafts exactly while they spell what the target says next, and a draft
 model drafting on the true prefix is the draft model teacher-forced there. So one greedy response of the target and
