@@ -35,6 +35,21 @@ FIXED = [ArmSpec("none", "fixed", 0), *(ArmSpec(f"fixed:{k}", "fixed", k) for k 
 GOODPUTS = ("goodput", "goodput-short")
 
 
+def pair_llm(**settings) -> LLM:
+    """The Qwen2.5-Coder pair as these experiments load it: the 1.5B target and its 0.5B draft, fast arithmetic,
+    `goodput` (whose load probe prices the pair: LLM._controller), K_MAX drafts, one row; `settings` add to it."""
+    return LLM(
+        target="qwen2.5-coder-1.5b-instruct",
+        draft="qwen2.5-coder-0.5b-instruct",
+        method="draft",
+        arithmetic="fast",
+        controller="goodput",
+        num_speculative_tokens=K_MAX,
+        max_num_seqs=1,
+        **settings,
+    )
+
+
 def short_priced(base: LLM) -> GoodputController:
     """goodput as seeded before the context term: the probe's short-prompt step, taken as a step after no context."""
     price = base.pair_price
@@ -107,17 +122,7 @@ def main() -> None:
     ap.add_argument("--out", default="results/goodput_draft_context.json")
     a = ap.parse_args()
     contexts = [int(x) for x in a.contexts.split(",")]
-    base = LLM(
-        target="qwen2.5-coder-1.5b-instruct",
-        draft="qwen2.5-coder-0.5b-instruct",
-        method="draft",
-        arithmetic="fast",
-        controller="goodput",
-        num_speculative_tokens=K_MAX,
-        max_num_seqs=1,
-        max_model_len=64,
-        max_num_batched_tokens=lc.PREFILL_BUDGET,
-    )
+    base = pair_llm(max_model_len=64, max_num_batched_tokens=lc.PREFILL_BUDGET)
     text = lc.text_ids(base, contexts, 1, "code", a.split)
     cells = []
     with tqdm(total=len(contexts) * a.repeats * (len(FIXED) + len(GOODPUTS)), unit="arm") as bar:

@@ -34,17 +34,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from experiments.goodput_draft_context import K_MAX, pair_llm
 from specdecode.bench import long_context as lc
 from specdecode.bench.lib import provenance, write_result
 from specdecode.config import SamplingParams
 from specdecode.control.goodput import GoodputController
+from specdecode.control.pair_probe import forward_one_row
 from specdecode.llm import LLM
-from specdecode.models.llama import AttentionMetadata
 from specdecode.step.proposal import Proposal
 from specdecode.step.sequence import Sequence
 from specdecode.step.stats import StepStats
 
-K_MAX = 5
 DRAFT_WIDTHS = (1, 2, 3, 16)  # draft forward widths timed; a catch-up of other widths is interpolated
 STOP_BELOW = 0.7  # the pair's default arm under the fast arithmetic (arms.py)
 CHUNK = 512  # teacher-forced forwards, in pieces
@@ -78,12 +78,6 @@ class Prices:
         return self.draft[lo] + (self.draft[hi] - self.draft[lo]) * (width - lo) / (hi - lo)
 
 
-def forward(model, cache, tokens: list[int], start: int, logits: bool = True) -> torch.Tensor:
-    ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
-    meta = AttentionMetadata.build([0], [start], len(tokens), model.device)
-    return model(ids, meta, cache)[0]  # [T, vocab]
-
-
 @torch.inference_mode()
 def teacher_forced(draft, prompt: list[int], response: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """[R] agreement and [R] top probability of the draft at each response position, on the true prefix."""
@@ -92,7 +86,9 @@ def teacher_forced(draft, prompt: list[int], response: list[int]) -> tuple[np.nd
     agree, confidence = [], []
     for start in range(0, len(text) - 1, CHUNK):
         piece = text[start : min(start + CHUNK, len(text) - 1)]
-        logits = forward(draft, cache, piece, start).float()  # [T, vocab]: position i predicts text[start + i + 1]
+        logits = forward_one_row(
+            draft, cache, piece, start
+        ).float()  # [T, vocab]: position i predicts text[start + i + 1]
         first = max(len(prompt) - 1 - start, 0)  # the first position that predicts a response token
         if first >= len(piece):
             continue
@@ -116,7 +112,7 @@ def time_prices(base: LLM, context: int, repeats: int = 7) -> Prices:
         for role, w in jobs:
             model, cache = (target, tcache) if role == "target" else (draft, dcache)
             t0 = time.perf_counter()
-            forward(model, cache, [100] * w, context)
+            forward_one_row(model, cache, [100] * w, context)
             if r:  # the first round warms up
                 times[(role, w)].append(time.perf_counter() - t0)
     med = {j: statistics.median(v) for j, v in times.items()}
@@ -253,16 +249,7 @@ def main() -> None:
     ap.add_argument("--texts-file", help="an .npz of texts and prices: read where it has a context, else written")
     a = ap.parse_args()
     contexts = [int(x) for x in a.contexts.split(",")]
-    base = LLM(
-        target="qwen2.5-coder-1.5b-instruct",
-        draft="qwen2.5-coder-0.5b-instruct",
-        method="draft",
-        arithmetic="fast",
-        controller="goodput",  # its load probe prices the pair (LLM._controller)
-        num_speculative_tokens=K_MAX,
-        max_num_seqs=1,
-        max_model_len=max(contexts) + a.max_tokens + 2 * K_MAX + 8,
-    )
+    base = pair_llm(max_model_len=max(contexts) + a.max_tokens + 2 * K_MAX + 8)
     text_ids = lc.text_ids(base, contexts, a.texts, "code", a.split)
     cells = []
     with tqdm(total=len(contexts) * a.texts, unit="text", desc="responses") as bar:

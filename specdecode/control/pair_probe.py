@@ -47,7 +47,7 @@ class PairPrice:
         return ((self.context, self.draft_step_s), *long)
 
 
-def _forward(model: LlamaModel, cache, tokens: list[int], start: int) -> torch.Tensor:
+def forward_one_row(model: LlamaModel, cache, tokens: list[int], start: int) -> torch.Tensor:
     """Cache `tokens` after `start` cached ones in slot 0; logits [len(tokens), vocab]."""
     ids = torch.tensor([tokens], dtype=torch.long, device=model.device)  # [1, T]
     meta = AttentionMetadata.build([0], [start], len(tokens), model.device)
@@ -57,9 +57,9 @@ def _forward(model: LlamaModel, cache, tokens: list[int], start: int) -> torch.T
 def greedy_continuation(target: LlamaModel, prompt_ids: list[int], new_tokens: int) -> list[int]:
     """The target's greedy next `new_tokens` tokens after prompt_ids, one forward each after the prompt's."""
     cache = target.new_cache(1, len(prompt_ids) + new_tokens + 1)
-    out = [int(_forward(target, cache, prompt_ids, 0)[-1].argmax())]
+    out = [int(forward_one_row(target, cache, prompt_ids, 0)[-1].argmax())]
     while len(out) < new_tokens:
-        out.append(int(_forward(target, cache, out[-1:], len(prompt_ids) + len(out) - 1)[-1].argmax()))
+        out.append(int(forward_one_row(target, cache, out[-1:], len(prompt_ids) + len(out) - 1)[-1].argmax()))
     return out
 
 
@@ -76,7 +76,7 @@ def probe_pair(
     long_context = min(LONG_CONTEXT, limit - repeats - 1)
     cache = draft.new_cache(1, max(len(text), long_context) + repeats + 1)
     t0 = time.perf_counter()
-    logits = _forward(draft, cache, text[:-1], 0)  # [P + N - 1, vocab]: position i predicts token i + 1
+    logits = forward_one_row(draft, cache, text[:-1], 0)  # [P + N - 1, vocab]: position i predicts token i + 1
     read_s = (time.perf_counter() - t0) / (len(text) - 1)
     guesses = logits[len(prompt_ids) - 1 :].argmax(-1).tolist()  # [N] the draft's guess at each written token
     agree = sum(g == w for g, w in zip(guesses, written, strict=True))
@@ -94,6 +94,6 @@ def steady_steps(draft: LlamaModel, cache, token: int, starts: list[int], repeat
     for r in range(repeats + 1):
         for i, start in enumerate(starts):
             t0 = time.perf_counter()
-            _forward(draft, cache, [token], start + r)
+            forward_one_row(draft, cache, [token], start + r)
             times[i].append(time.perf_counter() - t0)
     return [statistics.median(ts[1:]) for ts in times]
