@@ -15,7 +15,9 @@ row of 9 tokens cost 38.0 (results/cost_attention.json), and without r the fit m
 Coefficients are fitted by non-negative least squares (a negative per-token cost would reward padding;
 non-negative hinges also keep the curve convex). An online multiplicative correction (EWMA of measured /
 predicted verify time) heals a profile measured on a busier or quieter machine, and the draft coefficients are
-learned online from measured propose times. The per-row term matters: an n-gram lookup costs the same for
+learned online from measured propose times; a draft price seeded at load (seed_draft) keeps its shape, and takes
+its level from the median measured / seeded price of the first SEED_CHECKS drafting steps (a load on a busy
+machine priced the 0.5B's drafts at 2.5x). The per-row term matters: an n-gram lookup costs the same for
 K = 1 and K = 8, and without g a fit through K = 1-3 steps charges it per position and calls K = 8 expensive.
 So does the context term: each token a draft model drafts reads its row's whole cache (s; capped at a windowed
 draft's window, `draft_context_cap`). The Qwen2.5-Coder 0.5B's one-token step is 10.9 ms after the load probe's
@@ -47,6 +49,7 @@ VERIFY_TERMS = (
 )
 DRAFT_TERMS = ("per_position", "per_row_position", "per_row", "per_row_position_kctx")
 MIN_SAMPLES = 4
+SEED_CHECKS = 5  # drafting steps whose measured times set the seeded draft price's level
 
 
 class ProfileError(ValueError):
@@ -107,6 +110,13 @@ class CostModel:
     draft_context_cap: int = 0
     _draft_xtx: np.ndarray = field(default_factory=lambda: np.zeros((len(DRAFT_TERMS),) * 2))  # [D, D] X^T X
     _draft_xty: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # [D] decayed X^T y
+    # The seed (seed_draft) apart: its pseudo-steps decay with the real ones, and its times are scaled by
+    # seed_level, the median of measured / seeded price over the first SEED_CHECKS drafting steps (see observe).
+    _seed_xtx: np.ndarray = field(default_factory=lambda: np.zeros((len(DRAFT_TERMS),) * 2))  # [D, D]
+    _seed_xty: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # [D] at the seeded times
+    _seed_coef: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # [D] the seed's own fit
+    _seed_ratios: list[float] = field(default_factory=list)  # measured / seeded price of the first drafting steps
+    seed_level: float = 1.0
 
     # ---- fitting and prediction -----------------------------------------------------------------------
     @classmethod
@@ -148,9 +158,28 @@ class CostModel:
         contexts, the fit prices the draft's attention (per_row_position_kctx) from their difference."""
         for k in (1, 4):
             x = draft_features(1, k, self.draft_context(context))  # [D]
-            self._draft_xtx = self._draft_xtx + weight * np.outer(x, x)
-            self._draft_xty = self._draft_xty + weight * x * seconds_per_draft * k
-        self.draft_coef = nnls_gram(self._draft_xtx, self._draft_xty)
+            self._seed_xtx = self._seed_xtx + weight * np.outer(x, x)
+            self._seed_xty = self._seed_xty + weight * x * seconds_per_draft * k
+        self._seed_coef = nnls_gram(self._seed_xtx, self._seed_xty)
+        self._refit_draft()
+
+    def _refit_draft(self) -> None:
+        xtx = self._draft_xtx + self._seed_xtx  # [D, D]
+        self.draft_coef = nnls_gram(xtx, self._draft_xty + self.seed_level * self._seed_xty)
+
+    def _check_seed(self, x: np.ndarray, propose_s: float) -> bool:
+        """Set the seed's level from a drafting step's measured time x -> propose_s, for the first SEED_CHECKS
+        such steps; True if it changed. The seed is timed once at load, and a machine busy then (another process
+        loading beside it: the 0.5B priced at 30 ms a draft, not 12) priced drafts at 2.5x: `goodput` chose K = 0
+        and, at 8 pseudo-steps against one real step per probe, would have needed ~8 probes' steady steps to
+        learn otherwise. The level takes the seed's price to what steps measure, and keeps its shape (the
+        attention's price from its two contexts); the median lets no one stalled step set it."""
+        predicted = float(x @ self._seed_coef)
+        if len(self._seed_ratios) >= SEED_CHECKS or predicted <= 0 or propose_s <= 0:
+            return False
+        self._seed_ratios.append(float(np.clip(propose_s / predicted, 0.1, 10.0)))
+        self.seed_level = float(np.median(self._seed_ratios))
+        return True
 
     # ---- online updates -------------------------------------------------------------------------------
     def observe(
@@ -163,11 +192,15 @@ class CostModel:
             self.correction += self.correction_alpha * (ratio - self.correction)
         if learn_draft and k > 0 and propose_s >= 0:
             x = draft_features(num_seqs, k, self.draft_context(context))  # [D]
+            checked = self._check_seed(x, propose_s)
             self._draft_xtx = self.draft_decay * self._draft_xtx + np.outer(x, x)
             self._draft_xty = self.draft_decay * self._draft_xty + x * propose_s
+            self._seed_xtx = self.draft_decay * self._seed_xtx
+            self._seed_xty = self.draft_decay * self._seed_xty
             self._draft_seen += 1
-            if self._draft_seen <= self.draft_refit_every or self._draft_seen % self.draft_refit_every == 0:
-                self.draft_coef = nnls_gram(self._draft_xtx, self._draft_xty)
+            first = self._draft_seen <= self.draft_refit_every
+            if checked or first or self._draft_seen % self.draft_refit_every == 0:
+                self._refit_draft()
 
     # ---- profiles -------------------------------------------------------------------------------------
     def to_json(self) -> dict:

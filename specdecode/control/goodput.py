@@ -18,6 +18,12 @@ sat idle must first catch up on every token since it last drafted. On the Qwen2.
 steps fed the 0.5B 17 tokens each time, and `goodput`, choosing K = 0 between probes, ran at 0.85x plain
 decoding (`results/code_dev_pair_draft.json`). So each widening probe's cost is measured (its step's time over
 a plain step's, as the cost model predicts it) and the next one waits until probes stay within the budget.
+
+What a probe cannot do is price a draft: its drafting began with that catch-up. So the step after a widening
+probe drafts once more (`_follow_up`), steady and priced; the first such steps also set the level of the price
+seeded at load (`CostModel.seed_level`), which a machine busy at load had put at 2.5x, holding K at 0 for good.
+A row its draft model has not read yet is probed too, once the steps since the last probe have earned its reading
+at the probe budget (`_probe_affords_reading`): a short prompt soon, a 1,000-token one practically never.
 """
 
 from __future__ import annotations
@@ -99,7 +105,11 @@ class GoodputController(ControllerBase):
         self.probe_budget = probe_budget  # the share of time widening probes may cost
         self.probe_interval = probe_every  # steps between widening probes: probe_every, or more where they cost
         self.widened = False  # this step is a widening probe: observe() measures what it cost
+        self.following = False  # this step is a widening probe's follow-up: observe() adds what it cost
+        self.probe_extra_s = 0.0  # what the last widening probe (and its follow-up) cost over plain decoding
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
+        self.widening: set[str] = set()  # the row a widening probe gave a draft in this step
+        self.follow_up: set[str] = set()  # rows whose widening probe's draft was accepted: one more draft next step
         self.draft_read_s = 0.0  # seconds a token costs a draft model to catch up on (seed_pair); 0: not priced
         self.catch_up_chunk = 0  # tokens a draft model catches up on a step (seed_pair); 0: all at once
         self.unread: Callable[[Sequence], int] | None = None  # tokens of a row its drafter has yet to read
@@ -156,7 +166,22 @@ class GoodputController(ControllerBase):
         reach = np.cumprod(p[:k])  # [k]
         per_token_k = self.cost.predict(num_seqs, k, context) / (1.0 + reach.sum())
         saving = max(remaining, 0) * (self.cost.predict(num_seqs, 0, context) - per_token_k)
-        return saving > text * self.draft_read_s
+        return saving > text * self.read_price()
+
+    def read_price(self) -> float:
+        """Seconds a token costs the draft model to read: the load probe's, at the level that drafting steps have
+        since measured for its drafts (`CostModel.seed_level`: a probe timed on a busy machine prices both high)."""
+        return self.draft_read_s * self.cost.seed_level
+
+    def _probe_affords_reading(self, seq: Sequence, num_seqs: int, context: float) -> bool:
+        """A widening probe may give a row its draft model has not read yet a draft once the steps since the last
+        probe have earned its reading at probe_budget. Never probing such rows kept a row at K = 0 for good
+        whenever drafting looked dear: a pool that had gone pessimistic, or a draft priced on a busy machine,
+        was never tried again, since only drafting rows correct either; probing them whatever they have to read
+        would read a 1,000-token RAG prompt, ~2 s of the 0.5B, for one draft."""
+        text = len(seq.token_ids) if self.unread is None else self.unread(seq)
+        plain = self.cost.predict_verify(num_seqs, 0, context)
+        return text * self.read_price() <= self.probe_budget * plain * self.since_probe
 
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1
@@ -188,7 +213,7 @@ class GoodputController(ControllerBase):
         # neither drafts nor is probed (a probe would pay the reading too).
         unread = [i for i, s in enumerate(seqs) if not self._worth_catching_up(s, max(k, 1), p[i], len(seqs), context)]
         ks[unread] = 0
-        caps[unread] = 0
+        caps[[i for i in unread if not self._probe_affords_reading(seqs[i], len(seqs), context)]] = 0
         return self._probe(seqs, ks.tolist(), caps.tolist())
 
     def _explore(self, seqs: list[Sequence], p: np.ndarray, caps: np.ndarray, context: float) -> int:
@@ -212,6 +237,13 @@ class GoodputController(ControllerBase):
         gain = goodput_curve(np.minimum(first + bonus, 1.0)[:, None], np.minimum(caps, 1), self.cost, context)  # [2]
         return int(gain[1] > gain[0] * (1.0 + self.margin))
 
+    def _drafting_is_dear(self, stats: StepStats) -> bool:
+        """A draft is priced at over `cheap_draft` of a plain step: then its price can hold K at 0."""
+        num_seqs, context = len(stats.seqs), stats.mean_context_len
+        return self.cost.predict_draft(num_seqs, 1, context) > self.cheap_draft * self.cost.predict_verify(
+            num_seqs, 0, context
+        )
+
     def _drafting_is_cheap(self, num_seqs: int, k_max: int, context: float) -> bool:
         """Drafting K_max rather than 1 for every row costs under `cheap_draft` of a plain step (learned from
         propose times; a draft model starts here too, until its first steps have shown what drafting costs).
@@ -234,6 +266,7 @@ class GoodputController(ControllerBase):
 
     def _probe(self, seqs: list[Sequence], ks: list[int], caps: list[int]) -> list[int]:
         """Give drafts back to rows that have been silent for a while, so a recovery is noticed."""
+        ks = self._follow_up(seqs, ks, caps)
         width = max(ks)
         for i, s in enumerate(seqs):
             if ks[i] or caps[i] == 0 or self.idle.get(s.request_id, 0) < self.probe_every:
@@ -244,11 +277,30 @@ class GoodputController(ControllerBase):
                 ks[i] = 1
                 self.since_probe = 0
                 self.widened = True
+                self.widening.add(s.request_id)
+                self.probe_extra_s = 0.0
             else:
                 continue
             self.idle[s.request_id] = 0
             self.acceptance.soften(s.request_id, self.probe_keep)
             self.probing.add(s.request_id)
+        return ks
+
+    def _follow_up(self, seqs: list[Sequence], ks: list[int], caps: list[int]) -> list[int]:
+        """One draft for each row whose widening probe's draft was accepted in the step before.
+
+        A probe's drafting is never a steady price: the draft model first caught up on every token since it last
+        drafted. If the price seeded at load was timed on a busy machine (the 0.5B at 30 ms a draft, not 12),
+        K = 0 then looked right forever: rows at K = 0 only ever drafted in probes, so no step priced a draft
+        again (the replay, results/goodput_replay.json: 0.78x the best fixed K at 256 tokens). The step after an
+        accepted probe drafts once more, with nothing to catch up on, and prices drafting (`observe`); where the
+        draft is right often, that step also pays for itself."""
+        follow, self.follow_up = self.follow_up, set()
+        for i, s in enumerate(seqs):
+            if s.request_id in follow and caps[i] > 0 and ks[i] == 0:
+                ks[i] = 1
+                self.probing.add(s.request_id)
+                self.following |= max(ks) == 1 and sum(ks) == 1  # it alone widens the batch
         return ks
 
     def truncate(self, seqs: list[Sequence], proposal: Proposal) -> Proposal:
@@ -316,6 +368,9 @@ class GoodputController(ControllerBase):
         drafting = {s.request_id for s, proposed in zip(stats.seqs, stats.num_proposed, strict=True) if proposed}
         steady = drafting <= self.drafted_last
         self.drafted_last = drafting
+        widening, self.widening = self.widening, set()
+        dear = bool(widening) and self._drafting_is_dear(stats)
+        self.follow_up = {s.request_id for s in stats.seqs if s.request_id in widening and dear}
         for s, proposed, accepted in zip(stats.seqs, stats.num_proposed, stats.num_accepted, strict=True):
             rid = s.request_id
             if rid in self.tree_verified and proposed:
@@ -326,8 +381,9 @@ class GoodputController(ControllerBase):
         # A step whose forward also cached prompt chunks (fused_prefill) says nothing of a verify's or a probe's
         # price alone: its time is not learned from (a probe in it goes unpriced).
         self.widened &= not stats.prefill_tokens
+        self.following &= not stats.prefill_tokens
         if num_seqs and stats.step_time_s > 0 and not stats.prefill_tokens:
-            if self.widened:
+            if self.widened or self.following:
                 self._price_probe(stats)
             width = stats.num_verified_tokens // num_seqs - 1
             # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
@@ -335,17 +391,23 @@ class GoodputController(ControllerBase):
             self.cost.observe(num_seqs, width, stats.mean_context_len, rest, stats.propose_time_s, steady)
 
     def _price_probe(self, stats: StepStats) -> None:
-        """Space widening probes so that what the last one cost over a plain step stays within probe_budget."""
-        self.widened = False
+        """Space widening probes so that what the last one cost over plain decoding (its step and its follow-up's,
+        less the plain steps their accepted drafts saved) stays within probe_budget."""
         plain = self.cost.predict_verify(len(stats.seqs), 0, stats.mean_context_len)
-        extra = max(stats.step_time_s - plain, 0.0)
-        self.probe_interval = max(self.probe_every, math.ceil(extra / max(self.probe_budget * plain, 1e-9)))
+        extra = stats.step_time_s - plain * (1 + sum(stats.num_accepted) / len(stats.seqs))
+        self.probe_extra_s += extra
+        self.widened = self.following = False
+        spacing = math.ceil(max(self.probe_extra_s, 0.0) / max(self.probe_budget * plain, 1e-9))
+        self.probe_interval = max(self.probe_every, spacing)
 
     def forget(self, seq: Sequence) -> None:
         self.acceptance.forget(seq.request_id)
         self.tree_verified.pop(seq.request_id, None)
         self.idle.pop(seq.request_id, None)
         self.probing.discard(seq.request_id)
+        self.widening.discard(seq.request_id)
+        self.follow_up.discard(seq.request_id)
 
     def live_request_ids(self) -> set[str]:
-        return self.acceptance.request_ids() | set(self.tree_verified) | set(self.idle) | self.probing
+        live = self.acceptance.request_ids() | set(self.tree_verified) | set(self.idle) | self.probing
+        return live | self.widening | self.follow_up

@@ -147,6 +147,29 @@ def test_online_draft_steps_at_a_long_context_are_learned_there():
     assert model.predict_draft(1, 2, 4096) == pytest.approx(2 * (10e-3 + 2e-3 * 4.096), rel=0.05)
 
 
+def busy_seed_after(steps: list[float]) -> CostModel:
+    """A draft priced at 2.5x its cost (seeded at 100 and 2,048 tokens while the machine was busy: 25 ms a draft,
+    plus 5 per 1,000 cached), then one-draft steps at 100 tokens measured at each of `steps` seconds."""
+    model = default_cost_model()
+    for c in (100, 2048):
+        model.seed_draft(2.5 * (10e-3 + 2e-3 * c / 1000), weight=2.0, context=c)
+    for seconds in steps:
+        model.observe(1, 1, 100, model.predict_verify(1, 1, 100), seconds)
+    return model
+
+
+def test_a_seeded_draft_price_takes_the_level_its_first_drafting_steps_measure(monkeypatch):
+    """One steady step at the true 10.2 ms brings a 2.5x seed to it, and the seed's attention slope scales with it
+    (20 ms at 5,000 tokens, never measured); a stalled first step (5x) is outvoted by the next two. Control, the
+    level check removed: after the same step the price is still the seed's, 2.5x the truth."""
+    truth = 10e-3 + 2e-3 * 0.1
+    assert busy_seed_after([truth]).predict_draft(1, 1, 100) == pytest.approx(truth, rel=0.05)
+    assert busy_seed_after([truth]).predict_draft(1, 1, 5000) == pytest.approx(10e-3 + 2e-3 * 5, rel=0.05)
+    assert busy_seed_after([5 * truth, truth, truth]).seed_level == pytest.approx(0.4)
+    monkeypatch.setattr(cost_module, "SEED_CHECKS", 0)
+    assert busy_seed_after([truth]).predict_draft(1, 1, 100) > 2 * truth
+
+
 def draft_refits(monkeypatch, every: int) -> int:
     """NNLS solves of the draft coefficients over 64 drafting steps, refitting every `every`-th."""
     calls = []

@@ -17,6 +17,7 @@ from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController
 from specdecode.control.pair_probe import LONG_CONTEXT, greedy_continuation, probe_pair
 from specdecode.llm import LLM
+from specdecode.step.proposal import Proposal
 from specdecode.step.sequence import Sequence
 
 K_MAX = 8
@@ -213,3 +214,66 @@ def test_a_draft_model_reports_what_it_has_left_to_read(tiny_target, tiny_draft)
     while not seq.metrics.num_drafted:
         llm.engine.step()
     assert llm.engine.drafter.unread(seq) <= 3  # at most the tokens verified in its last step
+
+
+class PairOnCall:
+    """A draft model beside a target, stepped as the engine steps them: the target's step costs what `costly`'s
+    cost model says, a drafted token 10 ms, and a draft that was idle first reads its backlog at 1 ms a token (a
+    fresh request: its whole text). Each draft is right with probability 0.85 until the first miss."""
+
+    def __init__(self, ctrl: GoodputController) -> None:
+        self.ctrl, self.rng, self.backlog = ctrl, np.random.default_rng(0), 0
+        ctrl.unread = lambda seq: self.backlog
+        self.truth = CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3)
+
+    def serve(self, name: str, prompt: int = 100, max_tokens: int = 64) -> list[int]:
+        """One request to its end; the K of each step."""
+        seq = Sequence(name, list(range(prompt)), SamplingParams(max_tokens=max_tokens), max_len=200_000)
+        seq.token_ids.append(7)  # the prefill's token
+        seq.metrics.num_generated = 1
+        self.backlog, ks = len(seq.token_ids), []
+        while seq.metrics.num_generated < max_tokens:
+            room = max_tokens - seq.metrics.num_generated - 1
+            ks.append(self.step(seq, min(self.ctrl.choose([seq], K_MAX)[0], room)))
+        self.ctrl.forget(seq)
+        return ks
+
+    def step(self, seq: Sequence, k: int) -> int:
+        if k:
+            proposal = Proposal(torch.full((1, k), 100), torch.tensor([k]), None, torch.ones(1, k))
+            k = int(self.ctrl.truncate([seq], proposal).num_tokens[0])
+        accepted = int(np.argmin(np.append(self.rng.random(k) < 0.85, False)))
+        context = float(seq.num_cached)
+        draft_s = (self.backlog * 1e-3 + k * 10e-3) if k else 0.0
+        verify_s = self.truth.predict_verify(1, k, context)
+        self.backlog = (2 if accepted == k else 1) if k else self.backlog + 1
+        seq.token_ids.extend([7] * (accepted + 1))
+        seq.metrics.num_generated += accepted + 1
+        self.ctrl.observe(StepStats([seq], [k], [accepted], draft_s + verify_s, k + 1, context, draft_s, verify_s))
+        return k
+
+
+def speculating_share_after_a_busy_probe(requests: int = 32) -> float:
+    """The share of the last 8 requests' steps that draft, for a pair priced at 2.5x its drafts' cost (the load
+    probe timed while another process loaded beside it)."""
+    ctrl = costly_controller()
+    ctrl.seed_pair(0.85, 25e-3, 2.5e-3)
+    pair = PairOnCall(ctrl)
+    ks = [pair.serve(f"r{i}") for i in range(requests)]
+    return float(np.mean([k >= 1 for request_ks in ks[-8:] for k in request_ks]))
+
+
+def test_a_pair_priced_on_a_busy_machine_learns_its_drafts_real_price(monkeypatch):
+    """Priced at 25 ms a draft where drafts cost 10 ms, `goodput` first sees K = 0 as best; its probes, which
+    read a backlog first, price no draft, and the follow-up draft after each probe does: a few probes on, the
+    pair drafts on almost every step (0.98 of them here, as when priced right). Controls, the same run with one
+    part removed: no follow-up draft (every probe's drafting is a catch-up, so no step is priced), and no probe
+    of a row the draft has not read (every request is fresh at its first steps, and drafting looked too dear to
+    read it): K = 0 for good."""
+    assert speculating_share_after_a_busy_probe() >= 0.8
+    with monkeypatch.context() as m:
+        m.setattr(GoodputController, "_follow_up", lambda self, seqs, ks, caps: ks)
+        assert speculating_share_after_a_busy_probe() <= 0.05
+    with monkeypatch.context() as m:
+        m.setattr(GoodputController, "_probe_affords_reading", lambda self, seq, num_seqs, context: False)
+        assert speculating_share_after_a_busy_probe() <= 0.05

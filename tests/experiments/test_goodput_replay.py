@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.goodput_replay import Prices, Replay, Text, load_cell, save_cell
+from experiments.goodput_replay import Prices, Replay, Text, load_cell, replay_passes, save_cell
 from specdecode.control.goodput import GoodputController
 
 PRICES = Prices({w: 0.01 * (1 + 0.1 * w) for w in range(1, 7)}, {1: 0.003, 2: 0.004, 3: 0.005, 16: 0.018})
@@ -76,3 +76,16 @@ def test_texts_and_prices_come_back_as_saved(tmp_path):
         Text(back[0].prompt, [100 + i for i in range(12)], np.array([True, False, True] * 4), np.full(12, 0.9)), "r", 64
     )
     assert (again.tokens, again.seconds) == (first.tokens, first.seconds)
+
+
+def test_passes_are_reported_one_by_one_and_a_controller_keeps_what_it_learned():
+    """A fixed arm's passes over the same texts cost the same; goodput, started from a pessimistic pool (0.3) and a
+    draft at 6 ms, learns from its requests that the draft is always right and is faster in its last pass."""
+    texts = [text([True] * 40) for _ in range(3)]
+    fixed = replay_passes(Replay(None, 2, PRICES, 0.0), texts, "f", 2, 64)
+    assert fixed[0] == pytest.approx(fixed[1])
+    ctrl = GoodputController()
+    ctrl.cost.seed_draft(0.006)
+    ctrl.acceptance.seed_pool(0.3, 8.0)
+    learning = replay_passes(Replay(ctrl, 0, PRICES, 0.0), texts, "g", 3, 64)
+    assert learning[-1] > 1.1 * learning[0]
