@@ -1,7 +1,7 @@
 """Replay speculation controllers on the Qwen2.5-Coder pair without this machine's timing noise.
 
     python -m experiments.goodput_replay [--contexts 256,2048,8192] [--texts 6] [--max-tokens 64]
-        [--split dev] [--out results/goodput_replay.json] [--texts-file texts.npz]
+        [--split dev] [--out results/goodput_replay.json] [--texts-file texts.npz] [--passes 1]
 
 Greedy verification accepts a draft model's drafts exactly while they spell what the target says next, and a draft
 model drafting on the true prefix is the draft model teacher-forced there. So one greedy response of the target and
@@ -13,7 +13,11 @@ arm is charged the same prices and the comparison has no noise left but the text
 
 Each arm decodes every text of a context in turn, as a server would see them one after another: `goodput`
 (seeded by the pair's load probe, as `LLM.new_controller` seeds it) carries its pool of ended requests from one
-text to the next; a variant re-seeds only what its name says. The fixed arms draft K every step (K = 0: none).
+text to the next; a variant re-seeds only what its name says (`goodput-busy-probe`: the load probe's draft prices
+at BUSY times what it measured, as on a machine busy at load). The fixed arms draft K every step (K = 0: none),
+stopping after a draft below STOP_BELOW confidence as the arm does; `-nostop` arms never stop (they are not
+counted as the best fixed arm). With --passes N every arm decodes the texts N times over, and each pass is also
+reported on its own: a controller seeded wrong shows in the first pass, whether it recovered in the later ones.
 The draft reads each prompt before the first step (bench long-context warms it the same way). What this leaves
 out: the engine's own overhead between forwards (the same for every arm), and the draft's confidences after a
 rejected draft (taken on the true prefix: a draft made after a miss is wasted whatever it says).
@@ -25,6 +29,7 @@ prompts), cut at offsets ROW_STRIDE apart as bench long-context cuts its rows.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -38,6 +43,7 @@ from experiments.goodput_draft_context import K_MAX, pair_llm
 from specdecode.bench import long_context as lc
 from specdecode.bench.lib import provenance, write_result
 from specdecode.config import SamplingParams
+from specdecode.control.cost import SEED_CHECKS
 from specdecode.control.goodput import GoodputController
 from specdecode.control.pair_probe import forward_one_row
 from specdecode.llm import LLM
@@ -48,6 +54,8 @@ from specdecode.step.stats import StepStats
 DRAFT_WIDTHS = (1, 2, 3, 16)  # draft forward widths timed; a catch-up of other widths is interpolated
 STOP_BELOW = 0.7  # the pair's default arm under the fast arithmetic (arms.py)
 CHUNK = 512  # teacher-forced forwards, in pieces
+# A load probe timed while another process loaded beside it (2026-11-28): the 0.5B's step at 30 ms, not 12.
+BUSY = 2.5
 
 
 @dataclass
@@ -227,7 +235,8 @@ def load_cell(path: str, context: int) -> tuple[list[Text], Prices] | None:
 
 def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     """The arms replayed: fixed K, goodput as it ships, and goodput with other per-request prior weights."""
-    out = {f"fixed:{k}": Replay(None, k, prices, STOP_BELOW) for k in range(4)}
+    out = {f"fixed:{k}": Replay(None, k, prices, STOP_BELOW) for k in range(5)}
+    out.update({f"fixed:{k}-nostop": Replay(None, k, prices, 0.0) for k in range(1, 5)})
     out["goodput"] = Replay(base.new_controller("goodput"), 0, prices, STOP_BELOW)
     for weight in (2.0, 4.0):
         ctrl = base.new_controller("goodput")
@@ -236,6 +245,44 @@ def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     ctrl = base.new_controller("goodput")
     ctrl.explore = 0.0
     out["goodput-noexplore"] = Replay(ctrl, 0, prices, STOP_BELOW)
+    out["goodput-busy-probe"] = Replay(busy_controller(base), 0, prices, STOP_BELOW)
+    out["goodput-no-recovery"] = Replay(without_recovery(base.new_controller("goodput")), 0, prices, STOP_BELOW)
+    out["goodput-busy-probe-no-recovery"] = Replay(without_recovery(busy_controller(base)), 0, prices, STOP_BELOW)
+    return out
+
+
+def without_recovery(ctrl: GoodputController) -> GoodputController:
+    """`goodput` as it was before it could recover from a price seeded on a busy machine: no follow-up draft after
+    a probe, no probe of a row its draft has not read, and the seeded price's level never checked."""
+    ctrl._follow_up = lambda seqs, ks, caps: ks
+    ctrl._probe_affords_reading = lambda seq, num_seqs, context: False
+    ctrl.cost._seed_ratios = [1.0] * SEED_CHECKS
+    return ctrl
+
+
+def busy_controller(base: LLM) -> GoodputController:
+    """`goodput` seeded with the draft's step and reading priced at BUSY times what the load probe measured."""
+    quiet = base.pair_price
+    base.pair_price = dataclasses.replace(
+        quiet,
+        draft_step_s=BUSY * quiet.draft_step_s,
+        draft_step_long_s=BUSY * quiet.draft_step_long_s,
+        draft_read_s=BUSY * quiet.draft_read_s,
+    )
+    try:
+        return base.new_controller("goodput")
+    finally:
+        base.pair_price = quiet
+
+
+def replay_passes(replay: Replay, texts: list[Text], name: str, passes: int, max_tokens: int) -> list[float]:
+    """Tokens per replayed second of each pass over the texts (a controller keeps what it learned between them)."""
+    out = []
+    for p in range(passes):
+        seconds, tokens = replay.seconds, replay.tokens
+        for i, text in enumerate(texts):
+            replay.run(text, f"{name}-{p}-{i}", max_tokens)
+        out.append((replay.tokens - tokens) / (replay.seconds - seconds))
     return out
 
 
@@ -247,6 +294,7 @@ def main() -> None:
     ap.add_argument("--split", default="dev", choices=("dev", "eval"))
     ap.add_argument("--out", default="results/goodput_replay.json")
     ap.add_argument("--texts-file", help="an .npz of texts and prices: read where it has a context, else written")
+    ap.add_argument("--passes", type=int, default=1, help="replay the texts this many times, one after another")
     a = ap.parse_args()
     contexts = [int(x) for x in a.contexts.split(",")]
     base = pair_llm(max_model_len=max(contexts) + a.max_tokens + 2 * K_MAX + 8)
@@ -264,11 +312,9 @@ def main() -> None:
                 texts, prices = cached
                 bar.update(len(texts))
             replays = arms(base, prices)
-            for name, replay in replays.items():
-                for i, text in enumerate(texts):
-                    replay.run(text, f"{name}-{i}", a.max_tokens)
+            by_pass = {name: replay_passes(r, texts, name, a.passes, a.max_tokens) for name, r in replays.items()}
             tps = {name: r.tokens / r.seconds for name, r in replays.items()}
-            best = max((n for n in tps if n.startswith("fixed")), key=tps.get)
+            best = max((n for n in tps if n.startswith("fixed") and "nostop" not in n), key=tps.get)
             cell = {
                 "context": context,
                 "prices_ms": {
@@ -280,16 +326,25 @@ def main() -> None:
                 "mean_k": {name: float(np.mean(r.k_chosen)) for name, r in replays.items()},
                 "best_fixed": best,
                 "over_best_fixed": {name: v / tps[best] for name, v in tps.items()},
+                "over_best_fixed_by_pass": {
+                    name: [v / b for v, b in zip(vs, by_pass[best], strict=True)] for name, vs in by_pass.items()
+                },
             }
             cells.append(cell)
             tqdm.write(
                 f"N={context}: agreement {cell['first_draft_agreement']:.2f}; best fixed {best}; "
-                + "  ".join(f"{n} {v:.3f} (K {cell['mean_k'][n]:.2f})" for n, v in cell["over_best_fixed"].items())
+                + "  ".join(
+                    f"{n} {v:.3f} (K {cell['mean_k'][n]:.2f}; by pass "
+                    + "/".join(f"{x:.3f}" for x in cell["over_best_fixed_by_pass"][n])
+                    + ")"
+                    for n, v in cell["over_best_fixed"].items()
+                )
             )
     result = {
         **provenance(model=base.target),
         "command": "python -m experiments.goodput_replay "
-        f"--contexts {a.contexts} --texts {a.texts} --max-tokens {a.max_tokens} --split {a.split}",
+        f"--contexts {a.contexts} --texts {a.texts} --max-tokens {a.max_tokens} --split {a.split} --passes {a.passes}"
+        + (f" --texts-file {Path(a.texts_file).name}" if a.texts_file else ""),
         "pair_price": base.pair_price.__dict__,
         "cells": cells,
     }
