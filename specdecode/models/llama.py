@@ -419,7 +419,10 @@ def load_llama(
 ) -> LlamaModel:
     """Build the model from a Hugging Face directory (config.json + *.safetensors).
 
-    inference=True packs fp32 CPU linears for MKL (see models/packed_linear.py); training wants False.
+    inference=True freezes the weights and packs fp32 CPU linears where packing measured faster (see
+    models/packed_linear.py); training wants False. Frozen whatever the packing: the choice is timed at first use,
+    and a busy machine choosing plain F.linear left weights that required grad (`.numpy()` on the head failed,
+    in the suite only).
     """
     model_dir = Path(model_dir)
     cfg = LlamaConfig.from_dir(model_dir)
@@ -438,6 +441,8 @@ def load_llama(
     model.inv_freq = torch.empty(0)  # the meta-device buffer can't move; it is rebuilt below
     model = model.to(device=device, dtype=dtype).eval()
     model.inv_freq = rope_inv_freq(cfg).to(device)  # stays fp32 whatever the weights' dtype
+    if inference:
+        model.requires_grad_(False)
     if inference and packed_linear.available(torch.device(device), dtype):
         packed_linear.pack_linears(model)
     return model

@@ -12,7 +12,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from specdecode.models import loader
+from specdecode.models import loader, packed_linear
 from specdecode.models.llama import load_llama
 from specdecode.models.loader import (
     BUILTIN_MODELS,
@@ -299,3 +299,13 @@ def test_the_prune_count_sees_unbounded_growth(tiny_gguf, tmp_path, monkeypatch,
         _rewrite(tiny_gguf, i)
         resolve_model_dir(str(tiny_gguf), cache_dir=cache, progress=False)
     assert len(list(cache.iterdir())) == 4 > loader.MAX_VERSIONS
+
+
+@pytest.mark.parametrize("kind", ["plain", "mkl"])
+def test_an_inference_model_is_frozen_whichever_linear_kind_was_chosen(kind, tiny_target, monkeypatch):
+    """The linear kind is timed at first use, and on a busy machine plain F.linear can win: the loaded model's
+    weights are frozen all the same (its head's `.numpy()` failed in the suite when they were not). Control:
+    loaded for training, they are not."""
+    monkeypatch.setattr(packed_linear, "choice", lambda: kind)
+    assert not any(p.requires_grad for p in load_llama(tiny_target).parameters())
+    assert all(p.requires_grad for p in load_llama(tiny_target, inference=False).parameters())
