@@ -36,6 +36,7 @@ import torch
 
 from specdecode.control.acceptance import AcceptanceTracker
 from specdecode.control.base import ControllerBase, StepStats
+from specdecode.control.continuation import DraftContinuation, width_distribution
 from specdecode.control.cost import CostModel, default_cost_model
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
@@ -57,12 +58,27 @@ def expected_tokens(reach: np.ndarray, caps: np.ndarray) -> np.ndarray:
     return 1.0 + np.take_along_axis(cum, ks, axis=1)
 
 
-def goodput_curve(reach: np.ndarray, caps: np.ndarray, cost: CostModel, context: float) -> np.ndarray:
-    """[k_max + 1] predicted tokens per second of the batch for each batch K."""
+def goodput_curve(
+    reach: np.ndarray,
+    caps: np.ndarray,
+    cost: CostModel,
+    context: float,
+    go_on: np.ndarray | None = None,
+    go_on_accepted: np.ndarray | None = None,
+) -> np.ndarray:
+    """[k_max + 1] predicted tokens per second of the batch for each batch K. go_on [k_max]: P(the drafter makes
+    draft j | it made j - 1) (control/continuation.py; None: it always makes all K), so that a drafter that stops
+    early is asked K as a cap: K costs the drafts it makes, and only drafts made can be accepted."""
     num_seqs, k_max = reach.shape
-    tokens = expected_tokens(reach, caps).sum(0)  # [k_max + 1]
-    widest = int(caps.max()) if len(caps) else 0
-    seconds = np.array([cost.predict(num_seqs, min(k, widest), context) for k in range(k_max + 1)])
+    if go_on is None:
+        tokens = expected_tokens(reach, caps).sum(0)  # [k_max + 1]
+        widest = int(caps.max()) if len(caps) else 0
+        seconds = np.array([cost.predict(num_seqs, min(k, widest), context) for k in range(k_max + 1)])
+        return tokens / np.maximum(seconds, 1e-9)
+    after = go_on if go_on_accepted is None else go_on_accepted  # [k_max] the drafter going on after a hit
+    tokens = expected_tokens(reach * np.cumprod(after[:k_max])[None], caps).sum(0)  # [k_max + 1]
+    prices = np.array([cost.predict(num_seqs, n, context) for n in range(k_max + 1)])  # [k_max + 1] by width made
+    seconds = np.array([width_distribution(go_on, caps, k) @ prices[: k + 1] for k in range(k_max + 1)])
     return tokens / np.maximum(seconds, 1e-9)
 
 
@@ -110,6 +126,9 @@ class GoodputController(ControllerBase):
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
         self.widening: set[str] = set()  # the row a widening probe gave a draft in this step
         self.follow_up: set[str] = set()  # rows whose widening probe's draft was accepted: one more draft next step
+        self.continuation = DraftContinuation()  # how often the drafter goes on to its next draft (early stops)
+        self.asked: dict[str, int] = {}  # the drafts each row was asked for this step
+        self.made: dict[str, int] = {}  # the drafts each row made this step (before `truncate` cut any)
         self.draft_read_s = 0.0  # seconds a token costs a draft model to catch up on (seed_pair); 0: not priced
         self.catch_up_chunk = 0  # tokens a draft model catches up on a step (seed_pair); 0: all at once
         self.unread: Callable[[Sequence], int] | None = None  # tokens of a row its drafter has yet to read
@@ -138,6 +157,10 @@ class GoodputController(ControllerBase):
         (draft_step_s alone is taken as a step after no context); window: the draft's attention window
         (drafters/draft_window.py; 0: none), past which its attention costs no more."""
         self.acceptance.seed_pool(acceptance, weight)
+        # A draft model of the target's family agrees in runs (code above all), so a position never tried starts
+        # where the one before it is, not 10% lower (acceptance.py's prior_decay): drafts 3-4, never asked, had
+        # stayed at ~0.65 and held `goodput` at K = 1-2 where K = 3 was best (results/goodput_replay.json).
+        self.acceptance.prior_decay = 1.0
         self.cost.draft_context_cap = SINK + window if window > 0 else 0
         steps = steps or ((0, draft_step_s),)
         for context, seconds in steps:  # together worth what one price was
@@ -196,7 +219,8 @@ class GoodputController(ControllerBase):
             return caps.tolist()
         p = np.stack([self.acceptance.estimate(s.request_id, k_max) for s in seqs])  # [B, k_max]
         reach = np.cumprod(p, axis=1)  # [B, k_max] P(drafts 1..j all accepted)
-        gain = goodput_curve(reach, caps, self.cost, context)  # [k_max + 1]
+        go_on = self.continuation.estimate(k_max), self.continuation.estimate(k_max, after_accepted=True)
+        gain = goodput_curve(reach, caps, self.cost, context, *go_on)  # [k_max + 1]
         if self._drafting_is_cheap(len(seqs), k_max, context):
             # Drafts that cost (almost) nothing, as n-gram lookups: ask for all of them and let `truncate` pick
             # the width from what was found (capping K here would also hide how long accepted runs can be).
@@ -214,7 +238,9 @@ class GoodputController(ControllerBase):
         unread = [i for i, s in enumerate(seqs) if not self._worth_catching_up(s, max(k, 1), p[i], len(seqs), context)]
         ks[unread] = 0
         caps[[i for i in unread if not self._probe_affords_reading(seqs[i], len(seqs), context)]] = 0
-        return self._probe(seqs, ks.tolist(), caps.tolist())
+        out = self._probe(seqs, ks.tolist(), caps.tolist())
+        self.asked = {s.request_id: k for s, k in zip(seqs, out, strict=True) if k}
+        return out
 
     def _explore(self, seqs: list[Sequence], p: np.ndarray, caps: np.ndarray, context: float) -> int:
         """1 where one draft a row would pay if the first-draft acceptance of each row with thin evidence (some
@@ -311,6 +337,7 @@ class GoodputController(ControllerBase):
         """
         probing, self.probing = self.probing, set()
         counts = proposal.num_tokens.tolist()  # [B] drafts each row actually has
+        self.made = {s.request_id: made for s, made in zip(seqs, counts, strict=True) if s.request_id in self.asked}
         widest = max(counts, default=0)
         # Trees by their confidences, and chains whose drafter says its confidences can set the width. Only
         # deterministic ones (q one-hot): a sampled chain's width would depend on the drafts drawn, and a draft
@@ -371,8 +398,11 @@ class GoodputController(ControllerBase):
         widening, self.widening = self.widening, set()
         dear = bool(widening) and self._drafting_is_dear(stats)
         self.follow_up = {s.request_id for s in stats.seqs if s.request_id in widening and dear}
+        asked, self.asked, made, self.made = self.asked, {}, self.made, {}
         for s, proposed, accepted in zip(stats.seqs, stats.num_proposed, stats.num_accepted, strict=True):
             rid = s.request_id
+            if rid in made:
+                self.continuation.update(asked[rid], min(made[rid], asked[rid]), accepted)
             if rid in self.tree_verified and proposed:
                 self.tree_calibration.update(*self.tree_verified[rid], accepted)
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
@@ -407,7 +437,9 @@ class GoodputController(ControllerBase):
         self.probing.discard(seq.request_id)
         self.widening.discard(seq.request_id)
         self.follow_up.discard(seq.request_id)
+        self.asked.pop(seq.request_id, None)
+        self.made.pop(seq.request_id, None)
 
     def live_request_ids(self) -> set[str]:
         live = self.acceptance.request_ids() | set(self.tree_verified) | set(self.idle) | self.probing
-        return live | self.widening | self.follow_up
+        return live | self.widening | self.follow_up | set(self.asked) | set(self.made)
