@@ -247,8 +247,18 @@ def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     out["goodput-noexplore"] = Replay(ctrl, 0, prices, STOP_BELOW)
     out["goodput-busy-probe"] = Replay(busy_controller(base), 0, prices, STOP_BELOW)
     out["goodput-no-recovery"] = Replay(without_recovery(base.new_controller("goodput")), 0, prices, STOP_BELOW)
+    out["goodput-no-continuation"] = Replay(blind_to_stops(base.new_controller("goodput")), 0, prices, STOP_BELOW)
+    before = without_recovery(blind_to_stops(base.new_controller("goodput")))
+    before.acceptance.prior_decay = 0.9  # a position never tried started 10% below the one before it
+    out["goodput-as-of-57d1873"] = Replay(before, 0, prices, STOP_BELOW)
     out["goodput-busy-probe-no-recovery"] = Replay(without_recovery(busy_controller(base)), 0, prices, STOP_BELOW)
     return out
+
+
+def blind_to_stops(ctrl: GoodputController) -> GoodputController:
+    """`goodput` pricing K as K drafts made, as before it learned where the draft stops (control/continuation.py)."""
+    ctrl.continuation.estimate = lambda k, after_accepted=False: np.ones(k)
+    return ctrl
 
 
 def without_recovery(ctrl: GoodputController) -> GoodputController:
