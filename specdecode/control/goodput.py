@@ -70,11 +70,7 @@ def goodput_curve(
     draft j | it made j - 1) (control/continuation.py; None: it always makes all K), so that a drafter that stops
     early is asked K as a cap: K costs the drafts it makes, and only drafts made can be accepted."""
     num_seqs, k_max = reach.shape
-    if go_on is None:
-        tokens = expected_tokens(reach, caps).sum(0)  # [k_max + 1]
-        widest = int(caps.max()) if len(caps) else 0
-        seconds = np.array([cost.predict(num_seqs, min(k, widest), context) for k in range(k_max + 1)])
-        return tokens / np.maximum(seconds, 1e-9)
+    go_on = np.ones(k_max) if go_on is None else go_on  # [k_max] (all K made: every batch is its widest row's K)
     after = go_on if go_on_accepted is None else go_on_accepted  # [k_max] the drafter going on after a hit
     tokens = expected_tokens(reach * np.cumprod(after[:k_max])[None], caps).sum(0)  # [k_max + 1]
     prices = np.array([cost.predict(num_seqs, n, context) for n in range(k_max + 1)])  # [k_max + 1] by width made
@@ -120,12 +116,11 @@ class GoodputController(ControllerBase):
         self.since_probe = 0  # steps since a probe last widened a non-speculating batch
         self.probe_budget = probe_budget  # the share of time widening probes may cost
         self.probe_interval = probe_every  # steps between widening probes: probe_every, or more where they cost
-        self.widened = False  # this step is a widening probe: observe() measures what it cost
         self.following = False  # this step is a widening probe's follow-up: observe() adds what it cost
         self.probe_extra_s = 0.0  # what the last widening probe (and its follow-up) cost over plain decoding
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
-        self.widening: set[str] = set()  # the row a widening probe gave a draft in this step
-        self.follow_up: set[str] = set()  # rows whose widening probe's draft was accepted: one more draft next step
+        self.widening: set[str] = set()  # the row a widening probe gave a draft in this step: observe() prices it
+        self.follow_up: set[str] = set()  # rows widening-probed in the last step: one more draft this step
         self.continuation = DraftContinuation()  # how often the drafter goes on to its next draft (early stops)
         self.asked: dict[str, int] = {}  # the drafts each row was asked for this step
         self.made: dict[str, int] = {}  # the drafts each row made this step (before `truncate` cut any)
@@ -302,7 +297,6 @@ class GoodputController(ControllerBase):
             elif self.since_probe >= self.probe_interval:  # widening the batch costs every row: one probe, depth 1
                 ks[i] = 1
                 self.since_probe = 0
-                self.widened = True
                 self.widening.add(s.request_id)
                 self.probe_extra_s = 0.0
             else:
@@ -313,14 +307,14 @@ class GoodputController(ControllerBase):
         return ks
 
     def _follow_up(self, seqs: list[Sequence], ks: list[int], caps: list[int]) -> list[int]:
-        """One draft for each row whose widening probe's draft was accepted in the step before.
+        """One draft for each row a widening probe gave one in the step before (`observe`: where drafts are dear).
 
         A probe's drafting is never a steady price: the draft model first caught up on every token since it last
         drafted. If the price seeded at load was timed on a busy machine (the 0.5B at 30 ms a draft, not 12),
         K = 0 then looked right forever: rows at K = 0 only ever drafted in probes, so no step priced a draft
-        again (the replay, results/goodput_replay.json: 0.78x the best fixed K at 256 tokens). The step after an
-        accepted probe drafts once more, with nothing to catch up on, and prices drafting (`observe`); where the
-        draft is right often, that step also pays for itself."""
+        again (the replay, results/goodput_replay.json: 0.68x the best fixed K at 256 tokens). The step after a
+        probe drafts once more, with nothing to catch up on, and prices drafting (`observe`); where the draft is
+        right often, that step also pays for itself."""
         follow, self.follow_up = self.follow_up, set()
         for i, s in enumerate(seqs):
             if s.request_id in follow and caps[i] > 0 and ks[i] == 0:
@@ -410,10 +404,10 @@ class GoodputController(ControllerBase):
         num_seqs = len(stats.seqs)
         # A step whose forward also cached prompt chunks (fused_prefill) says nothing of a verify's or a probe's
         # price alone: its time is not learned from (a probe in it goes unpriced).
-        self.widened &= not stats.prefill_tokens
-        self.following &= not stats.prefill_tokens
+        probed = bool(widening) or self.following  # a widening probe's step or its follow-up's
+        self.following = False
         if num_seqs and stats.step_time_s > 0 and not stats.prefill_tokens:
-            if self.widened or self.following:
+            if probed:
                 self._price_probe(stats)
             width = stats.num_verified_tokens // num_seqs - 1
             # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
@@ -426,7 +420,6 @@ class GoodputController(ControllerBase):
         plain = self.cost.predict_verify(len(stats.seqs), 0, stats.mean_context_len)
         extra = stats.step_time_s - plain * (1 + sum(stats.num_accepted) / len(stats.seqs))
         self.probe_extra_s += extra
-        self.widened = self.following = False
         spacing = math.ceil(max(self.probe_extra_s, 0.0) / max(self.probe_budget * plain, 1e-9))
         self.probe_interval = max(self.probe_every, spacing)
 
