@@ -245,11 +245,15 @@ def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     ctrl = base.new_controller("goodput")
     ctrl.explore = 0.0
     out["goodput-noexplore"] = Replay(ctrl, 0, prices, STOP_BELOW)
+    ctrl = base.new_controller("goodput")
+    ctrl.thin = 2.0  # exploring a row's first ~3 drafts only, as of c16eaf1
+    out["goodput-thin2"] = Replay(ctrl, 0, prices, STOP_BELOW)
     out["goodput-busy-probe"] = Replay(busy_controller(base), 0, prices, STOP_BELOW)
     out["goodput-no-recovery"] = Replay(without_recovery(base.new_controller("goodput")), 0, prices, STOP_BELOW)
     out["goodput-no-continuation"] = Replay(blind_to_stops(base.new_controller("goodput")), 0, prices, STOP_BELOW)
     before = without_recovery(blind_to_stops(base.new_controller("goodput")))
     before.acceptance.prior_decay = 0.9  # a position never tried started 10% below the one before it
+    before.thin = 2.0
     out["goodput-as-of-57d1873"] = Replay(before, 0, prices, STOP_BELOW)
     out["goodput-busy-probe-no-recovery"] = Replay(without_recovery(busy_controller(base)), 0, prices, STOP_BELOW)
     return out

@@ -91,6 +91,7 @@ class GoodputController(ControllerBase):
         widen_margin: float = 0.05,
         probe_budget: float = 0.03,
         explore: float = 1.0,
+        thin: float = 6.0,
     ) -> None:
         self.cost = cost if cost is not None else default_cost_model()
         self.acceptance = acceptance if acceptance is not None else AcceptanceTracker()
@@ -102,8 +103,10 @@ class GoodputController(ControllerBase):
         self.row_floor = row_floor
         # Where K = 0 wins on the mean estimate, K = 1 is still tried while rows that have tried fewer than
         # `thin` first drafts would pay for it at `explore` standard deviations more acceptance (`_explore`).
+        # Counts decay by 0.9 a step, so 6 is a row's first ~8 drafts: at 2 (its first ~3), one hit in three
+        # early drafts of a draft right 78% of the time held a 2,048-token row at K = 0 until a probe 16 steps on.
         self.explore = explore
-        self.thin = 2.0
+        self.thin = thin
         self.cheap_draft = cheap_draft
         # `truncate` verifies drafts only for a predicted gain above this over verifying none: the cost model
         # errs by ~5% of a step, and the best of several noisy estimates is biased up. At C = 8 (n-gram,
@@ -244,9 +247,12 @@ class GoodputController(ControllerBase):
         A row at K = 0 learns nothing, so an estimate that one early rejection pulled down (the pool's 0.72 and one
         miss: 0.36) would keep it there until a probe, 16 steps on, and a probe of a draft model that sat idle pays its
         catch-up: on code at 8,192 tokens, where a draft pays from ~0.69, the 0.5B's first draft was rejected and
-        `goodput` decoded as K = 0 where fixed K = 2 was 1.13x faster. Past `thin` drafts a row is judged on its
-        estimate alone: a draft that keeps missing stops being tried after a step or two, and a batch whose rows
-        are known does not speculate on a bonus."""
+        `goodput` decoded as K = 0 where fixed K = 2 was 1.13x faster. The same held after a few drafts: on code
+        at 2,048 tokens, where one draft pays from ~0.5, the row's first three went miss, miss, hit (0.46 with the
+        pool), and 16 steps at K = 0 made `goodput` as slow as plain decoding where fixed K = 1 was 1.16x it
+        (results/long_context_pair_s17.json). The bonus shrinks as a row's drafts accumulate; past `thin` a row is
+        judged on its estimate alone: a draft that keeps missing stops being tried after three steps, and a batch
+        whose rows are known does not speculate on a bonus."""
         if self.explore <= 0:
             return 0
         evidence = np.array([self.acceptance.evidence(s.request_id) for s in seqs])  # [B] drafts tried at 1

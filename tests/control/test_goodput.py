@@ -107,14 +107,14 @@ def test_probes_that_cost_much_are_spaced_within_the_probe_budget():
     probes within 3% of the time (the first one, priced once it ran, adds ~2% here); probes costing little
     keep the `probe_every` rhythm: the row is never silent longer than that (after a probe it may draft a few
     steps more, at 1 ms a draft, before its rejections outweigh the probe's softened estimate). The control, no
-    budget, probes every 16 steps and loses over half the time."""
+    budget, probes every 16 steps and loses about half the time."""
     plain = step_cost().predict(1, 0, 3)
     probes, share, _ = probe_trace(step_cost, 1000, 20 * plain)
     assert probes <= 3 and share <= 0.06
     cheap, _, longest = probe_trace(step_cost, 1000, 0.0)
     assert longest <= 16 and cheap >= 1000 // (16 + 8)
     probes, share, _ = probe_trace(step_cost, 1000, 20 * plain, probe_budget=float("inf"))
-    assert probes >= 1000 // (16 + 8) and share > 0.5
+    assert probes >= 1000 // (16 + 8) and share > 0.4
 
 
 def count_switches(history: list[list[int]]) -> int:
@@ -172,17 +172,19 @@ def test_a_request_after_good_ones_speculates_from_its_first_step():
     assert ctrl.choose(make_seqs(1), K_MAX)[0] >= 2
 
 
-def drafting_steps_after_misses(explore: float, steps: int = 10) -> list[int]:
-    """A row whose every draft is rejected, on a step where one draft pays only above 0.5 acceptance (60 ms plain,
-    70 ms to verify two tokens, 20 ms a draft: a long context), the pool at 0.75: K asked at each step."""
-    ctrl = GoodputController(cost=CostModel.linear(50e-3, 0.0, 10e-3, 0.0), cheap_draft=0.0, explore=explore)
+def drafting_steps(hits: list[bool], explore: float = 1.0, thin: float = 6.0) -> list[int]:
+    """A row on a step where one draft pays only above 0.5 acceptance (60 ms plain, 70 ms to verify two tokens,
+    20 ms a draft: a long context), the pool at 0.75, whose i-th draft (the i-th step that drafts) is accepted
+    as hits[i] says (a second draft in a step is always rejected): whether it drafted, step by step."""
+    ctrl = GoodputController(cost=CostModel.linear(50e-3, 0.0, 10e-3, 0.0), cheap_draft=0.0, explore=explore, thin=thin)
     ctrl.cost.seed_draft(20e-3)
     ctrl.acceptance.seed_pool(0.75, 8.0)
-    seqs, asked = make_seqs(1), []
-    for _ in range(steps):
+    seqs, asked, outcomes = make_seqs(1), [], iter(hits)
+    for _ in range(len(hits)):
         ks = ctrl.choose(seqs, K_MAX)
+        accepted = int(next(outcomes)) if ks[0] else 0
         seconds = ctrl.cost.predict(1, ks[0], 3)
-        ctrl.observe(StepStats(seqs, ks, [0], seconds, ks[0] + 1, 3.0, 20e-3 * ks[0], seconds - 20e-3 * ks[0]))
+        ctrl.observe(StepStats(seqs, ks, [accepted], seconds, ks[0] + 1, 3.0, 20e-3 * ks[0], seconds - 20e-3 * ks[0]))
         asked.append(min(ks[0], 1))
     return asked
 
@@ -191,8 +193,23 @@ def test_one_early_miss_does_not_stop_a_draft_that_pays_and_misses_keep_stopping
     """The pool says 0.75, the first draft misses (0.375 now, below the 0.5 a draft needs): with thin evidence
     the row drafts once more; a second miss stops it, and it stays stopped. Control: no exploration, the first
     miss stops it (until a probe)."""
-    assert drafting_steps_after_misses(1.0) == [1, 1] + [0] * 8
-    assert drafting_steps_after_misses(0.0) == [1] + [0] * 9
+    assert drafting_steps([False] * 10) == [1, 1] + [0] * 8
+    assert drafting_steps([False] * 10, explore=0.0) == [1] + [0] * 9
+
+
+def test_a_good_draft_with_an_unlucky_start_keeps_drafting():
+    """A draft right 80% of the time whose early drafts go miss, hit, miss (0.45 with the pool, below the 0.5 a
+    draft needs here): its few drafts say little, so it drafts on and its later hits carry it. Measured on the
+    pair at 2,048 tokens (goodput.py `_explore`): judged on its estimate after its first ~3 drafts, the row sat
+    at K = 0 until a probe 16 steps on. Control: exploration only for a row's first ~3 drafts (thin = 2, as
+    before) stops it after its third draft."""
+    hits = [False, True, False] + [True, True, True, True, False] * 3
+
+    def drafting_share(thin: float) -> float:
+        return sum(drafting_steps(hits, thin=thin)) / len(hits)
+
+    assert drafting_share(6.0) >= 0.8
+    assert drafting_share(2.0) <= 0.25
 
 
 @pytest.mark.parametrize("k_max", [0, 1])
