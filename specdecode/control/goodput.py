@@ -9,9 +9,10 @@ actually proposed: a drafter such as n-gram often finds drafts for only a few ro
 widening every row for them costs more than they return.
 
 Guards: hysteresis (the batch K only moves for a predicted gain above `margin`), bounded probing (a row that
-has drafted nothing for `probe_every` steps is given drafts again: free when the batch already speculates,
-otherwise one row at depth 1 at most once per `probe_every` steps, and no more often than keeps what probes
-cost within `probe_budget` of the time), and clipped estimates (no collapse).
+has drafted nothing for `probe_every` steps is given drafts again: free when the batch already speculates (a
+draft model's catch-up aside: one such row a step), otherwise one row at depth 1 at most once per `probe_every`
+steps, and no more often than keeps what probes cost within `probe_budget` of the time), and clipped estimates
+(no collapse).
 
 A probe's cost depends on the drafter: an n-gram probe costs one more verified token, but a draft model that
 sat idle must first catch up on every token since it last drafted. On the Qwen2.5-Coder pair a probe every 16
@@ -119,6 +120,7 @@ class GoodputController(ControllerBase):
         self.since_probe = 0  # steps since a probe last widened a non-speculating batch
         self.probe_budget = probe_budget  # the share of time widening probes may cost
         self.probe_interval = probe_every  # steps between widening probes: probe_every, or more where they cost
+        self.probe_riders = 1  # silent rows a step that drafts anyway may probe, for a dear drafter (`_probe`)
         self.following = False  # this step is a widening probe's follow-up: observe() adds what it cost
         self.probe_extra_s = 0.0  # what the last widening probe (and its follow-up) cost over plain decoding
         self.probing: set[str] = set()  # rows given drafts by this step's probe: `truncate` keeps one for them
@@ -258,15 +260,26 @@ class GoodputController(ControllerBase):
         evidence = np.array([self.acceptance.evidence(s.request_id) for s in seqs])  # [B] drafts tried at 1
         first = p[:, 0]  # [B]
         thin = (evidence > 0) & (evidence < self.thin)  # [B] rows whose own few drafts moved their estimate
-        bonus = self.explore * np.sqrt(first * (1 - first) / (evidence + 1.0)) * thin  # [B]
-        if not bonus.any():
+        var = first * (1 - first) / (evidence + 1.0) * thin  # [B] each thin row's estimate's variance
+        if not var.any():
             return 0
+        # One standard deviation of the batch's sum, shared by its thin rows in proportion to their variance: a
+        # step's tokens are the rows' sum, whose spread grows as the root of their number. A deviation for each
+        # row (the sum of theirs) had all 8 rows of the pair, after one draft each, draft at K = 1 for 4 steps at
+        # 2,048 tokens, ~2x a plain step's time each. One row: its own standard deviation, as before.
+        bonus = self._bonus(var)  # [B]
         gain = goodput_curve(np.minimum(first + bonus, 1.0)[:, None], np.minimum(caps, 1), self.cost, context)  # [2]
         return int(gain[1] > gain[0] * (1.0 + self.margin))
 
+    def _bonus(self, var: np.ndarray) -> np.ndarray:
+        """var [B] -> [B] each row's share of `explore` standard deviations of the batch's sum."""
+        return self.explore * var / np.sqrt(var.sum())
+
     def _drafting_is_dear(self, stats: StepStats) -> bool:
+        return self._dear(len(stats.seqs), stats.mean_context_len)
+
+    def _dear(self, num_seqs: int, context: float) -> bool:
         """A draft is priced at over `cheap_draft` of a plain step: then its price can hold K at 0."""
-        num_seqs, context = len(stats.seqs), stats.mean_context_len
         return self.cost.predict_draft(num_seqs, 1, context) > self.cheap_draft * self.cost.predict_verify(
             num_seqs, 0, context
         )
@@ -292,14 +305,25 @@ class GoodputController(ControllerBase):
         return current
 
     def _probe(self, seqs: list[Sequence], ks: list[int], caps: list[int]) -> list[int]:
-        """Give drafts back to rows that have been silent for a while, so a recovery is noticed."""
+        """Give drafts back to rows that have been silent for a while, so a recovery is noticed.
+
+        Where the batch already drafts, a silent row is probed at its width: the verify is padded to it anyway,
+        so that costs only the row's drafting. For a dear drafter (a draft model) that is not little: the row first
+        catches up on every token since it last drafted. So one such row joins a step, not every silent one at
+        once: on the pair at 2,048 tokens and batch 8, a probe's follow-up draft let the 7 other rows join it (18
+        tokens each to read), and their few drafts then had the whole batch explore at K = 1 the step after."""
         ks = self._follow_up(seqs, ks, caps)
         width = max(ks)
+        context = float(np.mean([s.num_cached for s in seqs]))
+        riders = self.probe_riders if width and self._dear(len(seqs), context) else len(seqs)  # rows that may join
         for i, s in enumerate(seqs):
             if ks[i] or caps[i] == 0 or self.idle.get(s.request_id, 0) < self.probe_every:
                 continue
-            if width:  # the batch is padded to `width` anyway: probing this row costs only its drafting
+            if width:  # the batch is padded to `width` anyway: probing this row costs its drafting
+                if not riders:
+                    continue
                 ks[i] = min(width, caps[i])
+                riders -= 1
             elif self.since_probe >= self.probe_interval:  # widening the batch costs every row: one probe, depth 1
                 ks[i] = 1
                 self.since_probe = 0

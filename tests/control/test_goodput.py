@@ -212,6 +212,55 @@ def test_a_good_draft_with_an_unlucky_start_keeps_drafting():
     assert drafting_share(2.0) <= 0.25
 
 
+def explores(rows: int, per_row_bonus: bool = False) -> int:
+    """K `_explore` asks for `rows` rows whose one draft each was rejected (0.45 now; 50 ms a step, 10 ms a verified
+    token, 5 ms a draft: one draft a row pays from ~0.5 at one row and from ~0.7 at eight)."""
+    ctrl = GoodputController(cost=CostModel.linear(50e-3, 0.0, 10e-3, 0.0))
+    ctrl.cost.seed_draft(5e-3)
+    if per_row_bonus:  # the rule before: each row its own standard deviation, summed over the batch
+        ctrl._bonus = lambda var: ctrl.explore * np.sqrt(var)
+    seqs = make_seqs(rows)
+    for s in seqs:
+        ctrl.acceptance.update(s.request_id, 1, 0)
+    return ctrl._explore(seqs, np.full((rows, K_MAX), 0.45), np.full(rows, K_MAX), 3.0)
+
+
+def test_a_batch_explores_on_its_sums_deviation_not_on_every_rows():
+    """One thin row is explored at its standard deviation above its estimate (0.8: a draft pays); eight are
+    explored at one standard deviation of their sum (0.58 each: it does not pay at eight rows). Control: a
+    deviation for every row, as before, has the whole batch draft on a bonus eight times too large."""
+    assert explores(1) == 1
+    assert explores(8) == 0
+    assert explores(8, per_row_bonus=True) == 1
+
+
+def rows_drafting(riders: int, steps: int = 60) -> list[int]:
+    """8 rows of a draft model where drafting does not pay at this batch (the pool at 0.75; 50 ms a step and 10 ms a
+    verified token, 20 ms a draft): the batch decodes at K = 0 and probes; every draft is rejected. The rows that
+    drafted, step by step, with `riders` silent rows allowed to join a step that drafts anyway."""
+    ctrl = GoodputController(cost=CostModel.linear(50e-3, 0.0, 10e-3, 0.0))
+    ctrl.cost.seed_draft(20e-3)
+    ctrl.acceptance.seed_pool(0.75, 8.0)
+    ctrl.probe_riders = riders
+    seqs, out = make_seqs(8), []
+    for _ in range(steps):
+        ks = ctrl.choose(seqs, K_MAX)
+        propose = 20e-3 * sum(ks)
+        seconds = ctrl.cost.predict_verify(8, max(ks), 3) + propose
+        ctrl.observe(StepStats(seqs, ks, [0] * 8, seconds, 8 * (max(ks) + 1), 3.0, propose, seconds - propose))
+        out.append(sum(k > 0 for k in ks))
+    return out
+
+
+def test_silent_rows_of_a_draft_model_join_a_drafting_step_one_at_a_time():
+    """A probe's follow-up draft makes the step draft anyway; the silent rows it lets join first catch up on every
+    token since they last drafted, so with a draft model one joins a step (on the pair at 2,048 tokens and batch 8,
+    all 7 did, and the batch then explored at K = 1). Control: every silent row may join, as before."""
+    drafting = rows_drafting(riders=1)
+    assert sum(drafting) > 0 and max(drafting) <= 2
+    assert max(rows_drafting(riders=8)) == 8
+
+
 @pytest.mark.parametrize("k_max", [0, 1])
 def test_respects_k_max(k_max):
     ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
