@@ -253,7 +253,7 @@ class GoodputController(ControllerBase):
         at 2,048 tokens, where one draft pays from ~0.5, the row's first three went miss, miss, hit (0.46 with the
         pool), and 16 steps at K = 0 made `goodput` as slow as plain decoding where fixed K = 1 was 1.16x it
         (results/long_context_pair_s17.json). The bonus shrinks as a row's drafts accumulate; past `thin` a row is
-        judged on its estimate alone: a draft that keeps missing stops being tried after three steps, and a batch
+        judged on its estimate alone: a draft that keeps missing stops being tried after its second miss, and a batch
         whose rows are known does not speculate on a bonus."""
         if self.explore <= 0:
             return 0
