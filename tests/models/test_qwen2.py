@@ -372,10 +372,8 @@ def test_bad_gguf_is_one_line_and_cli_exit_2(make, expected, tmp_path, monkeypat
 
 
 @cache
-@cache
 def smollm2_vocabulary() -> dict[str, list]:
-    """SmolLM2's tokenizer fields as its GGUF holds them (read once for the module: ~3 s of GGUFReader; callers
-    copy what they change)."""
+    """SmolLM2's tokenizer fields as its GGUF holds them (read once: ~3 s of GGUFReader a test)."""
     src = gguf.GGUFReader(BUILTIN_MODELS[SMOLLM2].gguf_path(SMOLLM2))
     keys = ("tokens", "merges", "token_type", "model", "pre")
     fields = {k: src.fields[f"tokenizer.ggml.{k}"].contents() for k in keys}
