@@ -229,7 +229,7 @@ class GoodputController(ControllerBase):
             # takes truncate's margin: a width that cannot beat it there is cut after the lookups are paid for
             # (SmolLM2, n-gram, 8 rows at 7,900 tokens: 5 drafts asked a row, 0.02 verified, 0.93x K = 0).
             pays = gain.max() > gain[0] * (1.0 + self.widen_margin)
-            return caps.tolist() if pays else self._probe(seqs, [0] * len(seqs), caps.tolist())
+            return caps.tolist() if pays else self._probe(seqs, [0] * len(seqs), caps.tolist(), context)
         k = self._with_hysteresis(gain, k_max) or self._explore(seqs, p, caps, context)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
         ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]
@@ -238,7 +238,7 @@ class GoodputController(ControllerBase):
         unread = [i for i, s in enumerate(seqs) if not self._worth_catching_up(s, max(k, 1), p[i], len(seqs), context)]
         ks[unread] = 0
         caps[[i for i in unread if not self._probe_affords_reading(seqs[i], len(seqs), context)]] = 0
-        out = self._probe(seqs, ks.tolist(), caps.tolist())
+        out = self._probe(seqs, ks.tolist(), caps.tolist(), context)
         self.asked = {s.request_id: k for s, k in zip(seqs, out, strict=True) if k}
         return out
 
@@ -304,7 +304,7 @@ class GoodputController(ControllerBase):
         self.k_batch = current
         return current
 
-    def _probe(self, seqs: list[Sequence], ks: list[int], caps: list[int]) -> list[int]:
+    def _probe(self, seqs: list[Sequence], ks: list[int], caps: list[int], context: float) -> list[int]:
         """Give drafts back to rows that have been silent for a while, so a recovery is noticed.
 
         Where the batch already drafts, a silent row is probed at its width: the verify is padded to it anyway,
@@ -314,7 +314,6 @@ class GoodputController(ControllerBase):
         tokens each to read), and their few drafts then had the whole batch explore at K = 1 the step after."""
         ks = self._follow_up(seqs, ks, caps)
         width = max(ks)
-        context = float(np.mean([s.num_cached for s in seqs]))
         riders = self.probe_riders if width and self._dear(len(seqs), context) else len(seqs)  # rows that may join
         for i, s in enumerate(seqs):
             if ks[i] or caps[i] == 0 or self.idle.get(s.request_id, 0) < self.probe_every:
