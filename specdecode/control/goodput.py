@@ -323,7 +323,8 @@ class GoodputController(ControllerBase):
                     continue
                 ks[i] = min(width, caps[i])
                 riders -= 1
-            elif self.since_probe >= self.probe_interval:  # widening the batch costs every row: one probe, depth 1
+            elif self.since_probe >= max(self.probe_interval, self._widening_spacing(len(seqs), context)):
+                # widening the batch costs every row: one probe, depth 1
                 ks[i] = 1
                 self.since_probe = 0
                 self.widening.add(s.request_id)
@@ -334,6 +335,18 @@ class GoodputController(ControllerBase):
             self.acceptance.soften(s.request_id, self.probe_keep)
             self.probing.add(s.request_id)
         return ks
+
+    def _widening_spacing(self, num_seqs: int, context: float) -> int:
+        """Steps since the last widening probe that pay, at probe_budget, for what widening the verify to two
+        tokens a row costs the target: the verify is padded to its widest row, so at batch 8 one row's probe
+        verifies 16 tokens, not 8 (the pair at 2,048 tokens: 107 ms a plain step, ~200 with the probe; ~30 steps
+        of the budget, where the first probe came at step 16, before `_price_probe` had measured one). Only the
+        target's price counts: every step corrects it, where drafting's is seeded at load and may be wrong
+        (a busy machine's), so the probe itself prices that. At batch 1 a second token costs a few percent of a
+        step, and probes keep `probe_every`."""
+        plain = self.cost.predict_verify(num_seqs, 0, context)
+        extra = self.cost.predict_verify(num_seqs, 1, context) - plain
+        return math.ceil(max(extra, 0.0) / max(self.probe_budget * plain, 1e-9))
 
     def _follow_up(self, seqs: list[Sequence], ks: list[int], caps: list[int]) -> list[int]:
         """One draft for each row a widening probe gave one in the step before (`observe`: where drafts are dear).

@@ -261,6 +261,33 @@ def test_silent_rows_of_a_draft_model_join_a_drafting_step_one_at_a_time():
     assert max(rows_drafting(riders=8)) == 8
 
 
+def first_widening_probe(rows: int, monkeypatch=None) -> int:
+    """The step at which a batch of `rows` at K = 0 (no row has drafted: a draft right 10% of the time, where
+    drafting does not pay) first widens for a probe; 50 ms a step and 10 ms a verified token, as in service
+    where padding every row to the probe's width costs the target that much."""
+    ctrl = GoodputController(cost=CostModel.linear(50e-3, 0.0, 10e-3, 0.0))
+    ctrl.cost.seed_draft(20e-3)
+    ctrl.acceptance.seed_pool(0.1, 8.0)
+    seqs = make_seqs(rows)
+    for step in range(1, 200):
+        ks = ctrl.choose(seqs, K_MAX)
+        if max(ks):
+            return step
+        seconds = ctrl.cost.predict_verify(rows, 0, 3)
+        ctrl.observe(StepStats(seqs, ks, [0] * rows, seconds, rows, 3.0, 0.0, seconds))
+    return 0
+
+
+def test_a_widening_probe_waits_for_what_padding_the_batch_costs(monkeypatch):
+    """At 8 rows a probe pads the verify from 8 tokens to 16 (50 + 80 ms to 50 + 160): the first one waits until
+    the steps since earn that at the 3% probe budget (21 steps), not `probe_every`'s 16 silent ones; one row (60
+    to 70 ms) keeps the 16. Control: without the padding's price the batch of 8 probes after 16 as before."""
+    assert first_widening_probe(1) == 17  # 16 silent steps, then the probe
+    assert first_widening_probe(8) == 21
+    monkeypatch.setattr(GoodputController, "_widening_spacing", lambda self, num_seqs, context: 0)
+    assert first_widening_probe(8) == 17
+
+
 @pytest.mark.parametrize("k_max", [0, 1])
 def test_respects_k_max(k_max):
     ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
@@ -332,17 +359,19 @@ def test_cheap_drafts_are_all_requested_and_truncate_decides():
 def test_cheap_drafts_are_not_looked_up_when_no_width_can_pay(num_seqs):
     """A compute-bound step (every token 10x the fixed part): even drafts as good as the rows' histories
     cannot pay for widening 32 rows, so choose asks for none (the lookups would only be thrown away by
-    truncate, ~5% of such a step), yet still probes a silent row now and then; one row is asked for all."""
+    truncate, ~5% of such a step), yet still probes a silent row now and then (at 32 rows once the steps since
+    the last probe pay, at the 3% budget, for widening the verify from 32 tokens to 64: 21 steps); one row is
+    asked for all."""
     ctrl = GoodputController(cost=CostModel.linear(20e-3, 0.0, 1e-3, 0.0), probe_every=4)
     seqs = make_seqs(num_seqs)
     asked = []
-    for _ in range(8):  # rows that find no drafts: nothing proposed, nothing learned
+    for _ in range(24):  # rows that find no drafts: nothing proposed, nothing learned
         asked.append(ctrl.choose(seqs, K_MAX))
         ctrl.observe(StepStats(seqs, [0] * num_seqs, [0] * num_seqs, 0.05, num_seqs, 3.0, 0.0, 0.05))
     if num_seqs == 1:
-        assert asked == [[K_MAX]] * 8
+        assert asked == [[K_MAX]] * 24
     else:
-        assert [sum(ks) for ks in asked] == [0, 0, 0, 0, 1, 0, 0, 0]  # after 4 silent steps, one probe at depth 1
+        assert [i for i, ks in enumerate(asked) if sum(ks)] == [20] and max(map(max, asked)) == 1  # one probe
 
 
 def lookups_asked(margin: float) -> int:
