@@ -43,7 +43,7 @@ from torch.export import Dim
 from specdecode.hardware import cpu_model
 from specdecode.models import attention, few_rows, gguf_quantized, llama, quant_int8, quant_rows
 from specdecode.models.disk_cache import build_once, cache_root, check_tree, private_dir, remove_beyond_bytes
-from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.models.llama import AttentionMetadata, LlamaModel, packs_rows, real_rows
 
 FORMAT = 1  # bump when what a package holds, or how it is called, changes
 BODY, HEAD = "body.pt2", "head.pt2"
@@ -193,17 +193,19 @@ class Head(nn.Module):
 
 
 def _body_example(model: LlamaModel) -> tuple[tuple[torch.Tensor, ...], tuple]:
-    """Example inputs of the body (batch 2 x 3 tokens on a 3-slot cache: every dynamic size above one and
-    all of them distinct) and their dynamic dimensions."""
+    """Example inputs of the body (batch 2 x 3 tokens on a 3-slot cache, 5 of them real on CPU: every dynamic
+    size above one and all of them distinct) and their dynamic dimensions."""
     device = model.device
     cache = model.new_cache(3, 16)
-    meta = AttentionMetadata.build([0, 1], [4, 5], 3, device)
+    meta = AttentionMetadata.build([0, 1], [4, 5], 3, device, num_new=[3, 2])
     tokens = torch.zeros((2, 3), dtype=torch.long, device=device)
     args = (tokens, meta.positions, meta.slots, meta.write_pos, meta.additive_mask(3, cache.k.dtype), cache.k, cache.v)
     b, t = Dim("batch", min=1, max=MAX_ROWS), Dim("tokens", min=1, max=MAX_ROWS)
     kv, slots, length = Dim("kv", min=1, max=MAX_LEN), Dim("slots", min=1, max=MAX_ROWS), Dim("len", min=2, max=MAX_LEN)
     cache_dims = {1: slots, 3: length}  # [layers, slots, kv_heads, len + 1, head_dim]
     shapes = ({0: b, 1: t}, {0: b, 1: t}, {0: b}, {0: b, 1: t}, {0: b, 2: t, 3: kv}, cache_dims, cache_dims)
+    if packs_rows(device):  # the real tokens' indices (LlamaModel.forward passes them there)
+        args, shapes = (*args, real_rows(meta.write_pos)), (*shapes, {0: Dim("real", min=1, max=MAX_ROWS)})
     return args, (shapes,)  # one entry: the body takes *args
 
 

@@ -39,7 +39,7 @@ from specdecode.models.aot_package import INDUCTOR_SETTINGS, Body, Head, load_or
 from specdecode.models.cuda_graphs import GraphedBody
 from specdecode.models.disk_cache import cache_root
 from specdecode.models.gguf_quantized import load_gguf_quantized
-from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama
+from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama, packs_rows, real_rows
 from specdecode.models.quant_int8 import apply_arithmetic
 
 ENFORCE_EAGER_ENV = "SPECDECODE_ENFORCE_EAGER"  # "1": LLM and the commands default to the eager step
@@ -137,7 +137,8 @@ def _scratch_forward(model: LlamaModel, step: StepFunctions) -> None:
         tokens = torch.zeros((2, 3), dtype=torch.long, device=device)
         meta = AttentionMetadata.build([0, 1], [4, 5], 3, device)
         mask = meta.additive_mask(3, cache.k.dtype)  # [2, 1, 3, kv_len]
-        hidden = step.body(tokens, meta.positions, meta.slots, meta.write_pos, mask, cache.k, cache.v)
+        args = (tokens, meta.positions, meta.slots, meta.write_pos, mask, cache.k, cache.v)
+        hidden = step.body(*args, *([real_rows(meta.write_pos)] if packs_rows(device) else []))
         step.head(hidden.reshape(6, -1))  # [6, vocab]
 
 

@@ -229,6 +229,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
 
 
+def packs_rows(device: torch.device) -> bool:
+    """Whether a forward runs its linears on the real tokens alone (`real_rows`): on CPU, where a padded token
+    costs what a real one does (a verify padded to its widest row: one row's draft at batch 8 verified 16 tokens
+    where 9 are real, ~1.8x the step); not on CUDA, whose graphs are captured for padded shapes."""
+    return device.type == "cpu"
+
+
+def real_rows(write_pos: torch.Tensor) -> torch.Tensor:
+    """write_pos [num_seqs, T] (-1: padding) -> [N] int64 flat indices b * T + i of the real tokens, in order."""
+    return (write_pos.flatten() >= 0).nonzero().squeeze(1)
+
+
+def to_rows(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """x [num_seqs, T, ...] -> [N, ...] its real tokens (rows: their flat indices b * T + i; None: all of them)."""
+    flat = x.flatten(0, 1)  # [num_seqs * T, ...]
+    return flat if rows is None else flat.index_select(0, rows)
+
+
+def to_batch(x: torch.Tensor, rows: torch.Tensor | None, num_seqs: int, num_tokens: int) -> torch.Tensor:
+    """x [N, ...] real tokens -> [num_seqs, T, ...] with zeros at the padding (the inverse of `to_rows`)."""
+    if rows is not None:
+        x = x.new_zeros(num_seqs * num_tokens, *x.shape[1:]).index_copy(0, rows, x)  # [num_seqs * T, ...]
+    return x.view(num_seqs, num_tokens, *x.shape[1:])
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
@@ -243,7 +268,7 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [num_seqs, T, hidden]
+        x: torch.Tensor,  # [N, hidden] the real tokens (`rows`), or [num_seqs, T, hidden] (rows None)
         cos: torch.Tensor,  # [num_seqs, T, 1, head_dim]
         sin: torch.Tensor,  # [num_seqs, T, 1, head_dim] sign-folded (rope_tables)
         cache_k: torch.Tensor,  # [layers, slots, kv_heads, len + 1, head_dim] the whole cache
@@ -252,11 +277,15 @@ class Attention(nn.Module):
         slots: torch.Tensor,  # [num_seqs] int64
         write_pos: torch.Tensor,  # [num_seqs, T] int64
         mask: torch.Tensor,  # [num_seqs, 1, T, kv_len] additive float (0 or -inf)
+        rows: torch.Tensor | None = None,  # [N] int64 flat indices (b * T + i) of x's tokens; None: x is padded
     ) -> torch.Tensor:
+        """[N, hidden] (or [num_seqs, T, hidden], as x). The projections run on the real tokens only; RoPE and
+        attention on the padded batch, whose padding (zeros) writes the scratch column and is dropped."""
         cfg = self.cfg
-        b, t, _ = x.shape
+        b, t = write_pos.shape
         heads, kv_heads = cfg.num_heads, cfg.num_kv_heads
-        qkv = self.wqkv(x).view(b, t, heads + 2 * kv_heads, cfg.head_dim)  # [num_seqs, T, all heads, head_dim]
+        qkv = to_batch(self.wqkv(x.reshape(-1, x.shape[-1])), rows, b, t)  # [num_seqs, T, q + 2 kv dims]
+        qkv = qkv.view(b, t, heads + 2 * kv_heads, cfg.head_dim)  # [num_seqs, T, all heads, head_dim]
         if self.q_norm is None:
             qk = apply_rope(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k rotated in one go
             q, k = qk[:, :, :heads], qk[:, :, heads:]
@@ -265,7 +294,7 @@ class Attention(nn.Module):
             k = apply_rope(self.k_norm(qkv[:, :, heads : heads + kv_heads]), cos, sin)
         v = qkv[:, :, heads + kv_heads :]  # [num_seqs, T, kv_heads, head_dim]
         out = attend_fn()(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask)  # [num_seqs, T, heads * head_dim]
-        return self.wo(out)  # [num_seqs, T, hidden]
+        return self.wo(to_rows(out, rows)).view(x.shape)  # as x
 
 
 class MLP(nn.Module):
@@ -288,6 +317,7 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, *attn_args) -> torch.Tensor:
+        """x [N, hidden] real tokens (attn_args end with their `rows`) or [num_seqs, T, hidden]; the same out."""
         x = x + self.attn(self.attn_norm(x), *attn_args)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -345,7 +375,9 @@ class LlamaModel(nn.Module):
         """
         mask = meta.additive_mask(tokens.shape[1], self.dtype)  # [num_seqs, 1, T, kv_len]
         args = (tokens, meta.positions, meta.slots, meta.write_pos, mask, cache.k, cache.v)
-        step = self.step.for_rows(tokens.numel())
+        rows = real_rows(meta.write_pos) if packs_rows(self.device) else None  # [N]
+        args += () if rows is None else (rows,)
+        step = self.step.for_rows(tokens.numel() if rows is None else len(rows))
         if layer_ids is None:
             hidden = step.body(*args)  # [num_seqs, T, hidden]
         else:
@@ -371,15 +403,18 @@ class LlamaModel(nn.Module):
         mask: torch.Tensor,  # [num_seqs, 1, T, kv_len] additive
         k: torch.Tensor,  # [layers, slots, kv_heads, len + 1, head_dim] the whole cache
         v: torch.Tensor,  # [layers, slots, kv_heads, len + 1, head_dim]
+        rows: torch.Tensor | None = None,  # [N] int64 flat indices of the real tokens (`real_rows`); None: all
         layer_ids: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Final (normed) hidden states [num_seqs, T, hidden]: everything but the LM head, tensors in and out,
-        so that a compiled step (models/compiled.py) can take it whole."""
-        x = self.embed(tokens)  # [num_seqs, T, hidden]
+        so that a compiled step (models/compiled.py) can take it whole. With `rows`, the linears and norms run
+        on the real tokens alone ([N, hidden]) and the padding's hidden states are zeros."""
+        b, t = tokens.shape
+        x = to_rows(self.embed(tokens), rows)  # [N, hidden]
         cos, sin = rope_tables(positions, self.inv_freq, x.dtype)  # [num_seqs, T, 1, head_dim] each
         for i in range(len(self.layers)) if layer_ids is None else layer_ids:
-            x = self.layers[i](x, cos, sin, k, v, i, slots, write_pos, mask)
-        return self.norm(x)
+            x = self.layers[i](x, cos, sin, k, v, i, slots, write_pos, mask, rows)
+        return to_batch(self.norm(x), rows, b, t)  # [num_seqs, T, hidden]
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [rows, hidden] -> fp32 logits [rows, vocab]."""

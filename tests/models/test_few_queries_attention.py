@@ -237,3 +237,33 @@ def test_control_the_kernel_turned_off_is_caught_entering_python(monkeypatch):
         assert _python_calls(monkeypatch, 1) == 1
     finally:
         few_rows.set_attention_kernel(True)
+
+
+def _padded_batch() -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Rows of 9, 2 and 5 new tokens padded to 9 (a verify whose rows drafted unlike numbers): the batch's output,
+    which of its queries are real, and each row's output from a call of its own at its own width."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, cache_k, cache_v, meta, mask = _inputs(gen, [1, 4, 2], [40, 290, 7], [9, 2, 5], tree=False)
+    out = _attend(q, k, v, cache_k, cache_v, meta, mask)  # [3, 9, heads * dim]
+    alone = []
+    for b, (slot, start, n) in enumerate(zip([1, 4, 2], [40, 290, 7], [9, 2, 5], strict=True)):
+        one = AttentionMetadata.build([slot], [start], n, "cpu", max_len=MAX_LEN)
+        rows = (q[b : b + 1, :n], k[b : b + 1, :n], v[b : b + 1, :n])
+        alone.append(_attend(*rows, cache_k, cache_v, one, one.additive_mask(n, torch.float32))[0])  # [n, heads * dim]
+    return out, meta.write_pos >= 0, alone
+
+
+@needs_kernel
+def test_padded_queries_are_not_computed_and_real_ones_are_as_alone():
+    """A batch padded to its widest row: each row's real queries give bit for bit what the row gives alone, and
+    the padding's queries are skipped (their output zeros), so a probe of one row at batch 8 does not make every
+    row attend twice. Control: the SDPA path computes the padding's queries."""
+    out, real, alone = _padded_batch()
+    for b, row in enumerate(alone):
+        assert torch.equal(out[b, : len(row)], row)
+    assert not out[~real].any()
+
+
+def test_control_the_sdpa_path_computes_the_padding(sdpa_path):
+    out, real, _ = _padded_batch()
+    assert out[~real].abs().min() > 0

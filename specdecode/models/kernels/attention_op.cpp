@@ -17,7 +17,7 @@
 extern "C" bool few_queries_attention(const float* q, const float* k, const float* v, const float* mask, float* out,
                                       const int64_t* sizes, const int64_t* q_strides, const int64_t* kv_strides,
                                       const int64_t* mask_strides, const int64_t* start, const int64_t* len,
-                                      float scale);
+                                      const int64_t* real, float scale);
 
 namespace {
 
@@ -77,10 +77,14 @@ at::Tensor few_queries_attend(const at::Tensor& q, const at::Tensor& k, const at
         TORCH_CHECK(slot_of[b] >= 0 && slot_of[b] < cache_k.size(1), "slot ", slot_of[b], " is outside the cache");
     write_new(k, cache_k, layer, slot_of, pos_of);
     write_new(v, cache_v, layer, slot_of, pos_of);
-    std::vector<int64_t> start(n), len(n);  // each row's slot, and its attended length: its last real write + 1
+    // Each row's slot, its attended length (its last real write + 1) and its real queries (up to its last token
+    // written to the cache; padding, written to the scratch column, comes after them and is not computed).
+    std::vector<int64_t> start(n), len(n), real(n);
     for (int64_t b = 0; b < n; ++b) {
         start[b] = layer * cache_k.stride(0) + slot_of[b] * cache_k.stride(1);
         len[b] = *std::max_element(pos_of + b * T, pos_of + (b + 1) * T) + 1;
+        real[b] = T;
+        while (real[b] > 0 && pos_of[b * T + real[b] - 1] < 0) --real[b];
         TORCH_CHECK(len[b] <= mask.size(3), "row ", b, " attends ", len[b], " keys, its mask covers ", mask.size(3));
     }
     at::Tensor out = at::empty({n, T, H, D}, q.options());
@@ -91,7 +95,7 @@ at::Tensor few_queries_attend(const at::Tensor& q, const at::Tensor& k, const at
     if (n > 0 && T > 0) {
         const bool done = few_queries_attention(
             q.data_ptr<float>(), cache_k.data_ptr<float>(), cache_v.data_ptr<float>(), mask.data_ptr<float>(),
-            out.data_ptr<float>(), sizes, q_strides, kv_strides, mask_strides, start.data(), len.data(),
+            out.data_ptr<float>(), sizes, q_strides, kv_strides, mask_strides, start.data(), len.data(), real.data(),
             1.f / std::sqrt(static_cast<float>(D)));
         TORCH_CHECK(done, "few_queries_attend has no kernel for head size ", D);
     }

@@ -18,7 +18,8 @@
 //
 // A query row's result depends only on its own query, mask row and keys: not on T, on the other rows or on the
 // threads (the same summation order in all cases), so a verify's logits equal a one-token step's bit for bit.
-// A row that may attend to no key gets zeros.
+// A row that may attend to no key gets zeros, and so does a padded query (token t >= real[b]: a batch padded to
+// its widest row, where one row's probe at batch 8 made every row attend twice), which is not computed.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -85,16 +86,18 @@ struct Shape {
     int64_t ms[2];         // mask: row, token (key contiguous)
     const int64_t* start;  // [n] where row b's keys and values begin (elements from k and v)
     const int64_t* len;    // [n] keys row b attends (its mask row's first len entries)
+    const int64_t* real;   // [n] row b's real queries: its tokens 0 .. real[b] - 1 (the rest is padding)
     float scale;
 };
 
-// One (row b, key head g, chunk c) item: scores, exponentials and the partial sums of its R = group * T query
-// rows, written to part[R][D + 2] as (acc[D], m, l).
+// One (row b, key head g, chunk c) item: scores, exponentials and the partial sums of its R = group * real[b]
+// query rows (head-major: row r is head g * group + r / real[b], token r % real[b]), written to part[R][D + 2]
+// as (acc[D], m, l).
 template <int DV>  // D / 16
 void chunk(const Shape& s, const float* q, const float* k, const float* v, const float* mask, int64_t b, int64_t g,
            int64_t c, const float* next_k, float* part) {
     constexpr int D = DV * 16;
-    const int64_t group = s.H / s.G, R = group * s.T, first = c * kChunk;
+    const int64_t group = s.H / s.G, T = s.real[b], R = group * T, first = c * kChunk;
     const int width = static_cast<int>(std::min<int64_t>(kChunk, s.len[b] - first));
     alignas(64) float kt[D][kChunk];  // the chunk's keys, transposed
     const float* kb = k + s.start[b] + g * s.kvs[0] + first * s.kvs[1];
@@ -103,7 +106,7 @@ void chunk(const Shape& s, const float* q, const float* k, const float* v, const
         for (int d0 = 0; d0 < D; d0 += 16) transpose16(kb + j0 * s.kvs[1] + d0, s.kvs[1], width - j0, &kt[d0][j0], kChunk);
     thread_local std::vector<float> scores;  // [R, kChunk]
     if (scores.size() < static_cast<size_t>(R * kChunk)) scores.resize(R * kChunk);
-    auto qrow = [&](int64_t r) { return q + b * s.qs[0] + (g * group + r / s.T) * s.qs[1] + (r % s.T) * s.qs[2]; };
+    auto qrow = [&](int64_t r) { return q + b * s.qs[0] + (g * group + r / T) * s.qs[1] + (r % T) * s.qs[2]; };
     for (int64_t r0 = 0; r0 < R; r0 += kScoreRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kScoreRows, R - r0));
         __m512 acc[kScoreRows][4];
@@ -125,7 +128,7 @@ void chunk(const Shape& s, const float* q, const float* k, const float* v, const
         }
         for (int i = 0; i < rows; ++i) {
             const int64_t r = r0 + i;
-            const float* mr = mask + b * s.ms[0] + (r % s.T) * s.ms[1] + first;
+            const float* mr = mask + b * s.ms[0] + (r % T) * s.ms[1] + first;
             for (int w = 0; w < 4; ++w) {
                 const int lanes = std::clamp(width - w * 16, 0, 16);  // this register's keys inside the chunk
                 const __mmask16 live = static_cast<__mmask16>((1u << lanes) - 1);
@@ -226,13 +229,19 @@ void run(const Shape& s, const float* q, const float* k, const float* v, const f
         }
         chunk<DV>(s, q, k, v, mask, at.b, at.g, at.c, next_k, &parts[it * R * stride]);
     }
-    // out [n, T, H, D] contiguous; the items of (b, g) are its chunks in order, R query rows each.
+    // out [n, T, H, D] contiguous; the items of (b, g) are its chunks in order, group * real[b] query rows each
+    // (at R apart in `parts`); a padded query's output is zeros.
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < s.n * s.G * R; ++row) {
         const int64_t b = row / (s.G * R), g = (row / R) % s.G, r = row % R;
         const int64_t h = g * group + r / s.T, t = r % s.T, chunks = (first[b + 1] - first[b]) / s.G;
-        const float* head = &parts[(first[b] + g * chunks) * R * stride + r * stride];
-        merge(head, chunks, R * stride, D, out + ((b * s.T + t) * s.H + h) * D);
+        float* o = out + ((b * s.T + t) * s.H + h) * D;
+        if (t >= s.real[b]) {
+            std::fill(o, o + D, 0.f);
+            continue;
+        }
+        const float* head = &parts[(first[b] + g * chunks) * R * stride + ((r / s.T) * s.real[b] + t) * stride];
+        merge(head, chunks, R * stride, D, o);
     }
 }
 
@@ -242,12 +251,13 @@ extern "C" {
 
 // q [n, H, T, D] (strides q_strides: row, head, token); row b's keys at k + start[b] and values at v + start[b],
 // [G, len[b], D] with strides kv_strides (head, key); mask [n, 1, T, >= len[b]] (strides: row, token); out
-// [n, T, H, D] contiguous. Returns false (and writes nothing) for a head size other than 16, 32, 64 or 128.
+// [n, T, H, D] contiguous; real [n]: row b's queries past real[b] - 1 are padding (1 <= real[b] <= T), not
+// computed, their output zeros. Returns false (and writes nothing) for a head size other than 16, 32, 64 or 128.
 bool few_queries_attention(const float* q, const float* k, const float* v, const float* mask, float* out,
                            const int64_t* sizes,  // n, H, G, T, D
                            const int64_t* q_strides, const int64_t* kv_strides, const int64_t* mask_strides,
-                           const int64_t* start, const int64_t* len, float scale) {
-    Shape s{sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], {}, {}, {}, start, len, scale};
+                           const int64_t* start, const int64_t* len, const int64_t* real, float scale) {
+    Shape s{sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], {}, {}, {}, start, len, real, scale};
     std::copy(q_strides, q_strides + 3, s.qs);
     std::copy(kv_strides, kv_strides + 2, s.kvs);
     std::copy(mask_strides, mask_strides + 2, s.ms);
