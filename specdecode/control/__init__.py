@@ -10,13 +10,15 @@ from specdecode.control.confidence import ConfidenceController
 from specdecode.control.fixed import FixedController
 from specdecode.control.goodput import GoodputController
 from specdecode.control.heuristic import HeuristicController
-from specdecode.models.llama import LlamaModel
+from specdecode.models.llama import LlamaModel, packs_rows
 
 
 def _goodput(target: LlamaModel | None) -> GoodputController:
     from specdecode.control.calibrate import profile_or_probe  # keyed by the target's fingerprint
 
-    return GoodputController(profile_or_probe(target) if target is not None else None)
+    controller = GoodputController(profile_or_probe(target) if target is not None else None)
+    controller.cost.packed = target is not None and packs_rows(target.device)  # a verify costs its real tokens
+    return controller
 
 
 # Each builder takes the target model (or None) so that controllers with a cost model can find its profile.

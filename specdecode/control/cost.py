@@ -1,6 +1,8 @@
 """Step-time cost model: predicted seconds of one engine step for B rows, speculation length K, context C.
 
-The verify forward is padded, so the target scores N = B * (K + 1) tokens whatever each row's own K is:
+A verify forward of B rows scores N tokens: B * (K + 1) on an accelerator, where it is padded to the widest row
+whatever each row's own K is; the sum of the rows' own K + 1 on the CPU, where the target runs the real tokens
+alone (`packed`, models/llama.packs_rows):
 
     t_verify = a + b * B + c * N + sum_k h_k * max(0, N - n_k) + d * N * C / 1000 + r * B * C / 1000
     t_draft  = e * K + f * B * K + g * B * [K > 0] + s * B * K * C / 1000
@@ -108,6 +110,9 @@ class CostModel:
     # Cached tokens a draft model's step reads at most (its window and sink, drafters/draft_window.py; 0: all):
     # the draft's attention stops growing there.
     draft_context_cap: int = 0
+    # The target computes each row's own tokens, not the batch padded to its widest row (models/llama.packs_rows):
+    # a verify then costs the rows' draft counts summed (`predict_rows`).
+    packed: bool = False
     _draft_xtx: np.ndarray = field(default_factory=lambda: np.zeros((len(DRAFT_TERMS),) * 2))  # [D, D] X^T X
     _draft_xty: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # [D] decayed X^T y
     # The seed (seed_draft) apart: its pseudo-steps decay with the real ones, and its times are scaled by
@@ -138,7 +143,19 @@ class CostModel:
         return cls(nnls(x * w[:, None], y * w), fingerprint=dict(fingerprint or {}))
 
     def predict_verify(self, num_seqs: int, k: int, context: float) -> float:
-        return self.correction * float(verify_features(num_seqs, num_seqs * (k + 1), context) @ self.verify_coef)
+        """Seconds of a verify of K drafts on every row."""
+        return self.predict_tokens(num_seqs, num_seqs * (k + 1), context)
+
+    def predict_tokens(self, num_seqs: int, num_tokens: int, context: float) -> float:
+        """Seconds of a verify forward of num_tokens tokens over num_seqs rows."""
+        return self.correction * float(verify_features(num_seqs, num_tokens, context) @ self.verify_coef)
+
+    def predict_rows(self, drafts: np.ndarray, context: float) -> float:
+        """Seconds of a verify of drafts[i] drafts on row i ([B]): their own tokens where the target runs only
+        real ones (`packed`), else every row padded to the widest."""
+        widest = int(drafts.max(initial=0))
+        tokens = int(drafts.sum()) + len(drafts) if self.packed else len(drafts) * (widest + 1)
+        return self.predict_tokens(len(drafts), tokens, context)
 
     def draft_context(self, context: float) -> float:
         """What a drafted token's attention reads of `context` cached tokens."""
@@ -183,10 +200,19 @@ class CostModel:
 
     # ---- online updates -------------------------------------------------------------------------------
     def observe(
-        self, num_seqs: int, k: int, context: float, verify_s: float, propose_s: float, learn_draft: bool = True
+        self,
+        num_seqs: int,
+        k: int,
+        context: float,
+        verify_s: float,
+        propose_s: float,
+        learn_draft: bool = True,
+        num_tokens: int | None = None,
     ) -> None:
-        """One measured step: heal the verify prediction and (learn_draft) learn the draft cost."""
-        predicted = self.predict_verify(num_seqs, k, context) / self.correction
+        """One measured step of K drafts a row (the widest row's) whose verify computed num_tokens tokens (None:
+        every row's K + 1): heal the verify prediction and (learn_draft) learn the draft cost."""
+        tokens = num_seqs * (k + 1) if num_tokens is None else num_tokens
+        predicted = self.predict_tokens(num_seqs, tokens, context) / self.correction
         if predicted > 0 and verify_s > 0:
             ratio = float(np.clip(verify_s / predicted, 0.1, 10.0))  # one stalled step can't wreck the model
             self.correction += self.correction_alpha * (ratio - self.correction)

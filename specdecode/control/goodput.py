@@ -1,12 +1,13 @@
 """Goodput-maximising speculation length: pick K to maximise expected tokens per second of the whole batch.
 
 For row i with conditional acceptance estimates p_i[1..], K drafts yield E_i(K) = 1 + sum_{j<=K} prod_{m<=j}
-p_i[m] tokens in expectation. The verify forward is padded to the widest row, so its cost depends on the
-batch K, not on each row's: the controller picks one K maximising sum_i E_i(min(K, cap_i)) / cost(B, K, C),
-then trims rows whose next draft is almost surely rejected (that saves drafting, and the verify width too
-when every row is trimmed). Once the drafts exist, `truncate` picks the verify width again from what was
-actually proposed: a drafter such as n-gram often finds drafts for only a few rows, and at a large batch
-widening every row for them costs more than they return.
+p_i[m] tokens in expectation. The controller picks one K maximising sum_i E_i(min(K, cap_i)) / cost(B, K, C),
+priced as if every row drafted K, then trims rows whose next draft is almost surely rejected (that saves
+drafting, and verification too). Once the drafts exist, `truncate` picks the verify width again from what was
+actually proposed: a drafter such as n-gram often finds drafts for only a few rows. On an accelerator the verify
+forward is padded to the widest row, and at a large batch widening every row for a few costs more than they
+return; on the CPU the target runs each row's own tokens (models/llama.packs_rows: `CostModel.packed`), so a
+row's drafts cost its own tokens there (`CostModel.predict_rows`).
 
 Guards: hysteresis (the batch K only moves for a predicted gain above `margin`), bounded probing (a row that
 has drafted nothing for `probe_every` steps is given drafts again: free when the batch already speculates (a
@@ -228,7 +229,7 @@ class GoodputController(ControllerBase):
             # compute-bound target): then the lookups, ~5% of a 32-row step, would only be thrown away. "Pays"
             # takes truncate's margin: a width that cannot beat it there is cut after the lookups are paid for
             # (SmolLM2, n-gram, 8 rows at 7,900 tokens: 5 drafts asked a row, 0.02 verified, 0.93x K = 0).
-            pays = gain.max() > gain[0] * (1.0 + self.widen_margin)
+            pays = gain.max() > gain[0] * (1.0 + self.widen_margin) or self._one_row_pays(reach, caps, context)
             return caps.tolist() if pays else self._probe(seqs, [0] * len(seqs), caps.tolist(), context)
         k = self._with_hysteresis(gain, k_max) or self._explore(seqs, p, caps, context)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
@@ -241,6 +242,22 @@ class GoodputController(ControllerBase):
         out = self._probe(seqs, ks.tolist(), caps.tolist(), context)
         self.asked = {s.request_id: k for s, k in zip(seqs, out, strict=True) if k}
         return out
+
+    def _one_row_pays(self, reach: np.ndarray, caps: np.ndarray, context: float) -> bool:
+        """Where the target runs each row's own tokens (`CostModel.packed`), whether some row's drafts alone would
+        pay beyond truncate's margin: reach [B, k_max] P(drafts 1..j of a row accepted), caps [B]. A lookup drafter
+        finds drafts in a few rows, and only theirs are verified: SmolLM2 with n-gram, 8 rows at 7,900 tokens, where
+        drafts for every row cannot pay, fixed K = 1 (0.51 verified a row) decoded 1.14x K = 0 while goodput,
+        pricing every row's drafts, asked for none (results/long_context_smollm2_b8_s19.json)."""
+        num_seqs, k_max = reach.shape
+        if not self.cost.packed or num_seqs < 2:
+            return False
+        plain = num_seqs / self.cost.predict(num_seqs, 0, context)
+        ks = range(1, k_max + 1)  # the lookups are asked of every row; one row's drafts are verified
+        seconds = np.array([self.cost.predict_tokens(num_seqs, num_seqs + k, context) for k in ks])  # [k_max]
+        seconds += np.array([self.cost.predict_draft(num_seqs, k, context) for k in ks])
+        tokens = num_seqs + np.cumsum(reach, axis=1) * (np.arange(1, k_max + 1)[None] <= caps[:, None])  # [B, k_max]
+        return bool((tokens / seconds[None]).max() > plain * (1.0 + self.widen_margin))
 
     def _explore(self, seqs: list[Sequence], p: np.ndarray, caps: np.ndarray, context: float) -> int:
         """1 where one draft a row would pay if the first-draft acceptance of each row with thin evidence (some
@@ -345,7 +362,7 @@ class GoodputController(ControllerBase):
         (a busy machine's), so the probe itself prices that. At batch 1 a second token costs a few percent of a
         step, and probes keep `probe_every`."""
         plain = self.cost.predict_verify(num_seqs, 0, context)
-        extra = self.cost.predict_verify(num_seqs, 1, context) - plain
+        extra = self.cost.predict_rows(np.eye(num_seqs, dtype=int)[0], context) - plain  # one row's draft
         return math.ceil(max(extra, 0.0) / max(self.probe_budget * plain, 1e-9))
 
     def _follow_up(self, seqs: list[Sequence], ks: list[int], caps: list[int]) -> list[int]:
@@ -388,7 +405,8 @@ class GoodputController(ControllerBase):
         p = np.stack([self.acceptance.estimate(s.request_id, widest) for s in seqs])  # [B, widest]
         tokens = expected_tokens(np.cumprod(p, axis=1), np.array(counts)).sum(0)  # [widest + 1]
         context = float(np.mean([s.num_cached for s in seqs]))
-        seconds = np.array([self.cost.predict_verify(len(seqs), w, context) for w in range(widest + 1)])
+        drafts = np.array(counts)  # [B]
+        seconds = np.array([self.cost.predict_rows(np.minimum(drafts, w), context) for w in range(widest + 1)])
         goodput = tokens / np.maximum(seconds, 1e-9)  # [widest + 1]
         width = int(np.argmax(goodput))
         if goodput[width] < goodput[0] * (1.0 + self.widen_margin):  # within the model's error: not a gain
@@ -451,10 +469,11 @@ class GoodputController(ControllerBase):
         if num_seqs and stats.step_time_s > 0 and not stats.prefill_tokens:
             if probed:
                 self._price_probe(stats)
-            width = stats.num_verified_tokens // num_seqs - 1
+            width = max(stats.num_proposed, default=0)
             # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
             rest = stats.step_time_s - stats.propose_time_s
-            self.cost.observe(num_seqs, width, stats.mean_context_len, rest, stats.propose_time_s, steady)
+            context, tokens = stats.mean_context_len, stats.num_verified_tokens
+            self.cost.observe(num_seqs, width, context, rest, stats.propose_time_s, steady, tokens)
 
     def _price_probe(self, stats: StepStats) -> None:
         """Space widening probes so that what the last one cost over plain decoding (its step and its follow-up's,

@@ -56,5 +56,5 @@ def tree_width(
     gain = confidence * calib.scale(depth) * valid  # [B, n] expected accepted drafts contributed by each node
     cum = np.concatenate([np.zeros((num_seqs, 1)), np.cumsum(gain, axis=1)], axis=1)  # [B, n + 1]
     tokens = (1.0 + cum).sum(0)  # [n + 1] batch tokens if w nodes per row are verified
-    seconds = np.array([cost.predict_verify(num_seqs, w, context) for w in range(widest + 1)])
+    seconds = np.array([cost.predict_rows(np.minimum(counts, w), context) for w in range(widest + 1)])
     return int(np.argmax(tokens / np.maximum(seconds, 1e-9)))

@@ -30,7 +30,7 @@ from specdecode.control.base import Controller, StepStats
 from specdecode.detokenize import IncrementalDetokenizer, find_stop, stop_holdback
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.engine.logprobs import emitted_logprobs
-from specdecode.models.llama import AttentionMetadata, LlamaModel
+from specdecode.models.llama import AttentionMetadata, LlamaModel, packs_rows
 from specdecode.models.ragged import pad_groups
 from specdecode.step.runner import PAD_SLACK, forward_ragged
 from specdecode.step.sequence import Sequence, Status, TokenLogprob
@@ -397,13 +397,13 @@ class Engine:
             self._prefilled(
                 chunks, self._chunk_features(chunks, verified.chunk_hidden if self._needs_features else None)
             )
-        self._verified_tokens = len(seqs) * (proposal.token_ids.shape[1] + 1)
+        self._verified_tokens = self._computed_tokens(num_proposed, proposal.token_ids.shape[1])
         self.last_step = StepStats(
             seqs,
             num_proposed,
             num_accepted,
             time.perf_counter() - t0,
-            len(seqs) * (proposal.token_ids.shape[1] + 1),
+            self._verified_tokens,
             mean_context_len=context,
             propose_time_s=t1 - t0,
             verify_time_s=t2 - t1,
@@ -411,6 +411,13 @@ class Engine:
         )
         self.controller.observe(self.last_step)  # control
         return updates
+
+    def _computed_tokens(self, num_proposed: list[int], width: int) -> int:
+        """Tokens the target's verify forward computed: each row's own (its drafts and the pending token) where the
+        model runs the real tokens alone (models/llama.packs_rows), else every row padded to the widest."""
+        if packs_rows(self.device):
+            return sum(num_proposed) + len(num_proposed)
+        return len(num_proposed) * (width + 1)
 
     def _riding_chunks(self, num_seqs: int, width: int) -> list[Chunk]:
         """The prompt chunks this step's verify forward of `num_seqs` rows of `width` caches too: the budget its

@@ -316,16 +316,30 @@ def sparse_proposal(num_seqs: int, drafts_in_row0: int):
 
 @pytest.mark.parametrize("num_seqs", [1, 16])
 def test_truncate_cuts_drafts_that_do_not_pay_for_the_batch(num_seqs):
-    """One row with 4 good drafts: worth a wider verify at batch 1, not when 15 other rows pay for it."""
-    ctrl = GoodputController(cost=step_cost())
-    seqs = make_seqs(num_seqs)
-    for step in range(20):  # row 0 accepts all 4 drafts or only 2, alternately
-        ctrl.observe(StepStats(seqs[:1], [4], [4 if step % 2 else 2], 0.03, 5, 3.0, 0.0, 0.03))
-    out = ctrl.truncate(seqs, sparse_proposal(num_seqs, 4))
-    kept = out.num_tokens.tolist()
+    """One row with 4 good drafts: worth a wider verify at batch 1, not when 15 other rows are padded for it."""
+    kept, width = kept_of_one_good_row(num_seqs, packed=False)
     assert kept[1:] == [0] * (num_seqs - 1)
     assert (kept[0] >= 2) if num_seqs == 1 else (kept[0] == 0)
-    assert out.token_ids.shape[1] == kept[0]
+    assert width == kept[0]
+
+
+def kept_of_one_good_row(num_seqs: int, packed: bool) -> tuple[list[int], int]:
+    """Row 0 of num_seqs has 4 drafts (accepted all, or only 2, alternately): the drafts truncate keeps per row,
+    and the verify's width."""
+    ctrl = GoodputController(cost=step_cost())
+    ctrl.cost.packed = packed
+    seqs = make_seqs(num_seqs)
+    for step in range(20):
+        ctrl.observe(StepStats(seqs[:1], [4], [4 if step % 2 else 2], 0.03, 5, 3.0, 0.0, 0.03))
+    out = ctrl.truncate(seqs, sparse_proposal(num_seqs, 4))
+    return out.num_tokens.tolist(), out.token_ids.shape[1]
+
+
+def test_a_target_that_runs_real_tokens_alone_verifies_one_rows_drafts_in_a_batch():
+    """Where the target computes each row's own tokens (models/llama.packs_rows), the good row's drafts cost 2-4
+    tokens, not 15 rows' padding: kept at 16 rows as at one (the padded control is the test above, 0 kept)."""
+    kept, width = kept_of_one_good_row(16, packed=True)
+    assert kept[0] >= 2 and kept[1:] == [0] * 15 and width == kept[0]
 
 
 def marginal_width(margin: float) -> int:
@@ -372,6 +386,23 @@ def test_cheap_drafts_are_not_looked_up_when_no_width_can_pay(num_seqs):
         assert asked == [[K_MAX]] * 24
     else:
         assert [i for i, ks in enumerate(asked) if sum(ks)] == [20] and max(map(max, asked)) == 1  # one probe
+
+
+def lookups_asked_of_one_good_row(packed: bool) -> int:
+    """8 rows of a lookup drafter, row 0's drafts right 95% of the time and the others' 10%; 50 ms a step and 10 ms a
+    verified token. The drafts choose asks of the batch (in all rows)."""
+    ctrl = GoodputController(cost=CostModel.linear(50e-3, 0.0, 10e-3, 0.0))
+    ctrl.cost.packed = packed
+    ctrl.acceptance.estimate = lambda request_id, n: np.full(n, 0.95 if request_id == "r0" else 0.1)
+    return sum(ctrl.choose(make_seqs(8), K_MAX))
+
+
+def test_lookups_are_asked_where_one_rows_drafts_pay_on_a_target_that_runs_real_tokens():
+    """Drafts for every row cannot pay (K = 1: 9.65 tokens in 210 ms against 8 in 130), but row 0's alone can where
+    the target computes each row's own tokens (K = 8: ~14.6 tokens in 210 ms): the lookups are asked, truncate keeps
+    what pays. Control: a padded target, where row 0's drafts pad every row, asks none."""
+    assert lookups_asked_of_one_good_row(packed=True) == 8 * K_MAX
+    assert lookups_asked_of_one_good_row(packed=False) == 0
 
 
 def lookups_asked(margin: float) -> int:
