@@ -390,6 +390,8 @@ class LlamaModel(nn.Module):
         b, n, _ = picked.shape
         if n == 0:  # the caller scores hidden states itself (layer-skip probes)
             logits = picked.new_empty(b, 0, self.cfg.vocab_size, dtype=torch.float32)
+        elif rows is not None and logits_index is None and len(rows) < b * n:  # the padding's logits are zeros
+            logits = to_batch(step.head(to_rows(picked, rows)), rows, b, n)  # [num_seqs, T, vocab]
         else:
             logits = step.head(picked.reshape(b * n, -1)).view(b, n, -1)  # [num_seqs, n, vocab]
         return (logits, hidden) if return_hidden else logits

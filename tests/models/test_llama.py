@@ -54,38 +54,40 @@ def test_ragged_batch_matches_transformers(pair):
 
 
 def rows_through_the_linears(ours, monkeypatch, packs: bool) -> tuple[list[int], torch.Tensor]:
-    """A batch of rows with 5, 2 and 1 new tokens padded to 5: the rows each linear of the first layer took, and
-    the final hidden states [3, 5, hidden] (padding included)."""
+    """A batch of rows with 5, 2 and 1 new tokens padded to 5: the rows each linear of the first layer and the LM
+    head took, and the final hidden states [3, 5, hidden] and logits [3, 5, vocab] (padding included)."""
     monkeypatch.setattr(llama, "packs_rows", lambda device: packs)
     seen: list[int] = []
     layer = ours.layers[0]
     hooks = [
         m.register_forward_hook(lambda m, x, out: seen.append(x[0].numel() // x[0].shape[-1]))
-        for m in (layer.attn.wqkv, layer.attn.wo, layer.mlp.w13, layer.mlp.w2)
+        for m in (layer.attn.wqkv, layer.attn.wo, layer.mlp.w13, layer.mlp.w2, ours.lm_head)
     ]
     cache = ours.new_cache(3, 32)
     tokens = torch.randint(3, 96, (3, 5), generator=torch.Generator().manual_seed(4))
     meta = AttentionMetadata.build([0, 1, 2], [3, 0, 7], 5, "cpu", num_new=[5, 2, 1])
     try:
         with torch.no_grad():
-            _, hidden = ours(tokens, meta, cache, return_hidden=True)
+            logits, hidden = ours(tokens, meta, cache, return_hidden=True)
     finally:
         for h in hooks:
             h.remove()
-    return seen, hidden
+    return seen, hidden, logits
 
 
 def test_the_linears_run_the_real_tokens_alone(pair, monkeypatch):
-    """On the CPU a padded batch's projections and MLP take its 8 real tokens, not 15: one row's draft at batch 8
-    verified 16 tokens where 9 were real. The real tokens' hidden states are those of the padded computation
-    (test_ragged_batch_matches_transformers checks the logits); the padding's are zeros. Control: padded, 15."""
+    """On the CPU a padded batch's projections, MLP and LM head take its 8 real tokens, not 15: one row's draft at
+    batch 8 verified 16 tokens where 9 were real. The real tokens' hidden states and logits are those of the padded
+    computation (test_ragged_batch_matches_transformers checks them against transformers); the padding's are zeros.
+    Control: padded, 15."""
     _, ours = pair
-    seen, hidden = rows_through_the_linears(ours, monkeypatch, packs=True)
-    padded_seen, padded = rows_through_the_linears(ours, monkeypatch, packs=False)
-    assert seen == [8] * 4 and padded_seen == [15] * 4
+    seen, hidden, logits = rows_through_the_linears(ours, monkeypatch, packs=True)
+    padded_seen, padded, padded_logits = rows_through_the_linears(ours, monkeypatch, packs=False)
+    assert seen == [8] * 5 and padded_seen == [15] * 5
     real = torch.tensor([[True] * 5, [True] * 2 + [False] * 3, [True] + [False] * 4])  # [3, 5]
     assert (hidden[real] - padded[real]).abs().max() < 1e-5
-    assert not hidden[~real].any()
+    assert (logits[real] - padded_logits[real]).abs().max() < 1e-5
+    assert not hidden[~real].any() and not logits[~real].any()
 
 
 def test_tree_mask_equals_separate_paths(pair):
