@@ -354,13 +354,14 @@ class GoodputController(ControllerBase):
         return ks
 
     def _widening_spacing(self, num_seqs: int, context: float) -> int:
-        """Steps since the last widening probe that pay, at probe_budget, for what widening the verify to two
-        tokens a row costs the target: the verify is padded to its widest row, so at batch 8 one row's probe
-        verifies 16 tokens, not 8 (the pair at 2,048 tokens: 107 ms a plain step, ~200 with the probe; ~30 steps
-        of the budget, where the first probe came at step 16, before `_price_probe` had measured one). Only the
-        target's price counts: every step corrects it, where drafting's is seeded at load and may be wrong
-        (a busy machine's), so the probe itself prices that. At batch 1 a second token costs a few percent of a
-        step, and probes keep `probe_every`."""
+        """Steps since the last widening probe that pay, at probe_budget, for what one row's draft costs the
+        target's verify. Where the verify is padded to its widest row (an accelerator; the CPU before it ran real
+        tokens alone), at batch 8 one row's probe verified 16 tokens, not 8 (the pair at 2,048 tokens: 107 ms a
+        plain step, ~200 with the probe; ~30 steps of the budget, where the first probe came at step 16, before
+        `_price_probe` had measured one); packed (`CostModel.packed`), it costs its own token. Only the target's
+        price counts: every step corrects it, where drafting's is seeded at load and may be wrong (a busy
+        machine's), so the probe itself prices that. At batch 1 a second token costs a few percent of a step, and
+        probes keep `probe_every`."""
         plain = self.cost.predict_verify(num_seqs, 0, context)
         extra = self.cost.predict_rows(np.eye(num_seqs, dtype=int)[0], context) - plain  # one row's draft
         return math.ceil(max(extra, 0.0) / max(self.probe_budget * plain, 1e-9))
