@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specdecode.models.ragged import verify_tokens
+
 PROFILE_VERSION = 3  # 2: the hinge terms; 3: the per-row cache read
 KNEES = (4, 16, 64)  # tokens per forward past which a hinge term adds its own per-token cost
 VERIFY_TERMS = (
@@ -153,8 +155,7 @@ class CostModel:
     def predict_rows(self, drafts: np.ndarray, context: float) -> float:
         """Seconds of a verify of drafts[i] drafts on row i ([B]): their own tokens where the target runs only
         real ones (`packed`), else every row padded to the widest."""
-        widest = int(drafts.max(initial=0))
-        tokens = int(drafts.sum()) + len(drafts) if self.packed else len(drafts) * (widest + 1)
+        tokens = verify_tokens(drafts.tolist(), int(drafts.max(initial=0)), self.packed)
         return self.predict_tokens(len(drafts), tokens, context)
 
     def draft_context(self, context: float) -> float:

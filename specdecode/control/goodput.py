@@ -363,7 +363,9 @@ class GoodputController(ControllerBase):
         machine's), so the probe itself prices that. At batch 1 a second token costs a few percent of a step, and
         probes keep `probe_every`."""
         plain = self.cost.predict_verify(num_seqs, 0, context)
-        extra = self.cost.predict_rows(np.eye(num_seqs, dtype=int)[0], context) - plain  # one row's draft
+        one_draft = np.zeros(num_seqs, dtype=int)  # [B] one row's draft
+        one_draft[0] = 1
+        extra = self.cost.predict_rows(one_draft, context) - plain
         return math.ceil(max(extra, 0.0) / max(self.probe_budget * plain, 1e-9))
 
     def _follow_up(self, seqs: list[Sequence], ks: list[int], caps: list[int]) -> list[int]:

@@ -31,7 +31,7 @@ from specdecode.detokenize import IncrementalDetokenizer, find_stop, stop_holdba
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.engine.logprobs import emitted_logprobs
 from specdecode.models.llama import AttentionMetadata, LlamaModel, packs_rows
-from specdecode.models.ragged import pad_groups
+from specdecode.models.ragged import pad_groups, verify_tokens
 from specdecode.step.runner import PAD_SLACK, forward_ragged
 from specdecode.step.sequence import Sequence, Status, TokenLogprob
 from specdecode.verify.chain import VerifyResult, verify
@@ -397,7 +397,7 @@ class Engine:
             self._prefilled(
                 chunks, self._chunk_features(chunks, verified.chunk_hidden if self._needs_features else None)
             )
-        self._verified_tokens = self._computed_tokens(num_proposed, proposal.token_ids.shape[1])
+        self._verified_tokens = verify_tokens(num_proposed, proposal.token_ids.shape[1], packs_rows(self.device))
         self.last_step = StepStats(
             seqs,
             num_proposed,
@@ -411,13 +411,6 @@ class Engine:
         )
         self.controller.observe(self.last_step)  # control
         return updates
-
-    def _computed_tokens(self, num_proposed: list[int], width: int) -> int:
-        """Tokens the target's verify forward computed: each row's own (its drafts and the pending token) where the
-        model runs the real tokens alone (models/llama.packs_rows), else every row padded to the widest."""
-        if packs_rows(self.device):
-            return sum(num_proposed) + len(num_proposed)
-        return len(num_proposed) * (width + 1)
 
     def _riding_chunks(self, num_seqs: int, width: int) -> list[Chunk]:
         """The prompt chunks this step's verify forward of `num_seqs` rows of `width` caches too: the budget its

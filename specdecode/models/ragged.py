@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def pad_groups(lengths: list[int], slack: int) -> list[list[int]]:
     """Indices of ragged rows, longest first, grouped so that no row of a group is padded by more than `slack`.
@@ -19,3 +21,9 @@ def pad_groups(lengths: list[int], slack: int) -> list[list[int]]:
         else:
             groups.append([i])
     return groups
+
+
+def verify_tokens(drafts: Sequence[int], width: int, packed: bool) -> int:
+    """Tokens a verify of drafts[i] drafts on row i computes (each row also scores its pending token): the rows'
+    own where the model runs real tokens alone (models/llama.packs_rows), else every row padded to `width` drafts."""
+    return sum(drafts) + len(drafts) if packed else len(drafts) * (width + 1)
