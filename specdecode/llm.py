@@ -213,7 +213,14 @@ class LLM:
             draft_dir, gguf = self._draft_dir, self._quantized_source(draft)
             vocab = drafting_vocabulary(draft, draft_dir, spec.draft_vocab)
             self.draft_model = load_draft(
-                draft_dir, device, DTYPES[dtype], config.enforce_eager, gguf, spec.draft_arithmetic, vocab
+                draft_dir,
+                device,
+                DTYPES[dtype],
+                config.enforce_eager,
+                gguf,
+                spec.draft_arithmetic,
+                vocab,
+                spec.draft_weights,
             )
         limit = self.target.cfg.context_limit
         self.max_model_len = min(max_model_len or DEFAULT_MAX_MODEL_LEN, limit)

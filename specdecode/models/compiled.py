@@ -152,6 +152,7 @@ def load_target(
     role: str = "target",
     gguf: Path | None = None,
     arithmetic: str = "exact",
+    weights: str = "file",
 ) -> LlamaModel:
     """The model as the engine runs it: compiled and warmed, or eager with packed linears (enforce_eager).
     ahead_of_time: see compile_step. role: what the progress bar calls the model ("target", "draft").
@@ -167,9 +168,11 @@ def load_target(
     runs the quantized linears' op at every row count, so no twin is loaded for it either.
     arithmetic: for a quantized model, "exact" (fp32 activations, models/quant_rows.py) or "fast" (int8
     activations per row and block, models/quant_int8.py); ignored for fp32 weights.
+    weights: a quantized model's blocks, the file's ("file") or requantized to Q4_1 ("q4_1": a draft's,
+    models/requantize.py).
     """
     if gguf is not None:
-        return _load_quantized(gguf, device, enforce_eager, progress, ahead_of_time, role, arithmetic)
+        return _load_quantized(gguf, device, enforce_eager, progress, ahead_of_time, role, arithmetic, weights)
     if enforce_eager:
         return load_llama(model_dir, device, dtype)
     model = load_llama(model_dir, device, dtype, inference=False)  # inductor packs the weights itself
@@ -192,10 +195,11 @@ def _load_quantized(
     ahead_of_time: bool | None,
     role: str,
     arithmetic: str = "exact",
+    weights: str = "file",
 ) -> LlamaModel:
-    """A GGUF model with its blocks kept, eager or on the compiled step, in the named arithmetic; the linears
-    the kernel has no type for (dense fp32) take the few-rows GEMM where it serves."""
-    model = apply_arithmetic(load_gguf_quantized(gguf, device), arithmetic)
+    """A GGUF model with its blocks kept (or requantized: `weights`), eager or on the compiled step, in the named
+    arithmetic; the linears the kernel has no type for (dense fp32) take the few-rows GEMM where it serves."""
+    model = apply_arithmetic(load_gguf_quantized(gguf, device, weights, progress), arithmetic)
     if enforce_eager:
         return model
     if few_rows.available(torch.device(device), torch.float32):

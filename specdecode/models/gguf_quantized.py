@@ -43,6 +43,7 @@ from specdecode.models.loader import (
     _unpermute_rope_rows,
 )
 from specdecode.models.quant_rows import TYPES, QuantEmbedding, QuantLinear
+from specdecode.models.requantize import DRAFT_WEIGHTS, REQUANTIZED, requantized_blocks
 
 
 def quantized_source(spec: str, device: str, dtype: str, weights: str) -> Path | None:
@@ -87,11 +88,18 @@ class _Part:
     """Rows of one GGUF tensor on their way into a fused linear: raw blocks (quantized) or fp32 values."""
 
     def __init__(
-        self, t: gguf.ReaderTensor, rope_heads: int | None, path: Path, bias: gguf.ReaderTensor | None = None
+        self,
+        t: gguf.ReaderTensor,
+        rope_heads: int | None,
+        path: Path,
+        bias: gguf.ReaderTensor | None = None,
+        blocks: torch.Tensor | None = None,  # [out, bytes_per_row] uint8: t requantized to REQUANTIZED
     ) -> None:
-        self.qtype = t.tensor_type if t.tensor_type in TYPES else None
+        self.qtype = REQUANTIZED if blocks is not None else t.tensor_type if t.tensor_type in TYPES else None
         self.in_features = int(t.shape[0])  # GGUF lists the fastest-varying dim first
-        if self.qtype is not None:
+        if blocks is not None:
+            rows = blocks
+        elif self.qtype is not None:
             rows = torch.from_numpy(np.array(t.data))  # [out, bytes_per_row] uint8, copied out of the mmap
         else:
             rows = _dequantize(t, path)  # [out, in] fp32
@@ -155,9 +163,13 @@ def dequantized_linears(reader: gguf.GGUFReader) -> list[str]:
     ]
 
 
-def load_gguf_quantized(path: str | Path, device: str | torch.device = "cpu") -> LlamaModel:
+def load_gguf_quantized(
+    path: str | Path, device: str | torch.device = "cpu", weights: str = "file", progress: bool = True
+) -> LlamaModel:
     """The `LlamaModel` of a Llama GGUF file with quantized linears kept in blocks; eval mode, no grads.
-    Linears of a type the kernel lacks are dequantized to fp32, with a warning that names them."""
+    Linears of a type the kernel lacks are dequantized to fp32, with a warning that names them.
+    weights: "file" keeps the file's blocks; "q4_1" (a draft's: models/requantize.py) requantizes every linear
+    that reads more bytes a weight than Q4_1, which then no longer computes the file's model."""
     path = Path(path)
     if torch.device(device).type != "cpu":
         raise ValueError(f"quantized GGUF weights run on the CPU kernel only, not on {device}")
@@ -166,12 +178,16 @@ def load_gguf_quantized(path: str | Path, device: str | torch.device = "cpu") ->
     cfg = LlamaConfig.from_hf(hf_config)
     tensors = {t.name: t for t in reader.tensors}
     permuted = hf_config["model_type"] in _PERMUTED_ARCHITECTURES  # llama.cpp reorders q/k rows for these only
+    if weights not in DRAFT_WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(DRAFT_WEIGHTS)}, not {weights!r}")
+    requantized = requantized_blocks(path, reader, progress) if weights == "q4_1" else {}
 
     def part(name: str, rope_heads: int | None = None, bias: bool = False) -> _Part:
         if name not in tensors or (bias and name.replace(".weight", ".bias") not in tensors):
             raise ModelLoadError(f"GGUF file {path} lacks the tensor {name!r} or its bias")
         heads = rope_heads if permuted else None
-        return _Part(tensors[name], heads, path, tensors[name.replace(".weight", ".bias")] if bias else None)
+        b = tensors[name.replace(".weight", ".bias")] if bias else None
+        return _Part(tensors[name], heads, path, b, requantized.get(name))
 
     with torch.device("meta"):
         model = LlamaModel(cfg)
@@ -197,7 +213,7 @@ def load_gguf_quantized(path: str | Path, device: str | torch.device = "cpu") ->
         block.attn_norm.weight = nn.Parameter(part(p + "attn_norm.weight").rows)
         block.mlp_norm.weight = nn.Parameter(part(p + "ffn_norm.weight").rows)
     model.inv_freq = rope_inv_freq(cfg)  # [head_dim / 2] fp32 (the meta one cannot hold values)
-    dense = dequantized_linears(reader)
+    dense = [d for d in dequantized_linears(reader) if d.split(" ")[0] not in requantized]
     if dense:
         warnings.warn(f"{path.name}: no quantized kernel for {', '.join(dense)}; those are fp32", stacklevel=2)
     return model.requires_grad_(False).eval()

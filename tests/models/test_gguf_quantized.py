@@ -182,9 +182,9 @@ def add_matrix(writer: gguf.GGUFWriter, name: str, qtype: Q, out: int, k: int, g
         writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
 
 
-def write_tiny_gguf(path: Path, tie: bool, arch: str = "llama") -> Path:
+def write_tiny_gguf(path: Path, tie: bool, arch: str = "llama", seed: int = 7) -> Path:
     """A tiny GGUF of the mixed TYPES; qwen2 adds random q/k/v biases (F32) and is stored in HF's rope order."""
-    gen = np.random.default_rng(7)
+    gen = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(LAYERS)
     writer.add_context_length(256)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from gguf import GGMLQuantizationType as Q
 from safetensors.torch import load_file, save_file
 
 import specdecode.llm
@@ -173,13 +174,16 @@ def plain_15b_output(plain_15b):
 
 @needs_pair
 @pytest.mark.parametrize(
-    ("method", "draft_arithmetic"), [("draft", "fast"), ("draft", "exact"), ("ngram", "fast"), ("suffix", "fast")]
+    ("method", "draft_arithmetic", "draft_weights"),
+    [("draft", "fast", "q4_1"), ("draft", "exact", "file"), ("ngram", "fast", "q4_1"), ("suffix", "fast", "q4_1")],
 )
 def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(
-    method, draft_arithmetic, plain_15b, plain_15b_output
+    method, draft_arithmetic, draft_weights, plain_15b, plain_15b_output
 ):
-    """20 greedy tokens of each drafter (K = 4 at every step) are K = 0's; the 0.5B draft loads the same way, in
-    the fast arithmetic by default (drafts need not be exact) or the exact one, under the exact target."""
+    """20 greedy tokens of each drafter (K = 4 at every step) are K = 0's; the 0.5B draft loads as it does by
+    default (fast arithmetic, linears requantized to Q4_1: drafts need not be exact) or as the file defines it
+    (exact arithmetic, the file's blocks), under the exact target."""
+    defaults = draft_arithmetic == "fast" and draft_weights == "q4_1"
     spec = LLM(
         target=TARGET,
         method=method,
@@ -189,14 +193,15 @@ def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(
         max_model_len=1024,
         enforce_eager=False,  # the suite's default is eager (tests/conftest.py): this is the serving step
         share_target=plain_15b,
-        **({} if draft_arithmetic == "fast" else {"draft_arithmetic": draft_arithmetic}),
+        **({} if defaults else {"draft_arithmetic": draft_arithmetic, "draft_weights": draft_weights}),
     )
     if method == "draft":
         assert spec.spec.draft == DRAFT  # the 1.5B's default draft
         assert spec.draft_model.step.compiled
-        head = spec.draft_model.lm_head  # its shipped drafting vocabulary, kept as the file's Q8_0 blocks
+        head = spec.draft_model.lm_head  # its shipped drafting vocabulary, over the file's Q8_0 head or its Q4_1
         kind = Int8QuantLinear if draft_arithmetic == "fast" else QuantLinear
         assert isinstance(head, SubsetLMHead) and type(head.head.linear) is kind
+        assert head.head.linear.qtype == (Q.Q4_1 if draft_weights == "q4_1" else Q.Q8_0)
         assert head.head.linear.out_features == 32768
         assert type(spec.target.lm_head) is QuantLinear  # the target stays exact
     got = spec.chat(CHAT, GREEDY_20)[0]

@@ -1,0 +1,79 @@
+"""A draft model's linears requantized to Q4_1 at load: fewer bytes a step, where no exactness is owed.
+
+A draft's tokens are all verified by the target, so its weights need not be the file's: they only set how often
+it agrees with the target and what a step costs. A draft step is bound by the bytes its linears read, and the
+Qwen2.5-Coder 0.5B's file keeps most of them in Q5_0 (0.69 bytes a weight), Q6_K (0.82) and a Q8_0 head (1.06),
+where the kernels' cheapest type is Q4_1 (0.63 bytes, and the fastest per weight: results/int8_types.json).
+Requantized to Q4_1, on the 16 dev code prompts with the 1.5B in the fast arithmetic (2-core AMD EPYC,
+2026-11-28, `python -m experiments.draft_weights`, results/draft_weights_dev.json), the 0.5B's compiled step took
+10.7 ms instead of 11.6, its acceptance went from 0.835 to 0.831, and the K = 4 draft arm (stopping below 0.7)
+went from 1.16x to 1.21x fast K = 0, whole request.
+
+Each linear whose type reads more bytes a weight than Q4_1 (or has no kernel, and would load as fp32) is
+dequantized with `gguf.quants.dequantize` and quantized with `gguf.quants.quantize`: llama.cpp's own Q4_1
+(a scale and a minimum per 32 weights). Q4_K and Q4_1 tensors, the token table and 1-d tensors stay as the file
+has them. The blocks are built once per file into the cache (~7 s for the 0.5B) and read from there after.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from specdecode.config import DRAFT_WEIGHTS
+from specdecode.models.disk_cache import build_once, cache_root
+from specdecode.models.loader import _file_key, prune_versions
+from specdecode.models.quant_rows import TYPES
+
+Q = gguf.GGMLQuantizationType
+__all__ = ["DRAFT_WEIGHTS", "REQUANTIZED", "requantized_blocks"]
+REQUANTIZED = Q.Q4_1
+FORMAT_VERSION = 1  # bump when what is written changes
+
+
+def bytes_per_weight(qtype: Q) -> float:
+    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    return nbytes / block
+
+
+def worth_requantizing(t: gguf.ReaderTensor) -> bool:
+    """Whether `t` (a linear's weight) reads fewer bytes as Q4_1 than as it loads: a kernel type of more bytes a
+    weight, or a type the kernels lack (it would load as fp32). Its rows must be whole Q4_1 blocks."""
+    block = gguf.GGML_QUANT_SIZES[REQUANTIZED][0]
+    if len(t.shape) != 2 or int(t.shape[0]) % block:
+        return False
+    return t.tensor_type not in TYPES or bytes_per_weight(t.tensor_type) > bytes_per_weight(REQUANTIZED)
+
+
+def linear_names(reader: gguf.GGUFReader) -> list[str]:
+    """The file's tensors that load as linears and would read fewer bytes as Q4_1. The token table is read a row
+    per token, not multiplied, so it stays (a tied head reads the table's blocks and stays with it)."""
+    return [t.name for t in reader.tensors if t.name != "token_embd.weight" and worth_requantizing(t)]
+
+
+def requantize(t: gguf.ReaderTensor) -> np.ndarray:
+    """[out, bytes per row] uint8: `t`'s values as llama.cpp's Q4_1 blocks."""
+    values = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # [out, in]
+    return np.ascontiguousarray(gguf.quants.quantize(values, REQUANTIZED))
+
+
+def _build(reader: gguf.GGUFReader, names: list[str], out: Path, progress: bool) -> None:
+    tensors = {t.name: t for t in reader.tensors}
+    bar = tqdm(names, desc="requantizing the draft to Q4_1 (once per file)", disable=not progress, leave=False)
+    for name in bar:
+        np.save(out / f"{name}.npy", requantize(tensors[name]))
+
+
+def requantized_blocks(path: Path, reader: gguf.GGUFReader, progress: bool = True) -> dict[str, torch.Tensor]:
+    """{tensor name: [out, bytes per row] uint8 Q4_1 blocks} for the linears of the GGUF file `path` that read
+    fewer bytes as Q4_1, from the cache (built now if absent; the last two files' blocks are kept)."""
+    names = linear_names(reader)
+    if not names:
+        return {}
+    final = cache_root() / "requantized" / f"{path.stem}-q4_1-{_file_key(path, extra=f'requantize{FORMAT_VERSION}')}"
+    built = prune_versions(build_once(final, lambda tmp: _build(reader, names, tmp, progress)))
+    return {name: torch.from_numpy(np.load(built / f"{name}.npy")) for name in names}
