@@ -39,8 +39,8 @@ from specdecode.models.aot_package import INDUCTOR_SETTINGS, Body, Head, load_or
 from specdecode.models.cuda_graphs import GraphedBody
 from specdecode.models.disk_cache import cache_root
 from specdecode.models.gguf_quantized import load_gguf_quantized
+from specdecode.models.grouped_cache import return_freed_memory, use_int8_cached
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama, packs_rows, real_rows
-from specdecode.models.quant_int8 import apply_arithmetic
 
 ENFORCE_EAGER_ENV = "SPECDECODE_ENFORCE_EAGER"  # "1": LLM and the commands default to the eager step
 # Dynamo's cache is per code object, so every compiled model in a process adds one entry to _Body.forward's
@@ -199,7 +199,10 @@ def _load_quantized(
 ) -> LlamaModel:
     """A GGUF model with its blocks kept (or requantized: `weights`), eager or on the compiled step, in the named
     arithmetic; the linears the kernel has no type for (dense fp32) take the few-rows GEMM where it serves."""
-    model = apply_arithmetic(load_gguf_quantized(gguf, device, weights, progress), arithmetic)
+    model = load_gguf_quantized(gguf, device, weights, progress)
+    if arithmetic == "fast":  # its grouped rows from the cache (models/grouped_cache.py)
+        use_int8_cached(model, gguf, weights)
+    return_freed_memory()
     if enforce_eager:
         return model
     if few_rows.available(torch.device(device), torch.float32):

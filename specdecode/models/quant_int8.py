@@ -111,13 +111,16 @@ def quant_int8_grouped_linear(
 class Int8QuantLinear(nn.Module):
     """A `QuantLinear`'s blocks and bias (shared, not copied) multiplied in the int8 arithmetic."""
 
-    def __init__(self, linear: QuantLinear) -> None:
+    def __init__(self, linear: QuantLinear, groups: torch.Tensor | None = None) -> None:
+        """groups: the linear's blocks already grouped (models/grouped_cache.py), else grouped here."""
         super().__init__()
         if linear.qtype not in TYPES:
             raise ValueError(f"Int8QuantLinear supports {', '.join(t.name for t in TYPES)}, not {linear.qtype.name}")
         self.qtype, self.in_features, self.out_features = linear.qtype, linear.in_features, linear.out_features
         self.register_buffer("bias", linear.bias)  # [out] fp32 or None
-        self.register_buffer("groups", group_rows(linear.blocks, self.qtype))  # [ceil(out / 16), bytes]
+        if groups is None:
+            groups = group_rows(linear.blocks, self.qtype)
+        self.register_buffer("groups", groups)  # [ceil(out / 16), bytes]
 
     @property
     def blocks(self) -> torch.Tensor:
@@ -138,14 +141,16 @@ class Int8QuantLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype.name}, int8"
 
 
-def use_int8(model: nn.Module) -> int:
+def use_int8(model: nn.Module, groups: dict[str, torch.Tensor] | None = None) -> int:
     """Swap every QuantLinear in `model` (ConcatLinear parts included: they are children too) for an
-    Int8QuantLinear over the same buffers; returns how many were swapped."""
+    Int8QuantLinear over the same buffers; returns how many were swapped. groups: each one's grouped blocks by
+    module name, as grouped before (models/grouped_cache.py), else they are grouped here."""
     swapped = 0
-    for parent in list(model.modules()):
+    for prefix, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, QuantLinear):
-                setattr(parent, name, Int8QuantLinear(child))
+                full = f"{prefix}.{name}" if prefix else name
+                setattr(parent, name, Int8QuantLinear(child, None if groups is None else groups[full]))
                 swapped += 1
     return swapped
 

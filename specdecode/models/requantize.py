@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from specdecode.config import DRAFT_WEIGHTS
 from specdecode.models.disk_cache import build_once, cache_root
-from specdecode.models.loader import _file_key, prune_versions
+from specdecode.models.loader import derived_key, prune_versions
 from specdecode.models.quant_rows import TYPES
 
 Q = gguf.GGMLQuantizationType
@@ -74,6 +74,6 @@ def requantized_blocks(path: Path, reader: gguf.GGUFReader, progress: bool = Tru
     names = linear_names(reader)
     if not names:
         return {}
-    final = cache_root() / "requantized" / f"{path.stem}-q4_1-{_file_key(path, extra=f'requantize{FORMAT_VERSION}')}"
+    final = cache_root() / "requantized" / f"{path.stem}-q4_1-{derived_key(path, f'requantize{FORMAT_VERSION}')}"
     built = prune_versions(build_once(final, lambda tmp: _build(reader, names, tmp, progress)))
     return {name: torch.from_numpy(np.load(built / f"{name}.npy")) for name in names}
