@@ -24,6 +24,7 @@ load. On CUDA the compiled body is then replayed from CUDA graphs captured per b
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 import warnings
@@ -34,13 +35,15 @@ import torch._inductor.config
 import torch.fx.experimental._config
 from tqdm import tqdm
 
+from specdecode.free_memory import release_free_memory
 from specdecode.models import few_rows
 from specdecode.models.aot_package import INDUCTOR_SETTINGS, Body, Head, load_or_compile
 from specdecode.models.cuda_graphs import GraphedBody
 from specdecode.models.disk_cache import cache_root
 from specdecode.models.gguf_quantized import load_gguf_quantized
-from specdecode.models.grouped_cache import return_freed_memory, use_int8_cached
+from specdecode.models.grouped_cache import cached_groups
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama, packs_rows, real_rows
+from specdecode.models.quant_int8 import apply_arithmetic
 
 ENFORCE_EAGER_ENV = "SPECDECODE_ENFORCE_EAGER"  # "1": LLM and the commands default to the eager step
 # Dynamo's cache is per code object, so every compiled model in a process adds one entry to _Body.forward's
@@ -199,10 +202,9 @@ def _load_quantized(
 ) -> LlamaModel:
     """A GGUF model with its blocks kept (or requantized: `weights`), eager or on the compiled step, in the named
     arithmetic; the linears the kernel has no type for (dense fp32) take the few-rows GEMM where it serves."""
-    model = load_gguf_quantized(gguf, device, weights, progress)
-    if arithmetic == "fast":  # its grouped rows from the cache (models/grouped_cache.py)
-        use_int8_cached(model, gguf, weights)
-    return_freed_memory()
+    groups = functools.partial(cached_groups, gguf=gguf, weights=weights)  # the fast arithmetic's, from the cache
+    model = apply_arithmetic(load_gguf_quantized(gguf, device, weights, progress), arithmetic, groups)
+    release_free_memory()  # the load's numpy temporaries, freed but kept in the heap
     if enforce_eager:
         return model
     if few_rows.available(torch.device(device), torch.float32):

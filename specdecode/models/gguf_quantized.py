@@ -24,7 +24,7 @@ and dtype from `LlamaModel.device` and `.dtype`, not from `embed.weight`.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import gguf
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specdecode.config import DRAFT_WEIGHTS
 from specdecode.models.gguf_weights_reader import WeightsReader
 from specdecode.models.llama import LlamaConfig, LlamaModel, rope_inv_freq
 from specdecode.models.loader import (
@@ -43,7 +44,7 @@ from specdecode.models.loader import (
     _unpermute_rope_rows,
 )
 from specdecode.models.quant_rows import TYPES, QuantEmbedding, QuantLinear
-from specdecode.models.requantize import DRAFT_WEIGHTS, REQUANTIZED, requantized_blocks
+from specdecode.models.requantize import REQUANTIZED, requantized_blocks
 
 
 def quantized_source(spec: str, device: str, dtype: str, weights: str) -> Path | None:
@@ -152,14 +153,17 @@ def _fused(parts: Sequence[_Part]) -> nn.Module:
     return modules[0] if len(modules) == 1 else ConcatLinear(modules)
 
 
-def dequantized_linears(reader: gguf.GGUFReader) -> list[str]:
-    """The file's matrices that load as fp32: F32/F16/BF16 or a type without a kernel path. The embedding table
-    (read one row per token, not multiplied) is listed only as a tied LM head."""
+def dequantized_linears(reader: gguf.GGUFReader, requantized: Collection[str] = ()) -> list[str]:
+    """The file's matrices that load as fp32: F32/F16/BF16 or a type without a kernel path, unless `requantized`
+    names them. The embedding table (read one row per token, not multiplied) is listed only as a tied LM head."""
     tied = "output.weight" not in {t.name for t in reader.tensors}
     return [
         f"{t.name} ({t.tensor_type.name})"
         for t in reader.tensors
-        if len(t.shape) == 2 and t.tensor_type not in TYPES and (t.name != "token_embd.weight" or tied)
+        if len(t.shape) == 2
+        and t.tensor_type not in TYPES
+        and t.name not in requantized
+        and (t.name != "token_embd.weight" or tied)
     ]
 
 
@@ -213,7 +217,7 @@ def load_gguf_quantized(
         block.attn_norm.weight = nn.Parameter(part(p + "attn_norm.weight").rows)
         block.mlp_norm.weight = nn.Parameter(part(p + "ffn_norm.weight").rows)
     model.inv_freq = rope_inv_freq(cfg)  # [head_dim / 2] fp32 (the meta one cannot hold values)
-    dense = [d for d in dequantized_linears(reader) if d.split(" ")[0] not in requantized]
+    dense = dequantized_linears(reader, requantized)
     if dense:
         warnings.warn(f"{path.name}: no quantized kernel for {', '.join(dense)}; those are fp32", stacklevel=2)
     return model.requires_grad_(False).eval()

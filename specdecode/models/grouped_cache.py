@@ -4,13 +4,11 @@ Grouping is a reordering of the file's bytes in numpy, and it was much of a fast
 (`specdecode bench startup`, 2-core AMD EPYC, 2026-11-28) took 24.9 s to ready with 2,825 MiB resident. So the
 groups of every linear are written once per (file, weights, the code that lays them out) into the cache, a .npy
 per module, and later loads read them back; and the numpy temporaries of a load, freed but kept in the process's
-heap, are handed back to the system (`return_freed_memory`): 14.8 s and 2,346 MiB (results/startup_pair.json).
+heap, are handed back to the system (specdecode/free_memory.py): 14.8 s and 2,346 MiB (results/startup_pair.json).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 from pathlib import Path
 
@@ -20,7 +18,6 @@ from torch import nn
 
 from specdecode.models.disk_cache import build_once, cache_root
 from specdecode.models.loader import derived_key, prune_versions
-from specdecode.models.quant_int8 import use_int8
 from specdecode.models.quant_rows import QuantLinear
 from specdecode.models.row_groups import group_rows
 
@@ -48,17 +45,8 @@ def groups_dir(model: nn.Module, gguf: Path, weights: str) -> Path:
     return prune_versions(build_once(final, lambda tmp: _build(model, tmp)))
 
 
-def use_int8_cached(model: nn.Module, gguf: Path, weights: str) -> int:
-    """`use_int8(model)` with each linear's groups read from the cache (built on first use); returns how many
-    linears were swapped."""
+def cached_groups(model: nn.Module, gguf: Path, weights: str) -> dict[str, torch.Tensor]:
+    """{module name: grouped rows} of each QuantLinear of `model` (loaded from the GGUF file `gguf` with
+    `weights`), read from the cache (built on first use): what `quant_int8.apply_arithmetic` takes."""
     folder = groups_dir(model, gguf, weights)
-    groups = {name: torch.from_numpy(np.load(folder / f"{name}.npy")) for name in quant_linears(model)}
-    return use_int8(model, groups)
-
-
-def return_freed_memory() -> None:
-    """Hand the heap's freed pages back to the system (glibc's malloc_trim); nothing where there is no glibc."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    return {name: torch.from_numpy(np.load(folder / f"{name}.npy")) for name in quant_linears(model)}

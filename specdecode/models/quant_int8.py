@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -155,9 +156,12 @@ def use_int8(model: nn.Module, groups: dict[str, torch.Tensor] | None = None) ->
     return swapped
 
 
-def apply_arithmetic(model: nn.Module, value: str) -> nn.Module:
+def apply_arithmetic(
+    model: nn.Module, value: str, groups: Callable[[nn.Module], dict[str, torch.Tensor]] | None = None
+) -> nn.Module:
     """The model in the arithmetic `value` names (EngineConfig.arithmetic): under "fast" its QuantLinears become
-    Int8QuantLinears (in place); under "exact" it is returned untouched."""
+    Int8QuantLinears (in place); under "exact" it is returned untouched. groups: where their grouped rows come
+    from, by module name (a file's cache: models/grouped_cache.py), asked only under "fast"; else grouped here."""
     if value == "fast":
-        use_int8(model)
+        use_int8(model, None if groups is None else groups(model))
     return model

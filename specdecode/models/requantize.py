@@ -24,13 +24,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from specdecode.config import DRAFT_WEIGHTS
 from specdecode.models.disk_cache import build_once, cache_root
 from specdecode.models.loader import derived_key, prune_versions
 from specdecode.models.quant_rows import TYPES
 
 Q = gguf.GGMLQuantizationType
-__all__ = ["DRAFT_WEIGHTS", "REQUANTIZED", "requantized_blocks"]
 REQUANTIZED = Q.Q4_1
 FORMAT_VERSION = 1  # bump when what is written changes
 

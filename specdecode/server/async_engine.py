@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from specdecode.config import ConfigError, SamplingParams
 from specdecode.engine.engine import Engine, SeqUpdate
-from specdecode.server.free_memory import release_free_memory
+from specdecode.free_memory import release_free_memory
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import OpenAIError
 from specdecode.step.sequence import SeqMetrics, Sequence, Status, TokenLogprob

@@ -1,5 +1,5 @@
 """An idle server holds only the memory it uses: the engine loop hands the C heap's free pages back to the OS
-each time it runs out of work (server/free_memory.py)."""
+each time it runs out of work (specdecode/free_memory.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specdecode import LLM, SamplingParams
-from specdecode.server import async_engine, free_memory
+from specdecode import LLM, SamplingParams, free_memory
+from specdecode.server import async_engine
 from specdecode.server.async_engine import AsyncEngine
 from specdecode.server.metrics import ServerMetrics
 

@@ -115,7 +115,7 @@ def run_soak(server: LiveServer, num_requests: int) -> SoakRun:
     """Warm up (every path once), then soak in two halves; each phase ends when the server is idle.
 
     Memory is judged over the second half alone, at idle, where the server holds only what it uses: it gives
-    the C heap's free pages back each time it runs out of work (server/free_memory.py; before that, the heap kept
+    the C heap's free pages back each time it runs out of work (specdecode/free_memory.py; before that, the heap kept
     the high-water mark of a step's temporaries, and a worse mix of requests met late in the soak grew the
     server by ~24 MiB), and it compiled oneDNN's per-shape primitives before serving (when oneDNN is this
     process's linear packing, chosen by timing: models/packed_linear.py). A leak grows with every request, in
