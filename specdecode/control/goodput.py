@@ -6,8 +6,8 @@ priced as if every row drafted K, then trims rows whose next draft is almost sur
 drafting, and verification too). Once the drafts exist, `truncate` picks the verify width again from what was
 actually proposed: a drafter such as n-gram often finds drafts for only a few rows. On an accelerator the verify
 forward is padded to the widest row, and at a large batch widening every row for a few costs more than they
-return; on the CPU the target runs each row's own tokens (models/llama.packs_rows: `CostModel.packed`), so a
-row's drafts cost its own tokens there (`CostModel.predict_rows`).
+return, so every row keeps one width; on the CPU the target runs each row's own tokens (models/llama.packs_rows:
+`CostModel.packed`), so a row's drafts cost its own tokens there and each row keeps its own width.
 
 Guards: hysteresis (the batch K only moves for a predicted gain above `margin`), bounded probing (a row that
 has drafted nothing for `probe_every` steps is given drafts again: free when the batch already speculates (a
@@ -272,21 +272,25 @@ class GoodputController(ControllerBase):
         (results/long_context_pair_s17.json). The bonus shrinks as a row's drafts accumulate; past `thin` a row is
         judged on its estimate alone: a draft that keeps missing stops being tried after its second miss, and a batch
         whose rows are known does not speculate on a bonus."""
-        if self.explore <= 0:
+        bonus = self._thin_bonus(seqs, p[:, 0])  # [B]
+        if not bonus.any():
             return 0
+        gain = goodput_curve(np.minimum(p[:, 0] + bonus, 1.0)[:, None], np.minimum(caps, 1), self.cost, context)  # [2]
+        return int(gain[1] > gain[0] * (1.0 + self.margin))
+
+    def _thin_bonus(self, seqs: list[Sequence], first: np.ndarray) -> np.ndarray:
+        """[B] what `explore` standard deviations add to each row's first-draft estimate first [B], for rows with
+        some but fewer than `thin` first drafts tried (0 elsewhere): one standard deviation of the batch's sum,
+        shared by its thin rows in proportion to their variance (`_bonus`). A step's tokens are the rows' sum, whose
+        spread grows as the root of their number. A deviation for each row (the sum of theirs) had all 8 rows of
+        the pair, after one draft each, draft at K = 1 for 4 steps at 2,048 tokens, ~2x a plain step's time each.
+        One row: its own standard deviation."""
+        if self.explore <= 0:
+            return np.zeros(len(seqs))
         evidence = np.array([self.acceptance.evidence(s.request_id) for s in seqs])  # [B] drafts tried at 1
-        first = p[:, 0]  # [B]
         thin = (evidence > 0) & (evidence < self.thin)  # [B] rows whose own few drafts moved their estimate
         var = first * (1 - first) / (evidence + 1.0) * thin  # [B] each thin row's estimate's variance
-        if not var.any():
-            return 0
-        # One standard deviation of the batch's sum, shared by its thin rows in proportion to their variance: a
-        # step's tokens are the rows' sum, whose spread grows as the root of their number. A deviation for each
-        # row (the sum of theirs) had all 8 rows of the pair, after one draft each, draft at K = 1 for 4 steps at
-        # 2,048 tokens, ~2x a plain step's time each. One row: its own standard deviation, as before.
-        bonus = self._bonus(var)  # [B]
-        gain = goodput_curve(np.minimum(first + bonus, 1.0)[:, None], np.minimum(caps, 1), self.cost, context)  # [2]
-        return int(gain[1] > gain[0] * (1.0 + self.margin))
+        return self._bonus(var) if var.any() else np.zeros(len(seqs))
 
     def _bonus(self, var: np.ndarray) -> np.ndarray:
         """var [B] -> [B] each row's share of `explore` standard deviations of the batch's sum."""
@@ -406,19 +410,52 @@ class GoodputController(ControllerBase):
         if proposal.confidence is not None and by_confidence:
             return self._truncate_by_confidence(seqs, proposal, np.array(counts))
         p = np.stack([self.acceptance.estimate(s.request_id, widest) for s in seqs])  # [B, widest]
-        tokens = expected_tokens(np.cumprod(p, axis=1), np.array(counts)).sum(0)  # [widest + 1]
         context = float(np.mean([s.num_cached for s in seqs]))
         drafts = np.array(counts)  # [B]
-        seconds = np.array([self.cost.predict_rows(np.minimum(drafts, w), context) for w in range(widest + 1)])
+        if self.cost.packed:
+            # Each row is kept on its own estimate, so one whose first drafts missed would never be verified
+            # again, nor learn otherwise (SmolLM2, n-gram, 8 rows at 7,900 tokens: half the rows missed their
+            # first draft, sat at 0.25 and were cut for good, where their drafts were right half the time). Rows
+            # of thin evidence are judged `explore` deviations up, as `_explore` judges K = 1.
+            p[:, 0] = np.minimum(p[:, 0] + self._thin_bonus(seqs, p[:, 0]), 1.0)
+            width = self._packed_widths(np.cumprod(p, axis=1), drafts, context)
+        else:
+            width = self._one_width(np.cumprod(p, axis=1), drafts, context)
+        if np.array_equal(width, drafts):
+            return proposal
+        keep = [max(int(w), 1 if s.request_id in probing else 0) for s, w in zip(seqs, width, strict=True)]
+        num = proposal.num_tokens
+        return proposal.truncated(torch.tensor(keep, dtype=num.dtype, device=num.device))
+
+    def _one_width(self, reach: np.ndarray, drafts: np.ndarray, context: float) -> np.ndarray:
+        """Where the verify is padded to its widest row: one width w for the batch (each row keeps min(its
+        drafts, w)), the w maximising expected tokens per second. reach [B, widest] P(drafts 1..j accepted),
+        drafts [B] -> [B] the drafts each row keeps."""
+        tokens = expected_tokens(reach, drafts).sum(0)  # [widest + 1]
+        seconds = np.array([self.cost.predict_rows(np.minimum(drafts, w), context) for w in range(reach.shape[1] + 1)])
         goodput = tokens / np.maximum(seconds, 1e-9)  # [widest + 1]
         width = int(np.argmax(goodput))
         if goodput[width] < goodput[0] * (1.0 + self.widen_margin):  # within the model's error: not a gain
             width = 0
-        if width == widest:
-            return proposal
-        keep = [max(width, 1 if s.request_id in probing else 0) for s in seqs]
-        num = proposal.num_tokens
-        return proposal.truncated(torch.tensor(keep, dtype=num.dtype, device=num.device))
+        return np.minimum(drafts, width)
+
+    def _packed_widths(self, reach: np.ndarray, drafts: np.ndarray, context: float) -> np.ndarray:
+        """Where the target computes each row's own tokens (`CostModel.packed`): each row its own width. A verify
+        then costs its total tokens, whichever rows they are in, so the best n drafts to verify are the n likeliest
+        accepted (P(drafts 1..j of row i accepted), non-increasing along a row: taking them in that order keeps
+        every row a prefix of its chain), and n is the one that maximises expected tokens per second. One width for
+        every row, as a padded verify needs, cut SmolLM2's n-gram rows at 7,900 tokens and batch 8 to the width
+        the batch's average row could pay for. reach [B, widest], drafts [B] -> [B] the drafts each row keeps."""
+        num_seqs, widest = reach.shape
+        made = np.where(np.arange(widest)[None] < drafts[:, None], reach, -1.0)  # [B, widest] -1: no such draft
+        order = np.argsort(-made, axis=None, kind="stable")[: int(drafts.sum())]  # [n] row-major: ties keep prefixes
+        tokens = num_seqs + np.concatenate([[0.0], np.cumsum(made.flat[order])])  # [n + 1] verifying the first m
+        seconds = np.array([self.cost.predict_tokens(num_seqs, num_seqs + m, context) for m in range(len(order) + 1)])
+        goodput = tokens / np.maximum(seconds, 1e-9)  # [n + 1]
+        best = int(np.argmax(goodput))
+        if goodput[best] < goodput[0] * (1.0 + self.widen_margin):  # within the model's error: not a gain
+            best = 0
+        return np.bincount(order[:best] // widest, minlength=num_seqs)
 
     def _truncate_by_confidence(self, seqs: list[Sequence], proposal: Proposal, counts: np.ndarray) -> Proposal:
         """The width from the drafter's own confidences, calibrated per depth (control/tree_budget.py).
@@ -472,11 +509,13 @@ class GoodputController(ControllerBase):
         if num_seqs and stats.step_time_s > 0 and not stats.prefill_tokens:
             if probed:
                 self._price_probe(stats)
-            width = max(stats.num_proposed, default=0)
+            # Drafting is priced at the drafts made, before `truncate` cut any: they were all paid for. Priced at
+            # the drafts verified, a lookup's time was charged to however many of its drafts truncate kept.
+            made = max(max(stats.num_proposed, default=0), max(made.values(), default=0))
             # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
             rest = stats.step_time_s - stats.propose_time_s
             context, tokens = stats.mean_context_len, stats.num_verified_tokens
-            self.cost.observe(num_seqs, width, context, rest, stats.propose_time_s, steady, tokens)
+            self.cost.observe(num_seqs, made, context, rest, stats.propose_time_s, steady, tokens)
 
     def _price_probe(self, stats: StepStats) -> None:
         """Space widening probes so that what the last one cost over plain decoding (its step and its follow-up's,

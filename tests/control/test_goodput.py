@@ -342,6 +342,78 @@ def test_a_target_that_runs_real_tokens_alone_verifies_one_rows_drafts_in_a_batc
     assert kept[0] >= 2 and kept[1:] == [0] * 15 and width == kept[0]
 
 
+def kept_of_one_good_row_among_poor(one_width: bool) -> list[int]:
+    """8 rows of 4 drafts each, on a target that computes each row's own tokens (a token 1 ms over a 20 ms step):
+    row 0's drafts are accepted 95% of the time, the others' 20%. The drafts truncate keeps per row; one_width:
+    with the fault that every row keeps the same width (the padded verify's rule, `_one_width`)."""
+    ctrl = GoodputController(cost=CostModel.linear(20e-3, 0.0, 1e-3, 0.0))
+    ctrl.cost.packed = True
+    if one_width:
+        ctrl._packed_widths = ctrl._one_width
+    seqs = make_seqs(8)
+    ctrl.acceptance.estimate = lambda request_id, n: np.full(n, 0.95 if request_id == "r0" else 0.2)
+    import torch
+
+    from specdecode.drafters.base import Proposal
+
+    return ctrl.truncate(seqs, Proposal.from_lists([[5] * 4] * 8, 4, torch.device("cpu"))).num_tokens.tolist()
+
+
+def test_a_packed_verify_keeps_each_rows_own_width():
+    """Row 0's four good drafts each pay for their token (0.95-0.81 expected against ~0.3 a ms); the poor rows'
+    do not: kept [4, 0, ...]. Control: one width for every row keeps none (any width's poor drafts outweigh
+    row 0's)."""
+    assert kept_of_one_good_row_among_poor(one_width=False) == [4] + [0] * 7
+    assert kept_of_one_good_row_among_poor(one_width=True) == [0] * 8
+
+
+def kept_after_one_miss(explore: float) -> list[int]:
+    """8 rows on a target that computes each row's own tokens (a token 0.5 ms over a 40 ms step); row 0's one
+    draft so far missed (its estimate 0.25, on one draft's evidence), and it has a draft now: what truncate keeps."""
+    ctrl = GoodputController(cost=CostModel.linear(40e-3, 0.0, 0.5e-3, 0.0), explore=explore)
+    ctrl.cost.packed = True
+    seqs = make_seqs(8)
+    ctrl.acceptance.update("r0", 1, 0)
+    assert ctrl.acceptance.estimate("r0", 1)[0] == pytest.approx(0.25)
+    return ctrl.truncate(seqs, sparse_proposal(8, 1)).num_tokens.tolist()
+
+
+def test_a_row_whose_first_draft_missed_is_still_verified_while_its_evidence_is_thin():
+    """Each row kept on its own estimate, one early miss (0.25: +2% predicted) would cut a row for good and it
+    would never learn otherwise; judged a standard deviation up (0.56: +6%) its draft is verified. Control: no
+    exploration cuts it."""
+    assert kept_after_one_miss(explore=1.0) == [1] + [0] * 7
+    assert kept_after_one_miss(explore=0.0) == [0] * 8
+
+
+def draft_price_learned_at(forget_made: bool) -> int:
+    """Two rows asked for 5 lookups each, truncate keeping 1 of row 0's: the drafts a step the cost model learns
+    drafting's price at. forget_made: the fault that the controller loses what was made before it observes."""
+    ctrl = GoodputController(cost=CostModel.linear(20e-3, 0.0, 1e-3, 0.0))
+    seqs = make_seqs(2)
+    ctrl.asked = {"r0": 5, "r1": 5}
+    ctrl.acceptance.estimate = lambda request_id, n: np.array([0.9] + [0.02] * (n - 1))
+    import torch
+
+    from specdecode.drafters.base import Proposal
+
+    kept = ctrl.truncate(seqs, Proposal.from_lists([[5] * 5, [5] * 5], 5, torch.device("cpu"))).num_tokens.tolist()
+    assert kept == [1, 1]
+    if forget_made:
+        ctrl.made = {}
+    seen = []
+    ctrl.cost.observe = lambda num_seqs, k, *args, **kwargs: seen.append(k)
+    ctrl.observe(StepStats(seqs, kept, [1, 0], 0.03, 4, 3.0, 0.004, 0.026))
+    return seen[0]
+
+
+def test_drafting_is_priced_at_the_drafts_made_not_those_verified():
+    """A lookup made 5 drafts a row and truncate kept 1: the step's drafting time bought 5. Control: without the
+    record of what was made, the price is learned at the width verified, 1."""
+    assert draft_price_learned_at(forget_made=False) == 5
+    assert draft_price_learned_at(forget_made=True) == 1
+
+
 def marginal_width(margin: float) -> int:
     """Four rows, one with a draft accepted 4 times in 5; a token costs 1 ms over a 20 ms step: verifying it is
     predicted to pay ~3% (4.8 tokens in 28 ms against 4 in 24). The verify width truncate keeps."""
