@@ -2,6 +2,7 @@
 
     python -m experiments.goodput_replay [--contexts 256,2048,8192] [--texts 6] [--max-tokens 64]
         [--split dev] [--out results/goodput_replay.json] [--texts-file texts.npz] [--passes 1]
+        [--k-max 5] [--stop-below 0.7]
 
 Greedy verification accepts a draft model's drafts exactly while they spell what the target says next, and a draft
 model drafting on the true prefix is the draft model teacher-forced there. So one greedy response of the target and
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from experiments.goodput_draft_context import K_MAX, pair_llm
+from experiments.goodput_draft_context import pair_llm
 from specdecode.bench import long_context as lc
 from specdecode.bench.lib import provenance, write_result
 from specdecode.config import SamplingParams
@@ -52,7 +53,8 @@ from specdecode.step.sequence import Sequence
 from specdecode.step.stats import StepStats
 
 DRAFT_WIDTHS = (1, 2, 3, 16)  # draft forward widths timed; a catch-up of other widths is interpolated
-STOP_BELOW = 0.7  # the pair's default arm under the fast arithmetic (arms.py)
+K_MAX = 5  # the widest draft asked (--k-max)
+STOP_BELOW = 0.7  # the pair's default arm under the fast arithmetic (arms.py; --stop-below)
 CHUNK = 512  # teacher-forced forwards, in pieces
 # A load probe timed while another process loaded beside it (2026-11-28): the 0.5B's step at 30 ms, not 12.
 BUSY = 2.5
@@ -235,7 +237,7 @@ def load_cell(path: str, context: int) -> tuple[list[Text], Prices] | None:
 
 def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     """The arms replayed: fixed K, goodput as it ships, and goodput with other per-request prior weights."""
-    out = {f"fixed:{k}": Replay(None, k, prices, STOP_BELOW) for k in range(5)}
+    out = {f"fixed:{k}": Replay(None, k, prices, STOP_BELOW) for k in range(K_MAX + 1)}
     out.update({f"fixed:{k}-nostop": Replay(None, k, prices, 0.0) for k in range(1, 5)})
     out["goodput"] = Replay(base.new_controller("goodput"), 0, prices, STOP_BELOW)
     for weight in (2.0, 4.0):
@@ -256,7 +258,30 @@ def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     before.thin = 2.0
     out["goodput-as-of-57d1873"] = Replay(before, 0, prices, STOP_BELOW)
     out["goodput-busy-probe-no-recovery"] = Replay(without_recovery(busy_controller(base)), 0, prices, STOP_BELOW)
+    out["goodput-seed-first"] = Replay(seeded_first_only(base.new_controller("goodput")), 0, prices, STOP_BELOW)
+    out["goodput-ties-up"] = Replay(ties_up(base.new_controller("goodput")), 0, prices, STOP_BELOW)
+    both = ties_up(seeded_first_only(base.new_controller("goodput")))
+    out["goodput-seed-first-ties-up"] = Replay(both, 0, prices, STOP_BELOW)
     return out
+
+
+def seeded_first_only(ctrl: GoodputController) -> GoodputController:
+    """`goodput` whose load probe seeds the pool's first position only: deeper ones follow the chain above them."""
+    ctrl.acceptance.pool_hits[1:] = 0.0
+    ctrl.acceptance.pool_trials[1:] = 0.0
+    return ctrl
+
+
+def ties_up(ctrl: GoodputController) -> GoodputController:
+    """`goodput` taking the widest K whose predicted goodput is within `margin` of the best, not holding K there."""
+
+    def choose_k(gain: np.ndarray, k_max: int) -> int:
+        near = np.flatnonzero(gain >= gain.max() / (1.0 + ctrl.margin))  # [n] the K within margin of the best
+        ctrl.k_batch = int(near[-1]) if gain.argmax() > 0 else 0
+        return ctrl.k_batch
+
+    ctrl._with_hysteresis = choose_k
+    return ctrl
 
 
 def blind_to_stops(ctrl: GoodputController) -> GoodputController:
@@ -300,6 +325,12 @@ def replay_passes(replay: Replay, texts: list[Text], name: str, passes: int, max
     return out
 
 
+def set_arm_shape(k_max: int, stop_below: float) -> None:
+    """The widest draft every arm may ask and the draft's confidence stop, for the whole replay."""
+    global K_MAX, STOP_BELOW
+    K_MAX, STOP_BELOW = k_max, stop_below
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--contexts", default="256,2048,8192")
@@ -309,7 +340,10 @@ def main() -> None:
     ap.add_argument("--out", default="results/goodput_replay.json")
     ap.add_argument("--texts-file", help="an .npz of texts and prices: read where it has a context, else written")
     ap.add_argument("--passes", type=int, default=1, help="replay the texts this many times, one after another")
+    ap.add_argument("--k-max", type=int, default=K_MAX, help="the widest draft asked (fixed arms 0..K)")
+    ap.add_argument("--stop-below", type=float, default=STOP_BELOW, help="the draft's confidence stop")
     a = ap.parse_args()
+    set_arm_shape(a.k_max, a.stop_below)
     contexts = [int(x) for x in a.contexts.split(",")]
     base = pair_llm(max_model_len=max(contexts) + a.max_tokens + 2 * K_MAX + 8)
     text_ids = lc.text_ids(base, contexts, a.texts, "code", a.split)
@@ -357,7 +391,8 @@ def main() -> None:
     result = {
         **provenance(model=base.target),
         "command": "python -m experiments.goodput_replay "
-        f"--contexts {a.contexts} --texts {a.texts} --max-tokens {a.max_tokens} --split {a.split} --passes {a.passes}"
+        f"--contexts {a.contexts} --texts {a.texts} --max-tokens {a.max_tokens} --split {a.split} --passes {a.passes} "
+        f"--k-max {a.k_max} --stop-below {a.stop_below}"
         + (f" --texts-file {Path(a.texts_file).name}" if a.texts_file else ""),
         "pair_price": base.pair_price.__dict__,
         "cells": cells,
