@@ -177,7 +177,8 @@ class GoodputController(ControllerBase):
         drafts cost reading the rest of its text (the drafter's `unread`; unbound, its whole text: a 1000-token RAG
         prompt is ~1000 draft-model tokens of prefill), paid back only over the tokens it generates once the draft
         has read it. The saving per token
-        is a plain step's time less a K-step's time over its expected tokens; reading is draft_read_s a token (0
+        is a plain step's time less a K-step's time over its expected tokens, each over the batch's rows (a row's
+        share); reading is draft_read_s a token (0
         without a probe at load: lookup drafters read nothing), catch_up_chunk tokens a step, and the row
         writes a token at K = 0 in each of those steps (a 1,000-token RAG prompt read 32 tokens a step is 32 of
         its 128 tokens gone before its first draft: Spec-Bench's RAG and extraction rows drafted with 0.0-0.9 s
@@ -188,8 +189,11 @@ class GoodputController(ControllerBase):
         reading_steps = -(-text // self.catch_up_chunk) if self.catch_up_chunk > 0 else 0
         remaining = min(seq.params.max_tokens - seq.metrics.num_generated, seq.room) - reading_steps
         reach = np.cumprod(p[:k])  # [k]
-        per_token_k = self.cost.predict(num_seqs, k, context) / (1.0 + reach.sum())
-        saving = max(remaining, 0) * (self.cost.predict(num_seqs, 0, context) - per_token_k)
+        # A token of the batch costs a step's time over its rows: the row's share of what drafting saves is that
+        # difference per row (the whole step's, as it was, credited each row with 8 rows' saving at batch 8)
+        per_token_k = self.cost.predict(num_seqs, k, context) / (1.0 + reach.sum()) / num_seqs
+        per_token_plain = self.cost.predict(num_seqs, 0, context) / num_seqs
+        saving = max(remaining, 0) * (per_token_plain - per_token_k)
         return saving > text * self.read_price()
 
     def read_price(self) -> float:

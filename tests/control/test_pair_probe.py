@@ -186,6 +186,28 @@ def test_the_tokens_written_while_the_draft_reads_earn_nothing():
     assert control.choose([request(400)], K_MAX)[0] >= 2
 
 
+def batch_of_unread_rows(read: bool) -> tuple[list[int], list[int]]:
+    """Each of 8 rows has a 100-token prompt its draft has not read (read: has read), 128 tokens to write: K asked
+    of one such row alone, and of the 8 together (seeded at 0.85, 7 ms a draft, 2 ms a token read)."""
+    alone, batch = costly_controller(), costly_controller()
+    for ctrl in (alone, batch):
+        ctrl.seed_pair(0.85, 7e-3, 2e-3)
+        if read:
+            ctrl.bind_drafter(ReadDrafter())
+    seqs = [Sequence(f"r{i}", list(range(100)), SamplingParams(max_tokens=128), max_len=200_000) for i in range(8)]
+    return alone.choose(seqs[:1], K_MAX), batch.choose(seqs, K_MAX)
+
+
+def test_a_rows_reading_is_weighed_against_its_own_share_of_the_batchs_saving():
+    """Alone, a row's 100 tokens of reading (0.2 s) pay for its drafts; in a batch of 8 each row's share of what
+    drafting saves is an eighth of the step's, and none reads (each row credited with the whole step's saving, as
+    before, all 8 draft at K = 2). Control: rows their draft has read draft in the batch too (the reading is what
+    stops them)."""
+    alone, batch = batch_of_unread_rows(read=False)
+    assert alone[0] >= 2 and batch == [0] * 8
+    assert min(batch_of_unread_rows(read=True)[1]) >= 1
+
+
 class ReadDrafter:
     """A drafter that has read every row already (as a draft model's cache after a warm-up, or a prefix cache)."""
 
