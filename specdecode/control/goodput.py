@@ -515,11 +515,11 @@ class GoodputController(ControllerBase):
                 self._price_probe(stats)
             # Drafting is priced at the drafts made, before `truncate` cut any: they were all paid for. Priced at
             # the drafts verified, a lookup's time was charged to however many of its drafts truncate kept.
-            made = max(max(stats.num_proposed, default=0), max(made.values(), default=0))
+            drafted = max(max(stats.num_proposed, default=0), max(made.values(), default=0))
             # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
             rest = stats.step_time_s - stats.propose_time_s
             context, tokens = stats.mean_context_len, stats.num_verified_tokens
-            self.cost.observe(num_seqs, made, context, rest, stats.propose_time_s, steady, tokens)
+            self.cost.observe(num_seqs, drafted, context, rest, stats.propose_time_s, steady, tokens)
 
     def _price_probe(self, stats: StepStats) -> None:
         """Space widening probes so that what the last one cost over plain decoding (its step and its follow-up's,
