@@ -170,7 +170,7 @@ def _converted(gguf_path: Path, name: str, root: Path, progress: bool, weights: 
 def _shipped_draft(name: str, root: Path, progress: bool) -> Path:
     """The full directory of a built-in draft, rebuilt from its packed weights and its target on first use."""
     target_dir = resolve_model_dir(BUILTIN_DRAFTS[name], cache_dir=root, progress=progress)
-    final = root / f"{name}-{_file_key(packed_weights(name), extra=target_dir.name)}"
+    final = root / f"{name}-{derived_key(packed_weights(name), target_dir.name)}"
     return prune_versions(build_once(final, lambda tmp: rebuild_draft(name, tmp, target_dir)))
 
 
@@ -186,8 +186,8 @@ def prune_versions(current: Path, keep: int = MAX_VERSIONS) -> Path:
 
 
 def derived_key(path: Path, extra: str) -> str:
-    """Key for what is built from the file `path` and `extra` (requantized blocks, grouped rows): the file's own
-    key (`_file_key`, hashed once per process for each version of the file) with `extra` hashed in."""
+    """Key for what is built from the file `path` and `extra` (a shipped draft beside its target, requantized
+    blocks, grouped rows): the file's own key (`content_key`) with `extra` hashed in."""
     return hashlib.sha256(f"{extra}:{content_key(path)}".encode()).hexdigest()[:KEY_CHARS]
 
 
@@ -204,10 +204,10 @@ def _memo_file_key(path: str, inode: int, size: int, mtime_ns: int, ctime_ns: in
     return _file_key(Path(path))
 
 
-def _file_key(path: Path, extra: str = "") -> str:
-    """Short key for one version of a file (and `extra`, what else the output depends on): a sha256 of its
-    content, since size and mtime can stay the same across a change (a GGUF of ~100 MB hashes in ~0.1 s)."""
-    h = hashlib.sha256(f"{CONVERTER_VERSION}:{extra}:".encode())
+def _file_key(path: Path) -> str:
+    """Short key for one version of a file: a sha256 of its content, since size and mtime can stay the same across
+    a change (a GGUF of ~100 MB hashes in ~0.1 s). What else an output depends on goes in through `derived_key`."""
+    h = hashlib.sha256(f"{CONVERTER_VERSION}::".encode())
     with path.open("rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
