@@ -41,7 +41,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from specdecode.config import ConfigError
-from specdecode.engine.tensor_parallel import TensorParallelGroup, TensorParallelTarget, WorkerLostError, serve
+from specdecode.engine.tensor_parallel import (
+    NOTICE_S,
+    TensorParallelGroup,
+    TensorParallelTarget,
+    WorkerLostError,
+    serve,
+)
 from specdecode.models import packed_linear
 from specdecode.models.llama import LlamaConfig
 from specdecode.models.tensor_parallel import check_shardable
@@ -193,9 +199,19 @@ class WorkerWatch:
                 p.terminate()
 
     def lost(self, wait: float) -> str | None:
-        """What happened to the worker that died, waiting up to `wait` seconds for the watch to notice."""
+        """What happened to the worker that died, waiting up to `wait` seconds for the watch to notice; where one
+        has already exited, as long as the watch takes to say how (up to NOTICE_S). A worker killed between two
+        generations was once reported only after rank 0 had sent its next order into the dead worker's socket,
+        and that generation waited on it past the tests' 240 s guard (in 1 suite run of ~10)."""
+        if self.failure is None and not self.closing and self._exited():
+            wait = max(wait, NOTICE_S)
         self._reported.wait(wait)
         return self.failure
+
+    def _exited(self) -> bool:
+        """Whether a worker has exited (its sentinel is ready: unlike is_alive, this never reaps it, nor reads
+        as alive while another thread reaps it)."""
+        return bool(multiprocessing.connection.wait([p.sentinel for p in self.processes], timeout=0))
 
 
 class TensorParallelRuntime:

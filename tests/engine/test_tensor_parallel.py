@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from specdecode import LLM, SamplingParams
 from specdecode.config import METHODS, ConfigError
+from specdecode.engine import launch
 from specdecode.engine.launch import WorkerWatch
 from specdecode.engine.tensor_parallel import WorkerLostError
 from specdecode.models import tensor_parallel as tp_models
@@ -272,6 +273,34 @@ def test_the_watch_stops_the_other_workers_when_one_dies():
     for p in workers:
         p.join(HANG_GUARD_S)
     assert [p.exitcode for p in workers] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGTERM]
+
+
+def test_a_worker_that_has_exited_is_reported_before_the_next_order(monkeypatch):
+    """A worker killed (and reaped) between generations: asked at once, before its next order, the watch says
+    it is lost even while its thread is still finding out how (slowed here by a second). Control: the watch
+    asked only for what it has recorded (the rule before) has nothing to say yet, and rank 0 would send the
+    order into a dead worker's socket."""
+    real = launch._how_it_ended
+
+    def slow(p) -> str:
+        time.sleep(1.0)
+        return real(p)
+
+    monkeypatch.setattr(launch, "_how_it_ended", slow)
+    spawn = multiprocessing.get_context("spawn")
+    for check_exited in (True, False):
+        workers = [spawn.Process(target=time.sleep, args=(600,), daemon=True) for _ in range(2)]
+        for p in workers:
+            p.start()
+        watch = WorkerWatch(workers)
+        if not check_exited:
+            monkeypatch.setattr(watch, "_exited", lambda: False)
+        _kill(workers[0])
+        failure = watch.lost(0.0)
+        assert (failure is not None and "rank 1" in failure and "killed by SIGKILL" in failure) == check_exited
+        watch.lost(HANG_GUARD_S)
+        for p in workers:
+            p.join(HANG_GUARD_S)
 
 
 NO_GUARD = """
