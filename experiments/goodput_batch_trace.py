@@ -52,9 +52,11 @@ def traced(ctrl: GoodputController, steps: list[dict]) -> None:
     choose, truncate, observe = ctrl.choose, ctrl.truncate, ctrl.observe
 
     def traced_choose(seqs, k_max):
+        unread = [ctrl.unread(s) for s in seqs] if ctrl.unread is not None else []
         asked = choose(seqs, k_max)
         p1 = [round(float(ctrl.acceptance.estimate(s.request_id, 1)[0]), 3) for s in seqs]
-        steps.append({"asked": asked, "p1": p1, "made": [0] * len(seqs), "kept": [0] * len(seqs)})
+        steps.append({"asked": asked, "p1": p1, "made": [0] * len(seqs), "kept": [0] * len(seqs), "unread": unread})
+        steps[-1]["priced_ms"] = priced(ctrl, seqs)
         return asked
 
     def traced_truncate(seqs, proposal):
@@ -67,6 +69,19 @@ def traced(ctrl: GoodputController, steps: list[dict]) -> None:
         observe(stats)
 
     ctrl.choose, ctrl.truncate, ctrl.observe = traced_choose, traced_truncate, traced_observe
+
+
+def priced(ctrl: GoodputController, seqs) -> dict:
+    """What the controller's cost model predicted for this step: a plain step, a step of one draft a row, its
+    drafting alone (ms), and the seeded price's level."""
+    b, context = len(seqs), float(np.mean([s.num_cached for s in seqs]))
+    cost = ctrl.cost
+    return {
+        "plain": round(1e3 * cost.predict(b, 0, context), 1),
+        "k1": round(1e3 * cost.predict(b, 1, context), 1),
+        "draft_k1": round(1e3 * cost.predict_draft(b, 1, context), 1),
+        "seed_level": round(cost.seed_level, 3),
+    }
 
 
 def main() -> None:
@@ -82,6 +97,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts", default="code", help="the rows' text: the code set (its dev split), or a prompts file")
     ap.add_argument("--out", default="results/goodput_batch_trace.json")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"which of {', '.join(ARMS)} to run, in turn")
     a = ap.parse_args()
     before = controller_class_at(a.before)
     draft = {"draft": a.draft} if a.method == "draft" else {}
@@ -104,9 +120,10 @@ def main() -> None:
     for name in ("none", "fixed:1", "now"):
         lc.warm_up(engine, seqs, specs[name], base=base)
     print(f"prefill and warm-up {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    runs: dict[str, list[dict]] = {name: [] for name in ARMS}
+    arms = a.arms.split(",")
+    runs: dict[str, list[dict]] = {name: [] for name in arms}
     for r in range(a.repeats):
-        for name in ARMS:
+        for name in arms:
             lc.set_arm(engine, specs[name], base)
             steps: list[dict] = []
             ctrl = engine.controller.inner

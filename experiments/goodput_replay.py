@@ -307,6 +307,8 @@ def busy_controller(base: LLM) -> GoodputController:
         draft_step_s=BUSY * quiet.draft_step_s,
         draft_step_long_s=BUSY * quiet.draft_step_long_s,
         draft_read_s=BUSY * quiet.draft_read_s,
+        draft_step_rows_s=BUSY * quiet.draft_step_rows_s,
+        draft_read_long_s=BUSY * quiet.draft_read_long_s,
     )
     try:
         return base.new_controller("goodput")

@@ -264,6 +264,7 @@ class LLM:
                 catch_up_chunk=chunk,
                 steps=price.steps,
                 window=self.spec.draft_window,
+                reads=price.reads,
             )
         return controller
 

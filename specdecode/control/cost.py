@@ -169,13 +169,17 @@ class CostModel:
         """Seconds of a step that drafts K tokens per row and verifies the padded [B, K + 1] block."""
         return self.predict_verify(num_seqs, k, context) + self.predict_draft(num_seqs, k, context)
 
-    def seed_draft(self, seconds_per_draft: float, weight: float = 4.0, context: float = 0.0) -> None:
-        """Price a drafted token at `seconds_per_draft` after `context` cached tokens (a steady draft step timed
-        at load) before any drafting step is seen: `weight` pseudo-steps at batch 1 of K = 1 and of K = 4 join the
-        online regression, so the first real steps refine the price instead of replacing it. Seeded at two
-        contexts, the fit prices the draft's attention (per_row_position_kctx) from their difference."""
+    def seed_draft(
+        self, seconds_per_draft: float, weight: float = 4.0, context: float = 0.0, num_seqs: int = 1
+    ) -> None:
+        """Price a draft step of `num_seqs` rows at `seconds_per_draft` a drafted token after `context` cached
+        tokens (a steady draft step timed at load) before any drafting step is seen: `weight` pseudo-steps of
+        K = 1 and of K = 4 join the online regression, so the first real steps refine the price instead of
+        replacing it. Seeded at two contexts, the fit prices the draft's attention (per_row_position_kctx) from
+        their difference; at two batch sizes, what a row adds to a step (per_row_position) apart from what a step
+        costs whatever its rows (per_position: at batch 1 alone the two cannot be told apart)."""
         for k in (1, 4):
-            x = draft_features(1, k, self.draft_context(context))  # [D]
+            x = draft_features(num_seqs, k, self.draft_context(context))  # [D]
             self._seed_xtx = self._seed_xtx + weight * np.outer(x, x)
             self._seed_xty = self._seed_xty + weight * x * seconds_per_draft * k
         self._seed_coef = nnls_gram(self._seed_xtx, self._seed_xty)
@@ -209,16 +213,20 @@ class CostModel:
         propose_s: float,
         learn_draft: bool = True,
         num_tokens: int | None = None,
+        draft_rows: int | None = None,
     ) -> None:
         """One measured step of K drafts a row (the widest row's) whose verify computed num_tokens tokens (None:
-        every row's K + 1): heal the verify prediction and (learn_draft) learn the draft cost."""
+        every row's K + 1): heal the verify prediction and (learn_draft) learn the draft cost, of draft_rows rows
+        asked to draft (None: every row; a probe in a batch of 8 asks one, and its 15 ms priced as 8 rows' drafts
+        once set the whole draft price at 0.43x)."""
         tokens = num_seqs * (k + 1) if num_tokens is None else num_tokens
         predicted = self.predict_tokens(num_seqs, tokens, context) / self.correction
         if predicted > 0 and verify_s > 0:
             ratio = float(np.clip(verify_s / predicted, 0.1, 10.0))  # one stalled step can't wreck the model
             self.correction += self.correction_alpha * (ratio - self.correction)
         if learn_draft and k > 0 and propose_s >= 0:
-            x = draft_features(num_seqs, k, self.draft_context(context))  # [D]
+            rows = num_seqs if draft_rows is None else draft_rows
+            x = draft_features(rows, k, self.draft_context(context))  # [D]
             checked = self._check_seed(x, propose_s)
             self._draft_xtx = self.draft_decay * self._draft_xtx + np.outer(x, x)
             self._draft_xty = self.draft_decay * self._draft_xty + x * propose_s

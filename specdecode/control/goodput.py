@@ -46,6 +46,8 @@ from specdecode.drafters.draft_window import SINK
 from specdecode.step.sequence import Sequence
 from specdecode.verify.tree_layout import tree_layout
 
+CAUGHT_UP = 8  # tokens a draft model may have left to read of a row that drafted last step (what it accepted)
+
 
 def row_cap(seq: Sequence, k_max: int) -> int:
     """Drafts the engine will allow this row (it clamps K the same way): the context and max_tokens bound it."""
@@ -131,6 +133,7 @@ class GoodputController(ControllerBase):
         self.asked: dict[str, int] = {}  # the drafts each row was asked for this step
         self.made: dict[str, int] = {}  # the drafts each row made this step (before `truncate` cut any)
         self.draft_read_s = 0.0  # seconds a token costs a draft model to catch up on (seed_pair); 0: not priced
+        self.read_per_context = 0.0  # what each cached token adds to that (seed_pair's reads)
         self.catch_up_chunk = 0  # tokens a draft model catches up on a step (seed_pair); 0: all at once
         self.unread: Callable[[Sequence], int] | None = None  # tokens of a row its drafter has yet to read
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
@@ -147,26 +150,34 @@ class GoodputController(ControllerBase):
         draft_read_s: float = 0.0,
         weight: float = 8.0,
         catch_up_chunk: int = 0,
-        steps: tuple[tuple[int, float], ...] = (),
+        steps: tuple[tuple[int, int, float], ...] = (),
         window: int = 0,
+        reads: tuple[tuple[int, float], ...] = (),
     ) -> None:
         """Start from a draft model's price measured at load (control/pair_probe.py): its acceptance as the
         pool prior, worth `weight` drafts tried per position, its steady step as the cost of a drafted token,
         draft_read_s, the seconds a token costs it to read when it catches up, and catch_up_chunk, the tokens
-        it reads a step (the step's token budget; 0: all at once). See `_worth_catching_up`. steps: (cached
-        tokens, seconds) of steady steps timed at given contexts, which then price the draft's attention
-        (draft_step_s alone is taken as a step after no context); window: the draft's attention window
-        (drafters/draft_window.py; 0: none), past which its attention costs no more."""
+        it reads a step (the step's token budget; 0: all at once). See `_worth_catching_up`. steps: (rows,
+        cached tokens, seconds) of steady steps timed at given batch sizes and contexts, which then price a row
+        and the draft's attention (draft_step_s alone is taken as a step of one row after no context); window:
+        the draft's attention window (drafters/draft_window.py; 0: none), past which its attention costs no more;
+        reads: (cached tokens, seconds a token) of readings timed at two contexts, which price what each cached
+        token adds to a token read (draft_read_s alone: a flat price)."""
         self.acceptance.seed_pool(acceptance, weight)
         # A draft model of the target's family agrees in runs (code above all), so a position never tried starts
         # where the one before it is, not 10% lower (acceptance.py's prior_decay): drafts 3-4, never asked, had
         # stayed at ~0.65 and held `goodput` at K = 1-2 where K = 3 was best (results/goodput_replay.json).
         self.acceptance.prior_decay = 1.0
         self.cost.draft_context_cap = SINK + window if window > 0 else 0
-        steps = steps or ((0, draft_step_s),)
-        for context, seconds in steps:  # together worth what one price was
-            self.cost.seed_draft(seconds, weight=4.0 / len(steps), context=context)
+        steps = steps or ((1, 0, draft_step_s),)
+        for rows, context, seconds in steps:  # together worth what one price was
+            self.cost.seed_draft(seconds, weight=4.0 / len(steps), context=context, num_seqs=rows)
         self.draft_read_s = draft_read_s
+        self.read_per_context = 0.0
+        if len(reads) >= 2:  # a line through the first and the last (never cheaper for a longer cache)
+            (c0, s0), (c1, s1) = reads[0], reads[-1]
+            self.read_per_context = max(s1 - s0, 0.0) / max(c1 - c0, 1)
+            self.draft_read_s = max(s0 - self.read_per_context * c0, 0.0)
         self.catch_up_chunk = catch_up_chunk
 
     def bind_drafter(self, drafter) -> None:
@@ -183,9 +194,13 @@ class GoodputController(ControllerBase):
         writes a token at K = 0 in each of those steps (a 1,000-token RAG prompt read 32 tokens a step is 32 of
         its 128 tokens gone before its first draft: Spec-Bench's RAG and extraction rows drafted with 0.0-0.9 s
         of reading and too few tokens left to earn it back)."""
-        if self.draft_read_s <= 0.0 or self.acceptance.has_drafted(seq.request_id):  # drafted: its draft read it
+        if self.draft_read_s <= 0.0 and self.read_per_context <= 0.0:
+            return True
+        if self.unread is None and self.acceptance.has_drafted(seq.request_id):  # drafted: its draft read it then
             return True
         text = len(seq.token_ids) if self.unread is None else self.unread(seq)  # what is left to read of it
+        if text <= CAUGHT_UP:  # a row that drafted last step: what it accepted since
+            return True
         reading_steps = -(-text // self.catch_up_chunk) if self.catch_up_chunk > 0 else 0
         remaining = min(seq.params.max_tokens - seq.metrics.num_generated, seq.room) - reading_steps
         reach = np.cumprod(p[:k])  # [k]
@@ -194,12 +209,16 @@ class GoodputController(ControllerBase):
         per_token_k = self.cost.predict(num_seqs, k, context) / (1.0 + reach.sum()) / num_seqs
         per_token_plain = self.cost.predict(num_seqs, 0, context) / num_seqs
         saving = max(remaining, 0) * (per_token_plain - per_token_k)
-        return saving > text * self.read_price()
+        return saving > self.reading_s(seq, text)
 
-    def read_price(self) -> float:
-        """Seconds a token costs the draft model to read: the load probe's, at the level that drafting steps have
-        since measured for its drafts (`CostModel.seed_level`: a probe timed on a busy machine prices both high)."""
-        return self.draft_read_s * self.cost.seed_level
+    def reading_s(self, seq: Sequence, text: int) -> float:
+        """Seconds the draft model takes to read the last `text` tokens of the row: the load probe's price of a
+        token read, plus what each cached token before it adds (a catch-up's tokens attend to all of them: at
+        2,048 tokens the 0.5B read ~3.3 ms a token where the probe, after ~100, priced 1.1; within the draft's
+        window), at the level that drafting steps have since measured for its drafts (`CostModel.seed_level`: a
+        probe timed on a busy machine prices both high)."""
+        context = self.cost.draft_context(len(seq.token_ids) - text / 2)  # what a token read sees, on average
+        return text * (self.draft_read_s + self.read_per_context * context) * self.cost.seed_level
 
     def _probe_affords_reading(self, seq: Sequence, num_seqs: int, context: float) -> bool:
         """A widening probe may give a row its draft model has not read yet a draft once the steps since the last
@@ -209,7 +228,7 @@ class GoodputController(ControllerBase):
         would read a 1,000-token RAG prompt, ~2 s of the 0.5B, for one draft."""
         text = len(seq.token_ids) if self.unread is None else self.unread(seq)
         plain = self.cost.predict_verify(num_seqs, 0, context)
-        return text * self.read_price() <= self.probe_budget * plain * self.since_probe
+        return self.reading_s(seq, text) <= self.probe_budget * plain * self.since_probe
 
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1
@@ -519,7 +538,9 @@ class GoodputController(ControllerBase):
             # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
             rest = stats.step_time_s - stats.propose_time_s
             context, tokens = stats.mean_context_len, stats.num_verified_tokens
-            self.cost.observe(num_seqs, drafted, context, rest, stats.propose_time_s, steady, tokens)
+            # The draft is priced per row asked (a probe asks one; tree and confidence modes ask every row).
+            rows = len(asked) or num_seqs
+            self.cost.observe(num_seqs, drafted, context, rest, stats.propose_time_s, steady, tokens, rows)
 
     def _price_probe(self, stats: StepStats) -> None:
         """Space widening probes so that what the last one cost over plain decoding (its step and its follow-up's,

@@ -15,7 +15,7 @@ from specdecode.config import SamplingParams
 from specdecode.control.base import StepStats
 from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController
-from specdecode.control.pair_probe import LONG_CONTEXT, greedy_continuation, probe_pair
+from specdecode.control.pair_probe import LONG_CONTEXT, PROBE_ROWS, greedy_continuation, probe_pair
 from specdecode.llm import LLM
 from specdecode.step.proposal import Proposal
 from specdecode.step.sequence import Sequence
@@ -86,10 +86,10 @@ def test_a_high_price_speculates_from_the_first_step_and_a_low_one_does_not():
     assert unseeded.choose([fresh_request()], K_MAX)[0] < k_seeded
 
 
-def k_asked_at(context: int, steps: tuple[tuple[int, float], ...]) -> int:
+def k_asked_at(context: int, steps: tuple[tuple[int, int, float], ...]) -> int:
     """K a fresh goodput asks for a request `context` tokens long, seeded with draft steps timed at `steps`."""
     ctrl = costly_controller()
-    ctrl.seed_pair(0.85, steps[0][1], steps=steps)
+    ctrl.seed_pair(0.85, steps[0][2], steps=steps)
     seq = Sequence("new", list(range(context + 1)), SamplingParams(max_tokens=100_000), max_len=200_000)
     return ctrl.choose([seq], K_MAX)[0]
 
@@ -98,10 +98,56 @@ def test_a_draft_dearer_at_a_long_context_drafts_less_there():
     """A draft at 7 ms a token after 100 cached tokens and 13 ms after 2,048 (3 ms per 1,000: 32 ms at 8,192,
     more than the 26 ms verify step): worth drafts at 100 tokens, none at 8,192. Control: priced at 100 tokens
     only (the probe before the long timing), it still asks for drafts at 8,192."""
-    both = ((100, 7e-3), (2048, 7e-3 + 3e-3 * 1.948))
+    both = ((1, 100, 7e-3), (1, 2048, 7e-3 + 3e-3 * 1.948))
     assert k_asked_at(100, both) >= 3
     assert k_asked_at(8192, both) == 0
     assert k_asked_at(8192, both[:1]) >= 1
+
+
+def k_asked_of(rows: int, steps: tuple[tuple[int, int, float], ...]) -> list[int]:
+    """K a fresh goodput asks of each of `rows` new 100-token requests, seeded at 0.85 with draft steps `steps`."""
+    ctrl = costly_controller()
+    ctrl.seed_pair(0.85, steps[0][2], steps=steps)
+    params = SamplingParams(max_tokens=100_000)
+    return ctrl.choose([Sequence(f"r{i}", list(range(101)), params, max_len=200_000) for i in range(rows)], K_MAX)
+
+
+def test_a_draft_priced_at_four_rows_is_not_asked_of_eight():
+    """A draft step of one row at 7 ms and of four at 15 ms (~2.7 ms a row more; the 0.5B took ~15 ms a step of
+    one row and ~68 of eight): one row drafts 3; at 8 rows (~26 ms a draft step against a 52 ms plain step) none
+    does. Control: priced at one row only (the probe before its batched timing), all 8 rows draft."""
+    both = ((1, 100, 7e-3), (4, 100, 15e-3))
+    assert k_asked_of(1, both)[0] >= 3
+    assert k_asked_of(8, both) == [0] * 8
+    assert min(k_asked_of(8, both[:1])) >= 1
+
+
+def draft_price_after_a_probe(per_row: bool) -> tuple[float, float]:
+    """Seconds of a draft of one token in each of 8 rows at 2,048 tokens, predicted before and after a probe of
+    one row of the 8 drafts in what the seed prices one row's draft at, two steps running (the second is steady,
+    and priced). per_row: the draft is priced per row asked (False: as every row's, the rule before)."""
+    ctrl = costly_controller()
+    ctrl.seed_pair(0.85, 8.6e-3, steps=((1, 86, 8.6e-3), (4, 86, 14.9e-3)))  # the 0.5B's probe
+    before, one_row = ctrl.cost.predict_draft(8, 1, 2048.0), ctrl.cost.predict_draft(1, 1, 2048.0)
+    if not per_row:
+        observe = ctrl.cost.observe
+        ctrl.cost.observe = lambda *args: observe(*args[:7])  # draft_rows left out
+    seqs = [Sequence(f"r{i}", list(range(2048)), SamplingParams(max_tokens=128), max_len=200_000) for i in range(8)]
+    one = [1] + [0] * 7
+    for _ in range(2):
+        ctrl.asked = {"r0": 1}
+        ctrl.observe(StepStats(seqs, one, one, 0.15, 9, 2048.0, one_row))
+    return before, ctrl.cost.predict_draft(8, 1, 2048.0)
+
+
+def test_a_probe_of_one_row_is_priced_as_one_rows_draft():
+    """One row of 8 drafting in what the seed says a row's draft costs: the price of all 8 drafting stays within 10%
+    of the seed's. Control: read as 8 rows' drafts (as it was), the same step cuts it by over half (on the pair at 8
+    rows, a probe's 15 ms put a step of 8 drafts at ~15 ms where it takes ~68, and all 8 rows drafted at once)."""
+    before, after = draft_price_after_a_probe(per_row=True)
+    assert 0.9 * before <= after <= 1.1 * before
+    before, after = draft_price_after_a_probe(per_row=False)
+    assert after < 0.5 * before
 
 
 def test_the_seeded_draft_price_is_refined_not_replaced():
@@ -126,6 +172,8 @@ def test_an_llm_with_goodput_and_a_draft_model_is_priced_at_load():
     pool = llm.engine.controller.acceptance
     assert np.allclose(pool.pool_hits / pool.pool_trials, min(price.acceptance, 0.98))
     assert 0 < price.context < price.long_context <= LONG_CONTEXT and price.draft_step_long_s > 0
+    assert price.rows == PROBE_ROWS and price.draft_step_rows_s > 0
+    assert price.context < price.read_context and price.draft_read_long_s > 0
     # Seeded at both contexts: a line through the two timings where the longer is dearer (NNLS: the draft's
     # attention never costs less than nothing), else their mean; either way, each is priced within their span.
     timings = (price.draft_step_s, price.draft_step_long_s)
@@ -225,6 +273,47 @@ def test_a_row_the_drafter_has_already_read_is_not_priced_for_reading():
     unbound = costly_controller()
     unbound.seed_pair(0.85, 7e-3, 2e-3, catch_up_chunk=32)
     assert unbound.choose([request(3000)], K_MAX)[0] == 0
+
+
+class Backlog:
+    """A drafter with `n` tokens of every row left to read."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def unread(self, seq: Sequence) -> int:
+        return self.n
+
+
+def k_asked_with_backlog(backlog: int, reads: tuple[tuple[int, float], ...], drafted: bool = False) -> int:
+    """K asked of a 2,100-token row with 128 tokens to write whose draft has `backlog` tokens left to read, the
+    reading priced at `reads` (cached tokens, seconds a token); drafted: the row drafted (and was verified) once."""
+    ctrl = costly_controller()
+    ctrl.seed_pair(0.85, 7e-3, reads[0][1], reads=reads)
+    ctrl.bind_drafter(Backlog(backlog))
+    seq = Sequence("r", list(range(2100)), SamplingParams(max_tokens=128), max_len=200_000)
+    if drafted:
+        ctrl.observe(StepStats([seq], [2], [2], 0.04, 3, 2100.0, 0.014, 0.026))
+        ctrl.k_batch = None
+    return ctrl.choose([seq], K_MAX)[0]
+
+
+LONG_READS = ((50, 1.1e-3), (2064, 3.3e-3))  # the 0.5B: 1.1 ms a token read after ~100 tokens, ~3.3 after 2,048
+
+
+def test_reading_is_priced_at_the_rows_context():
+    """500 tokens to read at the end of a 2,100-token row: ~1.6 s at the reading's price there, more than its 128
+    tokens' drafts save; it does not draft. Control: priced at the probe's short context only (0.55 s), it does."""
+    assert k_asked_with_backlog(500, LONG_READS) == 0
+    assert k_asked_with_backlog(500, LONG_READS[:1]) >= 2
+
+
+def test_a_row_that_drafted_and_then_sat_idle_is_priced_for_its_backlog():
+    """A row that drafted once and then wrote 500 tokens at K = 0 has all of them to read again (having drafted
+    was taken to mean its draft had read it: on the pair at 8 rows, rows that had drafted once were asked to catch
+    up on ~45 tokens each at once, a 1.4 s step). Control: a backlog of what one step accepts drafts at once."""
+    assert k_asked_with_backlog(500, LONG_READS, drafted=True) == 0
+    assert k_asked_with_backlog(3, LONG_READS, drafted=True) >= 2
 
 
 def test_a_draft_model_reports_what_it_has_left_to_read(tiny_target, tiny_draft):
