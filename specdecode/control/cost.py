@@ -158,6 +158,12 @@ class CostModel:
         tokens = verify_tokens(drafts.tolist(), int(drafts.max(initial=0)), self.packed)
         return self.predict_tokens(len(drafts), tokens, context)
 
+    @property
+    def draft_measured(self) -> bool:
+        """Whether a steady drafting step has been learned from (a price seeded at load alone may be a busy
+        machine's)."""
+        return self._draft_seen > 0
+
     def draft_context(self, context: float) -> float:
         """What a drafted token's attention reads of `context` cached tokens."""
         return min(context, self.draft_context_cap) if self.draft_context_cap > 0 else context

@@ -234,31 +234,57 @@ def test_a_batch_explores_on_its_sums_deviation_not_on_every_rows():
     assert explores(8, per_row_bonus=True) == 1
 
 
-def rows_drafting(riders: int, steps: int = 60) -> list[int]:
-    """8 rows of a draft model where drafting does not pay at this batch (the pool at 0.75; 50 ms a step and 10 ms a
-    verified token, 20 ms a draft): the batch decodes at K = 0 and probes; every draft is rejected. The rows that
-    drafted, step by step, with `riders` silent rows allowed to join a step that drafts anyway."""
+def rows_probed_beside_a_drafting_row(riders: int, following: bool = False) -> int:
+    """Rows of 8 given drafts in a step where row 0 drafts anyway and the 7 others have been silent for
+    `probe_every` steps, for a draft model (50 ms a step, 10 ms a verified token, 20 ms a draft), with `riders`
+    silent rows allowed to join; following: row 0's draft is a widening probe's follow-up."""
     ctrl = GoodputController(cost=CostModel.linear(50e-3, 0.0, 10e-3, 0.0))
     ctrl.cost.seed_draft(20e-3)
-    ctrl.acceptance.seed_pool(0.75, 8.0)
     ctrl.probe_riders = riders
-    seqs, out = make_seqs(8), []
-    for _ in range(steps):
-        ks = ctrl.choose(seqs, K_MAX)
-        propose = 20e-3 * sum(ks)
-        seconds = ctrl.cost.predict_verify(8, max(ks), 3) + propose
-        ctrl.observe(StepStats(seqs, ks, [0] * 8, seconds, 8 * (max(ks) + 1), 3.0, propose, seconds - propose))
-        out.append(sum(k > 0 for k in ks))
-    return out
+    seqs = make_seqs(8)
+    ctrl.idle = {s.request_id: ctrl.probe_every for s in seqs[1:]}
+    ctrl.following = following
+    return sum(k > 0 for k in ctrl._probe(seqs, [1] + [0] * 7, [K_MAX] * 8, 3.0))
 
 
 def test_silent_rows_of_a_draft_model_join_a_drafting_step_one_at_a_time():
-    """A probe's follow-up draft makes the step draft anyway; the silent rows it lets join first catch up on every
-    token since they last drafted, so with a draft model one joins a step (on the pair at 2,048 tokens and batch 8,
-    all 7 did, and the batch then explored at K = 1). Control: every silent row may join, as before."""
-    drafting = rows_drafting(riders=1)
-    assert sum(drafting) > 0 and max(drafting) <= 2
-    assert max(rows_drafting(riders=8)) == 8
+    """A step that drafts anyway lets silent rows join; each first catches up on every token since it last
+    drafted, so with a draft model one joins a step (on the pair at 2,048 tokens and batch 8, all 7 did, and the
+    batch then explored at K = 1), and none joins a probe's follow-up, whose draft is there to price a steady
+    draft (a rider's catch-up would spoil it). Control: every silent row may join, as before."""
+    assert rows_probed_beside_a_drafting_row(riders=1) == 2
+    assert rows_probed_beside_a_drafting_row(riders=1, following=True) == 1
+    assert rows_probed_beside_a_drafting_row(riders=8) == 8
+
+
+def drafting_steps_at(rows: int, steps: int = 200) -> int:
+    """Steps that drafted, of `steps`, for `rows` rows of the pair at 2,048 tokens on a CPU (packed: 30 ms a step
+    and 12 ms a verified token; a draft step 11 ms for one row, 23 for four; the pool at 0.75); every draft is
+    rejected."""
+    ctrl = GoodputController(cost=CostModel.linear(30e-3, 0.0, 12e-3, 0.0))
+    ctrl.cost.packed = True
+    ctrl.cost.seed_draft(11e-3, weight=2.0)
+    ctrl.cost.seed_draft(23e-3, weight=2.0, num_seqs=4)
+    ctrl.acceptance.seed_pool(0.75, 8.0)
+    seqs, drafting = make_seqs(rows), 0
+    for _ in range(steps):
+        ks = ctrl.choose(seqs, K_MAX)
+        propose = ctrl.cost.predict_draft(sum(k > 0 for k in ks), max(ks), 3.0)
+        seconds = ctrl.cost.predict_rows(np.array(ks), 3.0) + propose
+        ctrl.observe(StepStats(seqs, ks, [0] * rows, seconds, rows + sum(ks), 3.0, propose, seconds - propose))
+        drafting += max(ks) > 0
+    return drafting
+
+
+def test_no_widening_probe_where_not_even_a_perfect_row_could_pay(monkeypatch):
+    """At 8 rows one row's draft (11 ms, and 12 ms to verify) cannot pay even if always accepted (a plain step
+    makes a token in 15.75 ms): once a drafting step has priced the draft, no more probes (the first and its
+    follow-up only). At 1 row the same draft pays: probes go on. Control: probes allowed whatever they could find,
+    as before: the batch of 8 keeps probing."""
+    assert drafting_steps_at(8) <= 2
+    assert drafting_steps_at(1) > 4
+    monkeypatch.setattr(GoodputController, "_alone_could_pay", lambda self, num_seqs, k_max, context: True)
+    assert drafting_steps_at(8) > 4
 
 
 def first_widening_probe(rows: int, monkeypatch=None) -> int:
