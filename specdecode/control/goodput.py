@@ -225,13 +225,7 @@ class GoodputController(ControllerBase):
         probe have earned its reading at probe_budget. Never probing such rows kept a row at K = 0 for good
         whenever drafting looked dear: a pool that had gone pessimistic, or a draft priced on a busy machine,
         was never tried again, since only drafting rows correct either; probing them whatever they have to read
-        would read a 1,000-token RAG prompt, ~2 s of the 0.5B, for one draft. A row that has drafted before is
-        probed whatever its backlog since: that grows a token a step, and at 2,048 tokens each costs the 0.5B ~3 ms
-        to read, more than the budget earns a step (~1 ms at batch 1), so such a row, once silent, was never
-        probed again (the pair at batch 1 and 2,048 tokens: two early misses, then K = 0 for good, 0.90x fixed K = 1);
-        what its probes cost spaces them instead (`_price_probe`)."""
-        if self.acceptance.has_drafted(seq.request_id):
-            return True
+        would read a 1,000-token RAG prompt, ~2 s of the 0.5B, for one draft."""
         text = len(seq.token_ids) if self.unread is None else self.unread(seq)
         plain = self.cost.predict_verify(num_seqs, 0, context)
         return self.reading_s(seq, text) <= self.probe_budget * plain * self.since_probe

@@ -316,36 +316,6 @@ def test_a_row_that_drafted_and_then_sat_idle_is_priced_for_its_backlog():
     assert k_asked_with_backlog(3, LONG_READS, drafted=True) >= 2
 
 
-def drafting_steps_of_a_missing_row(exempt_drafted: bool, steps: int = 100) -> int:
-    """Steps, of `steps`, in which a 2,100-token row at batch 1 drafts, every draft rejected, its draft's backlog a
-    token more each silent step (reading priced at LONG_READS: ~3 ms a token there); exempt_drafted: a row that
-    has drafted before may be probed whatever its backlog (False: priced like a fresh prompt, as it was)."""
-    ctrl = costly_controller()
-    ctrl.seed_pair(0.72, 12e-3, LONG_READS[0][1], reads=LONG_READS)
-    backlog = Backlog(0)
-    ctrl.bind_drafter(backlog)
-    if not exempt_drafted:
-        ctrl.acceptance.has_drafted = lambda request_id: False
-    seq = Sequence("r", list(range(2100)), SamplingParams(max_tokens=100_000), max_len=200_000)
-    drafted = 0
-    for _ in range(steps):
-        k = ctrl.choose([seq], K_MAX)[0]
-        ctrl.observe(StepStats([seq], [k], [0], 0.05, k + 1, 2100.0, 12e-3 * (k > 0), 0.04))
-        backlog.n = 1 if k else backlog.n + 1
-        seq.token_ids.append(7)
-        seq.metrics.num_generated += 1
-        drafted += k > 0
-    return drafted
-
-
-def test_a_row_that_drafted_is_probed_again_whatever_its_backlog():
-    """A row whose first drafts missed goes silent; its backlog then grows a token a step at ~3 ms a token, more
-    than the probe budget earns a step, so priced like a fresh prompt it is never probed again (the pair at batch 1
-    and 2,048 tokens: K = 0 for good after two misses). It is probed now and then. Control: priced as before."""
-    assert drafting_steps_of_a_missing_row(exempt_drafted=True) >= 8
-    assert drafting_steps_of_a_missing_row(exempt_drafted=False) <= 3
-
-
 def test_a_draft_model_reports_what_it_has_left_to_read(tiny_target, tiny_draft):
     """The draft model's backlog: the whole row before it is asked to draft, then none once it has caught up."""
     llm = LLM(target=str(tiny_target), draft=str(tiny_draft), method="draft", num_speculative_tokens=2)
