@@ -12,8 +12,8 @@ return, so every row keeps one width; on the CPU the target runs each row's own 
 Guards: hysteresis (the batch K only moves for a predicted gain above `margin`), bounded probing (a row that
 has drafted nothing for `probe_every` steps is given drafts again: free when the batch already speculates (a
 draft model's catch-up aside: one such row a step), otherwise one row at depth 1 at most once per `probe_every`
-steps, and no more often than keeps what probes cost within `probe_budget` of the time), and clipped estimates
-(no collapse).
+steps, no more often than keeps what probes cost within `probe_budget` of the time, and never where not even one
+row's drafts, all accepted, could pay: `_alone_could_pay`), and clipped estimates (no collapse).
 
 A probe's cost depends on the drafter: an n-gram probe costs one more verified token, but a draft model that
 sat idle must first catch up on every token since it last drafted. On the Qwen2.5-Coder pair a probe every 16
