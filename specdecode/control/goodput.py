@@ -358,12 +358,10 @@ class GoodputController(ControllerBase):
         tokens each to read), and their few drafts then had the whole batch explore at K = 1 the step after."""
         ks = self._follow_up(seqs, ks, caps)
         width = max(ks)
-        riders = self.probe_riders if width and self._dear(len(seqs), context) else len(seqs)  # rows that may join
-        if self.following and self._dear(len(seqs), context):
-            riders = 0  # a rider's catch-up would keep the follow-up from pricing a draft (`observe`: not steady)
-        # Until a drafting step has priced drafts, the price may be a busy machine's: probes are how it is learned.
-        alone = not self.cost.draft_measured or self._alone_could_pay(len(seqs), max(caps, default=0), context)
-        widen = not width and alone
+        riders = len(seqs)  # silent rows that may join a step that drafts anyway
+        if width and self._dear(len(seqs), context):
+            # none joins a follow-up: its catch-up would keep that step from pricing a draft (`observe`: not steady)
+            riders = 0 if self.following else self.probe_riders
         for i, s in enumerate(seqs):
             if ks[i] or caps[i] == 0 or self.idle.get(s.request_id, 0) < self.probe_every:
                 continue
@@ -372,7 +370,9 @@ class GoodputController(ControllerBase):
                     continue
                 ks[i] = min(width, caps[i])
                 riders -= 1
-            elif widen and self.since_probe >= max(self.probe_interval, self._widening_spacing(len(seqs), context)):
+            elif self.since_probe >= max(self.probe_interval, self._widening_spacing(len(seqs), context)) and (
+                self._may_widen(len(seqs), max(caps), context)
+            ):
                 # widening the batch costs every row: one probe, depth 1
                 ks[i] = 1
                 self.since_probe = 0
@@ -384,6 +384,11 @@ class GoodputController(ControllerBase):
             self.acceptance.soften(s.request_id, self.probe_keep)
             self.probing.add(s.request_id)
         return ks
+
+    def _may_widen(self, num_seqs: int, k_max: int, context: float) -> bool:
+        """Whether a widening probe may be given: until a drafting step has priced drafts, the price may be a busy
+        machine's and probes are how it is learned; after, only where one row could pay (`_alone_could_pay`)."""
+        return not self.cost.draft_measured or self._alone_could_pay(num_seqs, k_max, context)
 
     def _alone_could_pay(self, num_seqs: int, k_max: int, context: float) -> bool:
         """Whether one row's drafts could pay in this batch even if every one were accepted (P_MAX each), at some

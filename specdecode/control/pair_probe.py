@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -128,16 +129,13 @@ def probe_pair(
 def rows_ratio(draft: LlamaModel, token: int, rows: int, start: int, repeats: int) -> float:
     """How many times a one-row step a one-token draft forward in each of `rows` rows costs, after `start` cached
     tokens: the medians of the two, timed in turns (timed apart, a machine's drift put four rows at 1.2x one in one
-    probe and 1.7x in the next), after an untimed warm-up of each; in a cache of its own, left at zeros (what a
-    step costs does not depend on the cached values)."""
+    probe and 1.7x in the next); in a cache of its own, left at zeros (what a step costs does not depend on the
+    cached values)."""
     cache = draft.new_cache(rows, start + repeats + 2)
-    times: dict[int, list[float]] = {1: [], rows: []}
-    for r in range(repeats + 1):
-        for n in times:
-            t0 = time.perf_counter()
-            forward_rows(draft, cache, token, n, start + r)
-            times[n].append(time.perf_counter() - t0)
-    return statistics.median(times[rows][1:]) / statistics.median(times[1][1:])
+    one, many = medians_in_turns(
+        [lambda r, n=n: forward_rows(draft, cache, token, n, start + r) for n in (1, rows)], repeats
+    )
+    return many / one
 
 
 def read_after(draft: LlamaModel, cache, text: list[int], context: int) -> float:
@@ -154,11 +152,17 @@ def read_after(draft: LlamaModel, cache, text: list[int], context: int) -> float
 
 def steady_steps(draft: LlamaModel, cache, token: int, starts: list[int], repeats: int) -> list[float]:
     """Median seconds of a one-token draft forward after each of `starts` cached tokens, the contexts taking
-    turns (a machine's drift then hits them alike), after one untimed warm-up forward at each."""
-    times: list[list[float]] = [[] for _ in starts]
+    turns (`medians_in_turns`)."""
+    return medians_in_turns([lambda r, s=s: forward_one_row(draft, cache, [token], s + r) for s in starts], repeats)
+
+
+def medians_in_turns(forwards: list[Callable[[int], object]], repeats: int) -> list[float]:
+    """Median seconds of each forward(r) for r = 1..repeats, the forwards taking turns (a machine's drift then
+    hits them alike), after one untimed forward(0) of each (a warm-up)."""
+    times: list[list[float]] = [[] for _ in forwards]
     for r in range(repeats + 1):
-        for i, start in enumerate(starts):
+        for i, forward in enumerate(forwards):
             t0 = time.perf_counter()
-            forward_one_row(draft, cache, [token], start + r)
+            forward(r)
             times[i].append(time.perf_counter() - t0)
     return [statistics.median(ts[1:]) for ts in times]

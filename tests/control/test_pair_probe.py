@@ -241,7 +241,7 @@ def batch_of_unread_rows(read: bool) -> tuple[list[int], list[int]]:
     for ctrl in (alone, batch):
         ctrl.seed_pair(0.85, 7e-3, 2e-3)
         if read:
-            ctrl.bind_drafter(ReadDrafter())
+            ctrl.bind_drafter(Backlog(0))
     seqs = [Sequence(f"r{i}", list(range(100)), SamplingParams(max_tokens=128), max_len=200_000) for i in range(8)]
     return alone.choose(seqs[:1], K_MAX), batch.choose(seqs, K_MAX)
 
@@ -256,19 +256,12 @@ def test_a_rows_reading_is_weighed_against_its_own_share_of_the_batchs_saving():
     assert min(batch_of_unread_rows(read=True)[1]) >= 1
 
 
-class ReadDrafter:
-    """A drafter that has read every row already (as a draft model's cache after a warm-up, or a prefix cache)."""
-
-    def unread(self, seq: Sequence) -> int:
-        return 0
-
-
 def test_a_row_the_drafter_has_already_read_is_not_priced_for_reading():
     """goodput asks the drafter what is left to read: a 3000-token row its draft has read drafts at once, though
     goodput never saw it draft. The control, unbound, prices the whole text and does not draft."""
     bound = costly_controller()
     bound.seed_pair(0.85, 7e-3, 2e-3, catch_up_chunk=32)
-    bound.bind_drafter(ReadDrafter())
+    bound.bind_drafter(Backlog(0))
     assert bound.choose([request(3000)], K_MAX)[0] >= 2
     unbound = costly_controller()
     unbound.seed_pair(0.85, 7e-3, 2e-3, catch_up_chunk=32)
