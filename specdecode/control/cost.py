@@ -30,6 +30,7 @@ A profile is JSON: coefficients plus the fingerprint (model, device, dtype, torc
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import warnings
@@ -53,6 +54,7 @@ VERIFY_TERMS = (
 )
 DRAFT_TERMS = ("per_position", "per_row_position", "per_row", "per_row_position_kctx")
 MIN_SAMPLES = 4
+TIE = 1e-12  # objectives closer than this (relative) are a tie in `nnls_gram`
 SEED_CHECKS = 5  # drafting steps whose measured times set the seeded draft price's level
 
 
@@ -60,36 +62,68 @@ class ProfileError(ValueError):
     """A calibration profile that can't be read or was measured for another model, device or dtype."""
 
 
-def verify_features(num_seqs: float, num_tokens: float, context: float) -> np.ndarray:
-    """[len(VERIFY_TERMS)] the regressors of t_verify (see the module docstring)."""
-    hinges = [max(0.0, num_tokens - n) for n in KNEES]
-    return np.array([1.0, num_seqs, num_tokens, *hinges, num_tokens * context / 1000.0, num_seqs * context / 1000.0])
+def verify_features(num_seqs: float, num_tokens: float | np.ndarray, context: float) -> np.ndarray:
+    """[..., len(VERIFY_TERMS)] the regressors of t_verify (see the module docstring), for each of num_tokens [...]."""
+    t = np.asarray(num_tokens, dtype=float)[..., None]  # [..., 1]
+    out = t * np.array([0.0, 0.0, 1.0, *[0.0] * len(KNEES), context / 1000.0, 0.0])  # [..., F] the per-token terms
+    out[..., 0], out[..., 1], out[..., -1] = 1.0, num_seqs, num_seqs * context / 1000.0
+    out[..., 3 : 3 + len(KNEES)] = np.maximum(t - np.array(KNEES, dtype=float), 0.0)
+    return out
 
 
-def draft_features(num_seqs: float, k: float, context: float = 0.0) -> np.ndarray:
-    """[len(DRAFT_TERMS)] the regressors of t_draft (nothing is drafted, nor paid for, at K = 0)."""
-    return np.array([k, num_seqs * k, num_seqs * float(k > 0), num_seqs * k * context / 1000.0])
+def draft_features(num_seqs: float, k: float | np.ndarray, context: float = 0.0) -> np.ndarray:
+    """[..., len(DRAFT_TERMS)] the regressors of t_draft for each K of k [...] (nothing is drafted, nor paid for,
+    at K = 0)."""
+    k = np.asarray(k, dtype=float)[..., None]  # [..., 1]
+    out = k * np.array([1.0, num_seqs, 0.0, num_seqs * context / 1000.0])  # [..., D] the terms linear in K
+    out[..., 2] = num_seqs * (k[..., 0] > 0)
+    return out
 
 
 def nnls_gram(gram: np.ndarray, xty: np.ndarray) -> np.ndarray:
     """min ||x w - y|| subject to w >= 0, given gram = x^T x [F, F] and xty = x^T y [F] -> w [F].
 
     The optimum is the unconstrained optimum on its own active set, so the best feasible solution over every
-    subset of columns is exact; for the 2-7 features used here that is at most 127 tiny solves, and no scipy.
+    subset of columns is exact (where several tie within rounding, the first of the fewest columns); for the 2-7
+    features used here that is at most 127 tiny solves, and no scipy. They run as one stacked pseudo-inverse
+    (`_subset_solves`): one at a time, a refit of the draft's price took ~1 ms of Python, on each of a request's
+    first drafting steps.
     """
-    num_features = len(xty)
-    best, best_obj = np.zeros(num_features), 0.0  # objective ||xw - y||^2 - ||y||^2 is 0 at w = 0
-    for r in range(1, num_features + 1):
-        for cols in itertools.combinations(range(num_features), r):
-            idx = list(cols)
-            w_sub = np.linalg.pinv(gram[np.ix_(idx, idx)]) @ xty[idx]  # [r]
-            if np.any(w_sub < 0):
-                continue
-            obj = float(w_sub @ gram[np.ix_(idx, idx)] @ w_sub - 2 * xty[idx] @ w_sub)
-            if obj < best_obj - 1e-18:
-                best, best_obj = np.zeros(num_features), obj
-                best[idx] = w_sub
+    masks = _subset_masks(len(xty))  # [S, F] in order of size, then of columns
+    w = _subset_solves(gram, xty, masks)  # [S, F]
+    obj = np.einsum("sf,fg,sg->s", w, gram, w) - 2.0 * (w @ xty)  # [S] ||xw - y||^2 - ||y||^2
+    feasible = np.all(w >= 0, axis=1)  # [S]
+    # Ties within rounding (a feature that copies another: per_position and per_row_position at batch 1) go to
+    # the first subset, the fewest columns: a later one must beat the best by more than rounding.
+    tie = TIE * float(np.max(np.abs(obj), initial=0.0))
+    best, best_obj = np.zeros(len(xty)), 0.0  # the objective is 0 at w = 0
+    for s in np.flatnonzero(feasible):  # in enumeration order
+        if obj[s] < best_obj - tie:
+            best, best_obj = w[s], float(obj[s])
     return best
+
+
+@functools.cache
+def _subset_masks(num_features: int) -> np.ndarray:
+    """[2^F - 1, F] bool: every non-empty subset of the features, by size, then in combinations' order."""
+    subsets = [c for r in range(1, num_features + 1) for c in itertools.combinations(range(num_features), r)]
+    masks = np.zeros((len(subsets), num_features), dtype=bool)
+    for s, cols in enumerate(subsets):
+        masks[s, list(cols)] = True
+    return masks
+
+
+def _subset_solves(gram: np.ndarray, xty: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """[S, F] pinv(gram[sub, sub]) @ xty[sub] for each subset masks[s] [F], zero off the subset. Each subset's
+    block is padded to [F, F] with its largest diagonal entry on the diagonal outside it: the pseudo-inverse of a
+    block-diagonal matrix is its blocks', and the pad changes neither the largest singular value (the cut-off
+    of pinv's relative tolerance) nor, lying on no cut singular value, which are cut."""
+    inside = masks[:, :, None] & masks[:, None, :]  # [S, F, F]
+    blocks = np.where(inside, gram[None], 0.0)  # [S, F, F]
+    pad = np.max(np.where(masks, np.diagonal(gram)[None], 0.0), axis=1)  # [S]
+    blocks += np.where(masks, 0.0, pad[:, None])[:, :, None] * np.eye(len(xty))[None]  # [S, F, F]
+    w = np.linalg.pinv(blocks) @ np.where(masks, xty[None], 0.0)[:, :, None]  # [S, F, 1]
+    return np.where(masks, w[:, :, 0], 0.0)
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -152,6 +186,15 @@ class CostModel:
         """Seconds of a verify forward of num_tokens tokens over num_seqs rows."""
         return self.correction * float(verify_features(num_seqs, num_tokens, context) @ self.verify_coef)
 
+    def predict_tokens_many(self, num_seqs: int, num_tokens: np.ndarray, context: float) -> np.ndarray:
+        """[N] `predict_tokens` for each of num_tokens [N]."""
+        return self.correction * (verify_features(num_seqs, num_tokens, context) @ self.verify_coef)
+
+    def predict_one_row(self, num_seqs: int, ks: np.ndarray, context: float) -> np.ndarray:
+        """[N] seconds of a verify of num_seqs rows, one of which has ks[n] drafts and the others none."""
+        tokens = [verify_tokens([k] + [0] * (num_seqs - 1), k, self.packed) for k in ks.tolist()]
+        return self.predict_tokens_many(num_seqs, np.array(tokens), context)
+
     def predict_rows(self, drafts: np.ndarray, context: float) -> float:
         """Seconds of a verify of drafts[i] drafts on row i ([B]): their own tokens where the target runs only
         real ones (`packed`), else every row padded to the widest."""
@@ -174,6 +217,15 @@ class CostModel:
     def predict(self, num_seqs: int, k: int, context: float) -> float:
         """Seconds of a step that drafts K tokens per row and verifies the padded [B, K + 1] block."""
         return self.predict_verify(num_seqs, k, context) + self.predict_draft(num_seqs, k, context)
+
+    def predict_many(self, num_seqs: int, ks: np.ndarray, context: float) -> np.ndarray:
+        """[N] `predict` for each K of ks [N]."""
+        verify = self.predict_tokens_many(num_seqs, num_seqs * (ks + 1), context)  # [N]
+        return verify + self.predict_draft_many(num_seqs, ks, context)
+
+    def predict_draft_many(self, num_seqs: int, ks: np.ndarray, context: float = 0.0) -> np.ndarray:
+        """[N] `predict_draft` for each K of ks [N]."""
+        return draft_features(num_seqs, ks, self.draft_context(context)) @ self.draft_coef
 
     def seed_draft(
         self, seconds_per_draft: float, weight: float = 4.0, context: float = 0.0, num_seqs: int = 1

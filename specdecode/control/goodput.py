@@ -38,7 +38,7 @@ import torch
 
 from specdecode.control.acceptance import P_MAX, AcceptanceTracker
 from specdecode.control.base import ControllerBase, StepStats
-from specdecode.control.continuation import DraftContinuation, width_distribution
+from specdecode.control.continuation import DraftContinuation, width_distributions
 from specdecode.control.cost import CostModel, default_cost_model
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
@@ -77,8 +77,8 @@ def goodput_curve(
     go_on = np.ones(k_max) if go_on is None else go_on  # [k_max] (all K made: every batch is its widest row's K)
     after = go_on if go_on_accepted is None else go_on_accepted  # [k_max] the drafter going on after a hit
     tokens = expected_tokens(reach * np.cumprod(after[:k_max])[None], caps).sum(0)  # [k_max + 1]
-    prices = np.array([cost.predict(num_seqs, n, context) for n in range(k_max + 1)])  # [k_max + 1] by width made
-    seconds = np.array([width_distribution(go_on, caps, k) @ prices[: k + 1] for k in range(k_max + 1)])
+    prices = cost.predict_many(num_seqs, np.arange(k_max + 1), context)  # [k_max + 1] by width made
+    seconds = width_distributions(go_on, caps, k_max) @ prices  # [k_max + 1] by K asked
     return tokens / np.maximum(seconds, 1e-9)
 
 
@@ -276,9 +276,9 @@ class GoodputController(ControllerBase):
         if not self.cost.packed or num_seqs < 2:
             return False
         plain = num_seqs / self.cost.predict(num_seqs, 0, context)
-        ks = range(1, k_max + 1)  # the lookups are asked of every row; one row's drafts are verified
-        seconds = np.array([self.cost.predict_tokens(num_seqs, num_seqs + k, context) for k in ks])  # [k_max]
-        seconds += np.array([self.cost.predict_draft(num_seqs, k, context) for k in ks])
+        ks = np.arange(1, k_max + 1)  # [k_max] the lookups are asked of every row; one row's drafts are verified
+        seconds = self.cost.predict_tokens_many(num_seqs, num_seqs + ks, context)  # [k_max]
+        seconds += self.cost.predict_draft_many(num_seqs, ks, context)
         tokens = num_seqs + np.cumsum(reach, axis=1) * (np.arange(1, k_max + 1)[None] <= caps[:, None])  # [B, k_max]
         return bool((tokens / seconds[None]).max() > plain * (1.0 + self.widen_margin))
 
@@ -398,13 +398,10 @@ class GoodputController(ControllerBase):
         five repeats of 5 (results/long_context_pair_b8_s22.json). At batch 1 the row is the batch: wherever a
         draft could pay at all, it probes as before. Asked once drafting steps have priced the draft (`choose`)."""
         plain = num_seqs / max(self.cost.predict(num_seqs, 0, context), 1e-9)  # tokens per second at K = 0
-        for k in range(1, k_max + 1):
-            one = np.zeros(num_seqs, dtype=int)  # [B] one row's k drafts
-            one[0] = k
-            seconds = self.cost.predict_rows(one, context) + self.cost.predict_draft(1, k, context)
-            if (num_seqs + np.sum(P_MAX ** np.arange(1, k + 1))) / seconds > plain * (1.0 + self.widen_margin):
-                return True
-        return False
+        ks = np.arange(1, k_max + 1)  # [k_max]
+        seconds = self.cost.predict_one_row(num_seqs, ks, context) + self.cost.predict_draft_many(1, ks, context)
+        tokens = num_seqs + np.cumsum(P_MAX**ks)  # [k_max] every draft accepted
+        return bool(np.any(tokens / seconds > plain * (1.0 + self.widen_margin)))
 
     def _widening_spacing(self, num_seqs: int, context: float) -> int:
         """Steps since the last widening probe that pay, at probe_budget, for what one row's draft costs the
@@ -499,7 +496,7 @@ class GoodputController(ControllerBase):
         made = np.where(np.arange(widest)[None] < drafts[:, None], reach, -1.0)  # [B, widest] -1: no such draft
         order = np.argsort(-made, axis=None, kind="stable")[: int(drafts.sum())]  # [n] row-major: ties keep prefixes
         tokens = num_seqs + np.concatenate([[0.0], np.cumsum(made.flat[order])])  # [n + 1] verifying the first m
-        seconds = np.array([self.cost.predict_tokens(num_seqs, num_seqs + m, context) for m in range(len(order) + 1)])
+        seconds = self.cost.predict_tokens_many(num_seqs, num_seqs + np.arange(len(order) + 1), context)  # [n + 1]
         goodput = tokens / np.maximum(seconds, 1e-9)  # [n + 1]
         best = int(np.argmax(goodput))
         if goodput[best] < goodput[0] * (1.0 + self.widen_margin):  # within the model's error: not a gain

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -90,6 +91,57 @@ def test_nnls_never_goes_negative():
     assert np.all(w >= 0) and w[1] == 0 and w[0] == pytest.approx(0.85)
 
 
+def subset_by_subset(gram: np.ndarray, xty: np.ndarray) -> np.ndarray:
+    """NNLS as the feasible optimum over every column subset, solved one subset at a time (the reference)."""
+    best, best_obj = np.zeros(len(xty)), 0.0
+    for r in range(1, len(xty) + 1):
+        for cols in itertools.combinations(range(len(xty)), r):
+            idx = list(cols)
+            w = np.linalg.pinv(gram[np.ix_(idx, idx)]) @ xty[idx]
+            obj = float(w @ gram[np.ix_(idx, idx)] @ w - 2 * xty[idx] @ w)
+            if np.all(w >= 0) and obj < best_obj - 1e-9 * abs(obj):
+                best, best_obj = np.zeros(len(xty)), obj
+                best[idx] = w
+    return best
+
+
+@pytest.mark.parametrize("features", [4, 8])
+def test_the_stacked_nnls_solves_as_one_subset_at_a_time(features):
+    """All subsets solved in one stacked pseudo-inverse give the reference's coefficients on well-posed problems,
+    and where two columns are the same (singular), the reference's objective with the fewest columns."""
+    rng = np.random.default_rng(features)
+    for trial in range(200):
+        x = rng.random((int(rng.integers(features + 1, 20)), features)) * rng.choice([0.01, 1.0, 100.0])
+        singular = trial % 2 == 1
+        if singular:
+            x[:, 1] = 4.0 * x[:, 0]
+        y = x @ (rng.random(features) - 0.3) + rng.normal(0.0, 0.01, len(x))
+        gram, xty = x.T @ x, x.T @ y
+        got, want = cost_module.nnls_gram(gram, xty), subset_by_subset(gram, xty)
+        if singular:
+            assert got @ gram @ got - 2 * xty @ got == pytest.approx(want @ gram @ want - 2 * xty @ want, rel=1e-9)
+            assert np.count_nonzero(got) <= np.count_nonzero(want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+
+
+def test_the_vector_prices_are_the_scalar_ones():
+    """predict_many, predict_tokens_many, predict_draft_many and predict_one_row price each entry as the scalar
+    methods do, at batch 1 and 8, padded and packed."""
+    model = CostModel(TRUE.copy(), draft_coef=np.array([8e-3, 1e-3, 0.5e-3, 2e-3]), correction=1.1)
+    ks = np.arange(9)
+    for packed in (False, True):
+        model.packed = packed
+        for b, c in ((1, 100.0), (8, 3000.0)):
+            np.testing.assert_allclose(model.predict_many(b, ks, c), [model.predict(b, k, c) for k in ks])
+            np.testing.assert_allclose(model.predict_draft_many(b, ks, c), [model.predict_draft(b, k, c) for k in ks])
+            np.testing.assert_allclose(
+                model.predict_tokens_many(b, b + ks, c), [model.predict_tokens(b, b + k, c) for k in ks]
+            )
+            one = [model.predict_rows(np.array([k] + [0] * (b - 1)), c) for k in ks]
+            np.testing.assert_allclose(model.predict_one_row(b, ks, c), one)
+
+
 def test_online_correction_heals_a_wrong_profile():
     model = CostModel.fit(synthetic_samples(noise=0.0))
     truth = 2.0 * model.predict(4, 3, 300)  # the machine is twice as slow as when it was profiled
@@ -125,7 +177,8 @@ def test_a_draft_models_attention_is_priced_from_two_contexts(monkeypatch):
     assert both.predict_draft(1, 1, 8192) == pytest.approx(truth, rel=0.02)
     assert both.predict_draft(1, 4, 100) == pytest.approx(4 * 10.2e-3, rel=0.02)
     assert draft_priced_at((100,)).predict_draft(1, 1, 8192) < 0.5 * truth
-    monkeypatch.setattr(cost_module, "draft_features", lambda b, k, c=0.0: np.array([k, b * k, b * (k > 0), 0.0]))
+    real = cost_module.draft_features
+    monkeypatch.setattr(cost_module, "draft_features", lambda b, k, c=0.0: real(b, k, c) * np.array([1, 1, 1, 0]))
     assert draft_priced_at((100, 2048)).predict_draft(1, 1, 8192) < 0.6 * truth
 
 

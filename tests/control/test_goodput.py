@@ -530,6 +530,11 @@ def test_a_drafter_whose_confidences_set_the_width_is_always_asked(sets_width):
     assert ctrl.choose(seqs, K_MAX) == ([K_MAX] * 32 if sets_width else [0] * 32)
 
 
+def features_without_per_row(draft_features):
+    """The fault: draft_features with its per-row and context terms zeroed (a lookup charged per position)."""
+    return lambda b, k, c=0.0: draft_features(b, k, c) * np.array([1.0, 1.0, 0.0, 0.0])
+
+
 def lookup_cost_is_cheap_after_short_steps() -> bool:
     """An n-gram lookup costs 0.5 ms per row whatever K; the controller has only seen steps of K = 1-3 (a
     short chain found): does it still call K_max drafts cheap at batch 1?"""
@@ -543,7 +548,7 @@ def test_a_lookup_cost_per_row_is_not_charged_per_position(monkeypatch):
     """Charged per position instead (the fit without the per-row term), 0.5 ms at K = 2 is 2 ms at K = 8, ~10%
     of a step: the controller then capped n-gram drafts before the lookup and lost the long accepted runs."""
     assert lookup_cost_is_cheap_after_short_steps()
-    monkeypatch.setattr(cost_module, "draft_features", lambda b, k, c=0.0: np.array([k, b * k, 0.0, 0.0]))
+    monkeypatch.setattr(cost_module, "draft_features", features_without_per_row(cost_module.draft_features))
     assert not lookup_cost_is_cheap_after_short_steps()
 
 
@@ -560,7 +565,7 @@ def test_a_costly_lookup_is_still_asked_for_every_draft(monkeypatch):
     """Only the cost of the extra positions counts. Control: the same propose times charged per position (a
     draft model's shape) make K_max 16 ms dearer than K = 1, and choose caps it."""
     assert slow_lookup_asks_for_everything()
-    monkeypatch.setattr(cost_module, "draft_features", lambda b, k, c=0.0: np.array([k, b * k, 0.0, 0.0]))
+    monkeypatch.setattr(cost_module, "draft_features", features_without_per_row(cost_module.draft_features))
     assert not slow_lookup_asks_for_everything()
 
 
