@@ -248,6 +248,9 @@ def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     ctrl.explore = 0.0
     out["goodput-noexplore"] = Replay(ctrl, 0, prices, STOP_BELOW)
     ctrl = base.new_controller("goodput")
+    ctrl.final_explore = ctrl.explore  # a stop for good judged as one that probes undo, as before 2026-11-29
+    out["goodput-final-stop-1sd"] = Replay(ctrl, 0, prices, STOP_BELOW)
+    ctrl = base.new_controller("goodput")
     ctrl.thin = 2.0  # exploring a row's first ~3 drafts only, as of c16eaf1
     out["goodput-thin2"] = Replay(ctrl, 0, prices, STOP_BELOW)
     out["goodput-busy-probe"] = Replay(busy_controller(base), 0, prices, STOP_BELOW)

@@ -95,6 +95,7 @@ class GoodputController(ControllerBase):
         widen_margin: float = 0.05,
         probe_budget: float = 0.03,
         explore: float = 1.0,
+        final_explore: float = 2.0,
         thin: float = 6.0,
     ) -> None:
         self.cost = cost if cost is not None else default_cost_model()
@@ -110,6 +111,7 @@ class GoodputController(ControllerBase):
         # Counts decay by 0.9 a step, so 6 is a row's first ~8 drafts: at 2 (its first ~3), one hit in three
         # early drafts of a draft right 78% of the time held a 2,048-token row at K = 0 until a probe 16 steps on.
         self.explore = explore
+        self.final_explore = final_explore  # `explore` where a stop would be for good (`_stop_is_final`)
         self.thin = thin
         self.cheap_draft = cheap_draft
         # `truncate` verifies drafts only for a predicted gain above this over verifying none: the cost model
@@ -313,7 +315,24 @@ class GoodputController(ControllerBase):
         evidence = np.array([self.acceptance.evidence(s.request_id) for s in seqs])  # [B] drafts tried at 1
         thin = (evidence > 0) & (evidence < self.thin)  # [B] rows whose own few drafts moved their estimate
         var = first * (1 - first) / (evidence + 1.0) * thin  # [B] each thin row's estimate's variance
-        return self._bonus(var) if var.any() else np.zeros(len(seqs))
+        if not var.any():
+            return np.zeros(len(seqs))
+        context = float(np.mean([s.num_cached for s in seqs]))
+        final = [bool(v) and self._stop_is_final(s, len(seqs), context) for s, v in zip(seqs, var, strict=True)]
+        return self._bonus(var) * np.where(final, self.final_explore / self.explore, 1.0)  # [B]
+
+    def _stop_is_final(self, seq: Sequence, num_seqs: int, context: float) -> bool:
+        """Whether a row's draft model, caught up on it now, would never draft again once stopped: each token it
+        then falls behind costs more to read than a step earns at probe_budget, so no probe affords its backlog
+        (`_probe_affords_reading`) and no request of any length pays for it. Such a stop is judged at
+        `final_explore` standard deviations, not `explore`: on the pair at 2,048 tokens (~3 ms to read a token
+        against ~1 ms of budget a step), a row whose first two drafts missed (the pool's 0.72 down to 0.24, one
+        deviation 0.49, where a draft pays from ~0.5) stopped for good, and `goodput` ran below K = 0 where fixed
+        K = 1, right 68% of the time on that row, made 1.06x (results/long_context_pair_b1_s22.json). At two a
+        draft that keeps missing stops after ~5 misses: a few of its drafts, once, against a stop for good."""
+        if self.unread is None or self.unread(seq) > CAUGHT_UP:
+            return False
+        return self.reading_s(seq, 1) > self.probe_budget * self.cost.predict_verify(num_seqs, 0, context)
 
     def _bonus(self, var: np.ndarray) -> np.ndarray:
         """var [B] -> [B] each row's share of `explore` standard deviations of the batch's sum."""

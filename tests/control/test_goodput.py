@@ -212,6 +212,37 @@ def test_a_good_draft_with_an_unlucky_start_keeps_drafting():
     assert drafting_share(2.0) <= 0.25
 
 
+def pair_drafting_steps(hits: list[bool], final_explore: float) -> list[int]:
+    """`drafting_steps` for a draft model priced at load as the pair's (20 ms a draft, 10 ms to read a token it
+    fell behind: more than the 1.8 ms a step the probe budget earns) whose backlog is the steps since it last
+    drafted: whether it drafted, step by step."""
+    ctrl = GoodputController(cost=CostModel.linear(50e-3, 0.0, 10e-3, 0.0), final_explore=final_explore)
+    ctrl.seed_pair(0.75, 20e-3, draft_read_s=10e-3)
+    backlog = {"r0": 0}
+    ctrl.unread = lambda seq: backlog[seq.request_id]
+    seqs, asked, outcomes = make_seqs(1), [], iter(hits)
+    for _ in range(len(hits)):
+        ks = ctrl.choose(seqs, K_MAX)
+        k = min(ks[0], 1)  # one draft a step: the second is always rejected
+        accepted = int(next(outcomes)) if k else 0
+        backlog["r0"] = accepted + 1 if k else backlog["r0"] + 1
+        seconds = ctrl.cost.predict(1, k, 3)
+        ctrl.observe(StepStats(seqs, [k], [accepted], seconds, k + 1, 3.0, 20e-3 * k, seconds - 20e-3 * k))
+        asked.append(k)
+    return asked
+
+
+def test_a_draft_model_that_would_stop_for_good_is_stopped_on_firmer_evidence():
+    """A draft model that cannot afford to fall behind (no probe would pay its backlog): a row right 75% of the
+    time whose first two drafts miss drafts on, and one whose drafts all miss stops within 6 drafts and stays
+    stopped. Control: judged at one deviation as a stop that probes can undo, two misses stop the good row."""
+    unlucky = [False, False] + [True, True, True, False] * 5
+    assert sum(pair_drafting_steps(unlucky, final_explore=2.0)) >= 0.8 * len(unlucky)
+    hopeless = pair_drafting_steps([False] * 22, final_explore=2.0)
+    assert sum(hopeless) <= 6 and hopeless[-10:] == [0] * 10
+    assert sum(pair_drafting_steps(unlucky, final_explore=1.0)) <= 3
+
+
 def explores(rows: int, per_row_bonus: bool = False) -> int:
     """K `_explore` asks for `rows` rows whose one draft each was rejected (0.45 now; 50 ms a step, 10 ms a verified
     token, 5 ms a draft: one draft a row pays from ~0.5 at one row and from ~0.7 at eight)."""
