@@ -1,0 +1,100 @@
+"""What `goodput` costs in Python per engine step: choose, truncate and observe on a synthetic pair-like batch.
+
+    python -m experiments.goodput_overhead [--batches 1,8] [--steps 40] [--requests 20]
+        [--out results/goodput_overhead.json]
+
+No model runs: a controller seeded as the Qwen2.5-Coder pair's load probe seeds it (prices of the 2026-11-29 probe
+in results/goodput_replay_2048_s22.json), the target's verify priced by a fixed line, `batch` rows of 2,048 tokens
+whose draft model is caught up, drafts accepted with probability 0.7 each. Every `--requests` a fresh controller
+decodes `--steps` steps (bench long-context gives each arm's run a fresh one, so its first steps, where the draft's
+price is refit every step, count as they do there). Reported: microseconds a step in each call, median over the
+requests. Inside the engine the same calls take ~2-3x these (the forward between them leaves the caches cold): on
+the pair at 2,048 tokens, batch 1, ~1.5-2 ms a step of ~33 ms before f33631a. To compare with an older tree, run
+this file with PYTHONPATH set to that tree's checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+
+import numpy as np
+import torch
+
+from specdecode.bench.lib import provenance, write_result
+from specdecode.config import SamplingParams
+from specdecode.control.base import StepStats
+from specdecode.control.cost import CostModel
+from specdecode.control.goodput import GoodputController
+from specdecode.drafters.base import Proposal
+from specdecode.step.sequence import Sequence
+
+CONTEXT = 2048
+K_MAX = 4
+ACCEPT = 0.7
+CALLS = ("choose", "truncate", "observe")
+
+
+def pair_controller() -> GoodputController:
+    """`goodput` priced as the pair at load: a target step of ~33 ms plus ~2.5 ms a verified token, the 0.5B's
+    probe (a draft 9.6 ms after 86 tokens, 20.8 after 8,192, 11.6 for 4 rows; reading 2.1 / 3.5 ms a token)."""
+    cost = CostModel.linear(30e-3, 1e-3, 2.5e-3, 0.3e-3, 1e-3)
+    cost.packed = True
+    ctrl = GoodputController(cost=cost)
+    steps = ((1, 86, 9.6e-3), (1, 8192, 20.8e-3), (4, 86, 11.6e-3))
+    ctrl.seed_pair(0.75, 9.6e-3, 2.1e-3, catch_up_chunk=2048, steps=steps, reads=((86, 2.1e-3), (2048, 3.5e-3)))
+    ctrl.unread = lambda seq: 1  # caught up: what it accepted last step
+    return ctrl
+
+
+def one_request(batch: int, steps: int, rng: np.random.Generator) -> dict[str, float]:
+    """Microseconds a step in each call, over `steps` steps of a fresh controller."""
+    ctrl = pair_controller()
+    seqs = [
+        Sequence(f"r{i}", list(range(CONTEXT)), SamplingParams(max_tokens=100_000), max_len=200_000)
+        for i in range(batch)
+    ]
+    spent = dict.fromkeys(CALLS, 0.0)
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        ks = ctrl.choose(seqs, K_MAX)
+        t1 = time.perf_counter()
+        proposal = Proposal.from_lists([[5] * k for k in ks], max(ks), torch.device("cpu"))
+        t2 = time.perf_counter()
+        kept = ctrl.truncate(seqs, proposal).num_tokens.tolist()
+        t3 = time.perf_counter()
+        accepted = [int(np.argmin(np.append(rng.random(k) < ACCEPT, False))) for k in kept]
+        stats = StepStats(
+            seqs, kept, accepted, 0.05, sum(k + 1 for k in kept), float(CONTEXT), 0.012 * max(kept), 0.035
+        )
+        t4 = time.perf_counter()
+        ctrl.observe(stats)
+        t5 = time.perf_counter()
+        for call, seconds in zip(CALLS, (t1 - t0, t3 - t2, t5 - t4), strict=True):
+            spent[call] += seconds
+    return {call: 1e6 * seconds / steps for call, seconds in spent.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--out", default="results/goodput_overhead.json")
+    a = ap.parse_args()
+    rng = np.random.default_rng(0)
+    cells = []
+    for batch in (int(b) for b in a.batches.split(",")):
+        runs = [one_request(batch, a.steps, rng) for _ in range(a.requests)]
+        us = {call: float(np.median([r[call] for r in runs])) for call in CALLS}
+        us["total"] = float(np.median([sum(r.values()) for r in runs]))
+        cells.append({"batch": batch, "us_per_step": us})
+        print(f"batch {batch}: " + ", ".join(f"{call} {v:.0f}" for call, v in us.items()) + " us a step")
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = {**provenance(module="experiments.goodput_overhead"), "git": rev, "context": CONTEXT, "cells": cells}
+    print(f"wrote {write_result(a.out, out)}")
+
+
+if __name__ == "__main__":
+    main()
