@@ -297,13 +297,13 @@ class GoodputController(ControllerBase):
         (results/long_context_pair_s17.json). The bonus shrinks as a row's drafts accumulate; past `thin` a row is
         judged on its estimate alone: a draft that keeps missing stops being tried after its second miss, and a batch
         whose rows are known does not speculate on a bonus."""
-        bonus = self._thin_bonus(seqs, p[:, 0])  # [B]
+        bonus = self._thin_bonus(seqs, p[:, 0], context)  # [B]
         if not bonus.any():
             return 0
         gain = goodput_curve(np.minimum(p[:, 0] + bonus, 1.0)[:, None], np.minimum(caps, 1), self.cost, context)  # [2]
         return int(gain[1] > gain[0] * (1.0 + self.margin))
 
-    def _thin_bonus(self, seqs: list[Sequence], first: np.ndarray) -> np.ndarray:
+    def _thin_bonus(self, seqs: list[Sequence], first: np.ndarray, context: float) -> np.ndarray:
         """[B] what `explore` standard deviations add to each row's first-draft estimate first [B], for rows with
         some but fewer than `thin` first drafts tried (0 elsewhere): one standard deviation of the batch's sum,
         shared by its thin rows in proportion to their variance (`_bonus`). A step's tokens are the rows' sum, whose
@@ -317,22 +317,22 @@ class GoodputController(ControllerBase):
         var = first * (1 - first) / (evidence + 1.0) * thin  # [B] each thin row's estimate's variance
         if not var.any():
             return np.zeros(len(seqs))
-        context = float(np.mean([s.num_cached for s in seqs]))
-        final = [bool(v) and self._stop_is_final(s, len(seqs), context) for s, v in zip(seqs, var, strict=True)]
+        budget = self.probe_budget * self.cost.predict_verify(len(seqs), 0, context)  # what probes earn a step
+        final = [bool(v) and self._stop_is_final(s, budget) for s, v in zip(seqs, var, strict=True)]
         return self._bonus(var) * np.where(final, self.final_explore / self.explore, 1.0)  # [B]
 
-    def _stop_is_final(self, seq: Sequence, num_seqs: int, context: float) -> bool:
+    def _stop_is_final(self, seq: Sequence, budget: float) -> bool:
         """Whether a row's draft model, caught up on it now, would never draft again once stopped: each token it
-        then falls behind costs more to read than a step earns at probe_budget, so no probe affords its backlog
-        (`_probe_affords_reading`) and no request of any length pays for it. Such a stop is judged at
-        `final_explore` standard deviations, not `explore`: on the pair at 2,048 tokens (~3 ms to read a token
-        against ~1 ms of budget a step), a row whose first two drafts missed (the pool's 0.72 down to 0.24, one
+        then falls behind costs more to read than a step earns at probe_budget (`budget`, seconds), so no probe
+        affords its backlog (`_probe_affords_reading`) and no request of any length pays for it. Such a stop is
+        judged at `final_explore` standard deviations, not `explore`: on the pair at 2,048 tokens (~3 ms to read a
+        token against ~1 ms of budget a step), a row whose first two drafts missed (the pool's 0.72 down to 0.24, one
         deviation 0.49, where a draft pays from ~0.5) stopped for good, and `goodput` ran below K = 0 where fixed
         K = 1, right 68% of the time on that row, made 1.06x (results/long_context_pair_b1_s22.json). At two a
         draft that keeps missing stops after ~5 misses: a few of its drafts, once, against a stop for good."""
         if self.unread is None or self.unread(seq) > CAUGHT_UP:
             return False
-        return self.reading_s(seq, 1) > self.probe_budget * self.cost.predict_verify(num_seqs, 0, context)
+        return self.reading_s(seq, 1) > budget
 
     def _bonus(self, var: np.ndarray) -> np.ndarray:
         """var [B] -> [B] each row's share of `explore` standard deviations of the batch's sum."""
@@ -378,6 +378,7 @@ class GoodputController(ControllerBase):
         ks = self._follow_up(seqs, ks, caps)
         width = max(ks)
         riders = len(seqs)  # silent rows that may join a step that drafts anyway
+        widen: bool | None = None  # whether a widening probe is due this step: asked once, where a row could take it
         if width and self._dear(len(seqs), context):
             # none joins a follow-up: its catch-up would keep that step from pricing a draft (`observe`: not steady)
             riders = 0 if self.following else self.probe_riders
@@ -389,20 +390,25 @@ class GoodputController(ControllerBase):
                     continue
                 ks[i] = min(width, caps[i])
                 riders -= 1
-            elif self.since_probe >= max(self.probe_interval, self._widening_spacing(len(seqs), context)) and (
-                self._may_widen(len(seqs), max(caps), context)
-            ):
-                # widening the batch costs every row: one probe, depth 1
-                ks[i] = 1
+            else:  # widening the batch costs every row: one probe a step, depth 1
+                if widen is None:
+                    widen = self._widening_due(len(seqs), max(caps), context)
+                if not widen:
+                    continue
+                ks[i], widen = 1, False
                 self.since_probe = 0
                 self.widening.add(s.request_id)
                 self.probe_extra_s = 0.0
-            else:
-                continue
             self.idle[s.request_id] = 0
             self.acceptance.soften(s.request_id, self.probe_keep)
             self.probing.add(s.request_id)
         return ks
+
+    def _widening_due(self, num_seqs: int, k_max: int, context: float) -> bool:
+        """Whether the steps since the last widening probe have earned one (`probe_interval`, and what padding the
+        batch costs: `_widening_spacing`) and it may be given (`_may_widen`)."""
+        spacing = max(self.probe_interval, self._widening_spacing(num_seqs, context))
+        return self.since_probe >= spacing and self._may_widen(num_seqs, k_max, context)
 
     def _may_widen(self, num_seqs: int, k_max: int, context: float) -> bool:
         """Whether a widening probe may be given: until a drafting step has priced drafts, the price may be a busy
@@ -482,7 +488,7 @@ class GoodputController(ControllerBase):
             # again, nor learn otherwise (SmolLM2, n-gram, 8 rows at 7,900 tokens: half the rows missed their
             # first draft, sat at 0.25 and were cut for good, where their drafts were right half the time). Rows
             # of thin evidence are judged `explore` deviations up, as `_explore` judges K = 1.
-            p[:, 0] = np.minimum(p[:, 0] + self._thin_bonus(seqs, p[:, 0]), 1.0)
+            p[:, 0] = np.minimum(p[:, 0] + self._thin_bonus(seqs, p[:, 0], context), 1.0)
             width = self._packed_widths(np.cumprod(p, axis=1), drafts, context)
         else:
             width = self._one_width(np.cumprod(p, axis=1), drafts, context)
