@@ -24,7 +24,9 @@ out: the engine's own overhead between forwards (the same for every arm), and th
 rejected draft (taken on the true prefix: a draft made after a miss is wasted whatever it says).
 
 The text is the code set's --split part (dev by default: this chooses how the controller works, so never the eval
-prompts), cut at offsets ROW_STRIDE apart as bench long-context cuts its rows.
+prompts), or a --prompts file's (never Spec-Bench's: a prose text for development can be cut from the distillation
+prompts, ../shared/data/distill/prompts.jsonl.gz, decontaminated against Spec-Bench), cut at offsets ROW_STRIDE
+apart as bench long-context cuts its rows.
 """
 
 from __future__ import annotations
@@ -254,6 +256,9 @@ def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     ctrl.thin = 2.0  # exploring a row's first ~3 drafts only, as of c16eaf1
     out["goodput-thin2"] = Replay(ctrl, 0, prices, STOP_BELOW)
     out["goodput-busy-probe"] = Replay(busy_controller(base), 0, prices, STOP_BELOW)
+    ctrl = base.new_controller("goodput")
+    ctrl.cost._observe_extra = lambda base, extra, seconds: None  # one factor on the whole verify, as of 0fd2d23
+    out["goodput-one-factor"] = Replay(ctrl, 0, prices, STOP_BELOW)
     out["goodput-no-recovery"] = Replay(without_recovery(base.new_controller("goodput")), 0, prices, STOP_BELOW)
     out["goodput-no-continuation"] = Replay(blind_to_stops(base.new_controller("goodput")), 0, prices, STOP_BELOW)
     before = without_recovery(blind_to_stops(base.new_controller("goodput")))
@@ -342,6 +347,7 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--split", default="dev", choices=("dev", "eval"))
+    ap.add_argument("--prompts", default="code", help="the texts: the code set (its --split part) or a prompts file")
     ap.add_argument("--out", default="results/goodput_replay.json")
     ap.add_argument("--texts-file", help="an .npz of texts and prices: read where it has a context, else written")
     ap.add_argument("--passes", type=int, default=1, help="replay the texts this many times, one after another")
@@ -351,7 +357,7 @@ def main() -> None:
     set_arm_shape(a.k_max, a.stop_below)
     contexts = [int(x) for x in a.contexts.split(",")]
     base = pair_llm(max_model_len=max(contexts) + a.max_tokens + 2 * K_MAX + 8)
-    text_ids = lc.text_ids(base, contexts, a.texts, "code", a.split)
+    text_ids = lc.text_ids(base, contexts, a.texts, a.prompts, a.split)
     cells = []
     with tqdm(total=len(contexts) * a.texts, unit="text", desc="responses") as bar:
         for context in contexts:
@@ -398,6 +404,7 @@ def main() -> None:
         "command": "python -m experiments.goodput_replay "
         f"--contexts {a.contexts} --texts {a.texts} --max-tokens {a.max_tokens} --split {a.split} --passes {a.passes} "
         f"--k-max {a.k_max} --stop-below {a.stop_below}"
+        + (f" --prompts {a.prompts}" if a.prompts != "code" else "")
         + (f" --texts-file {Path(a.texts_file).name}" if a.texts_file else ""),
         "pair_price": base.pair_price.__dict__,
         "cells": cells,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import sys
 import time
@@ -57,14 +58,26 @@ class Window:
         return float(np.percentile(self.tpot_s, 99)) if self.tpot_s else float("nan")
 
 
+CHARS_A_TOKEN = 8  # characters of text read a token asked: prose and code run ~3.5-4.5 a token
+
+
 def long_prompt_ids(llm, n: int, prompts_file: str | None, split: str = "all") -> list[int]:
     """n token ids of text: the --prompts file's prompts concatenated (those of `split` where its lines carry
-    one, as the code set's do), or filler prose, repeated to length."""
+    one, as the code set's do; a .gz file is read through gzip), or filler prose, repeated to length. Only as
+    many prompts as n tokens need are encoded (CHARS_A_TOKEN characters each)."""
     text = FILLER
     if prompts_file:
-        rows = [json.loads(line) for line in Path(prompts_file).read_text().splitlines() if line.strip()]
+        path = Path(prompts_file)
+        lines = (gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()).splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
         rows = [r for r in rows if split == "all" or r.get("split", split) == split]
-        text = "\n\n".join(r.get("prompt") or "\n".join(r.get("turns", [])) for r in rows)
+        texts, chars = [], 0
+        for r in rows:
+            if chars > CHARS_A_TOKEN * n:
+                break
+            texts.append(r.get("prompt") or "\n".join(r.get("turns", [])))
+            chars += len(texts[-1])
+        text = "\n\n".join(texts)
     ids = llm.tokenizer.encode(text)
     return (ids * (n // max(len(ids), 1) + 1))[:n]
 

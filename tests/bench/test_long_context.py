@@ -64,6 +64,30 @@ def test_the_code_sets_text_is_cut_from_the_split_asked_for(smollm2):
     assert holds(texts["all"], firsts["dev"]) and holds(texts["all"], firsts["eval"])
 
 
+def test_a_gzipped_prompts_file_gives_the_text_of_all_its_prompts(smollm2, tmp_path, monkeypatch):
+    """A .jsonl.gz prompts file (the distillation prompts) reads as its plain twin, and its first n tokens are those
+    of all its prompts joined, though only the prompts n tokens need are encoded. Control: reading a character a
+    token asked, the text runs out and repeats."""
+    import gzip
+
+    from specdecode.bench import long_prompt
+
+    lines = [
+        json.dumps({"prompt": f"Question {i}: why would sample {i} differ from sample {i + 1}?"}) for i in range(400)
+    ]
+    plain, packed = tmp_path / "p.jsonl", tmp_path / "p.jsonl.gz"
+    plain.write_text("\n".join(lines) + "\n")
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    whole = smollm2.tokenizer.encode("\n\n".join(json.loads(line)["prompt"] for line in lines))
+    assert len(whole) > 4 * 256
+    assert long_prompt.long_prompt_ids(smollm2, 256, str(packed)) == long_prompt.long_prompt_ids(
+        smollm2, 256, str(plain)
+    )
+    assert long_prompt.long_prompt_ids(smollm2, 256, str(packed)) == whole[:256]
+    monkeypatch.setattr(long_prompt, "CHARS_A_TOKEN", 1)
+    assert long_prompt.long_prompt_ids(smollm2, 256, str(packed)) != whole[:256]
+
+
 @pytest.mark.parametrize("chat", [True, False])
 @pytest.mark.parametrize("n", [48, 64, 128])
 def test_prompts_have_exactly_n_tokens_and_differ_by_row(smollm2, text, n, chat):

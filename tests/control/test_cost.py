@@ -129,6 +129,7 @@ def test_the_vector_prices_are_the_scalar_ones():
     """predict_many, predict_tokens_many, predict_draft_many and predict_one_row price each entry as the scalar
     methods do, at batch 1 and 8, padded and packed."""
     model = CostModel(TRUE.copy(), draft_coef=np.array([8e-3, 1e-3, 0.5e-3, 2e-3]), correction=1.1)
+    model.extra_scale = 0.4
     ks = np.arange(9)
     for packed in (False, True):
         model.packed = packed
@@ -149,6 +150,58 @@ def test_online_correction_heals_a_wrong_profile():
     for _ in range(60):
         model.observe(4, 3, 300, truth, 0.0)
     assert model.predict(4, 3, 300) == pytest.approx(truth, rel=0.02)
+
+
+def observed_at(extra_true: float, steps: int, stall_at: int = -1, seed: int = 0) -> CostModel:
+    """A profile of TRUE observed at batch 1 and 2,048 cached tokens on a machine where a plain step costs 1.2x
+    its price and each token past one a row extra_true x its price (what the Qwen2.5-Coder 1.5B's second token
+    did: +1.5 ms where the load-time fit priced +5.7), steps of K = 0-4 in turn, 2% noise; step `stall_at` takes
+    10x its time."""
+    model, truth = CostModel(TRUE.copy()), CostModel(TRUE.copy(), correction=1.2)
+    truth.extra_scale = extra_true
+    rng = np.random.default_rng(seed)
+    for i in range(steps):
+        k = i % 5
+        seconds = truth.predict_verify(1, k, 2048) * (1 + 0.02 * rng.standard_normal()) * (10 if i == stall_at else 1)
+        model.observe(1, k, 2048, seconds, 0.0)
+    return model
+
+
+def extra_error(model: CostModel, extra_true: float) -> float:
+    """Relative error of the model's price of the tokens past one a row, K = 1-4 at 2,048 cached tokens."""
+    truth = CostModel(TRUE.copy(), correction=1.2)
+    truth.extra_scale = extra_true
+    plain = model.predict_verify(1, 0, 2048)
+    return max(
+        abs(
+            (model.predict_verify(1, k, 2048) - plain)
+            / (truth.predict_verify(1, k, 2048) - truth.predict_verify(1, 0, 2048))
+            - 1
+        )
+        for k in range(1, 5)
+    )
+
+
+def test_the_price_of_tokens_past_one_a_row_is_learned_apart_from_the_level(monkeypatch):
+    """The tokens a verify adds cost a quarter of their calibrated price, a plain step 1.2x its: after 60 steps
+    the extra tokens are priced within 50% of what they cost, and a plain step within 3%. Control: the level alone (the
+    extra tokens' factor never learned) prices the extra tokens at ~4.8x what they cost."""
+    model = observed_at(0.25, 60)
+    assert model.predict_verify(1, 0, 2048) == pytest.approx(
+        CostModel(TRUE.copy(), correction=1.2).predict_verify(1, 0, 2048), rel=0.03
+    )
+    assert extra_error(model, 0.25) < 0.5
+    monkeypatch.setattr(CostModel, "_observe_extra", lambda self, base, extra, seconds: None)
+    assert extra_error(observed_at(0.25, 60), 0.25) > 2.0
+
+
+def test_one_stalled_step_barely_moves_the_extra_tokens_price(monkeypatch):
+    """A verify of two drafts that stalls at 10x its time moves `extra_scale` by less than 0.1 (one place in a
+    median of 16). Control: a (weighted) mean in place of the median, the same stall moves it by more than 1."""
+    steady = observed_at(0.25, 40).extra_scale
+    assert abs(observed_at(0.25, 40, stall_at=37).extra_scale - steady) < 0.1
+    monkeypatch.setattr(cost_module, "weighted_median", lambda v, w: float(np.average(v, weights=w)))
+    assert abs(observed_at(0.25, 40, stall_at=37).extra_scale - observed_at(0.25, 40).extra_scale) > 1.0
 
 
 def test_draft_cost_is_learned_online():

@@ -17,7 +17,11 @@ from specdecode.control.goodput import GoodputController, expected_tokens
 from specdecode.step.sequence import Sequence
 
 K_MAX = 8
-COMPUTE_BOUND = CostModel.linear(1e-3, 0.0, 10e-3, 0.0)  # a token costs 10x the step's fixed part
+
+
+def compute_bound() -> CostModel:
+    """A target whose every token costs 10x the step's fixed part."""
+    return CostModel.linear(1e-3, 0.0, 10e-3, 0.0)
 
 
 def step_cost() -> CostModel:
@@ -31,17 +35,24 @@ def make_seqs(n: int) -> list[Sequence]:
 
 
 def run(
-    ctrl: GoodputController, seqs: list[Sequence], accept_p: list[float], steps: int, seed: int = 0
+    ctrl: GoodputController,
+    seqs: list[Sequence],
+    accept_p: list[float],
+    steps: int,
+    seed: int = 0,
+    truth: CostModel | None = None,
 ) -> list[list[int]]:
-    """Each row accepts each draft with its own probability until the first rejection; the step takes what the
-    controller's own cost model predicts (so only acceptance is being learned)."""
+    """Each row accepts each draft with its own probability until the first rejection; the step takes what
+    `truth` (a fresh `step_cost()` unless given: the controllers' own model) predicts, so only acceptance is
+    being learned."""
     rng = np.random.default_rng(seed)
+    truth = truth or step_cost()
     history = []
     for _ in range(steps):
         ks = ctrl.choose(seqs, K_MAX)
         accepted = [int(np.argmin(np.append(rng.random(k) < p, False))) for k, p in zip(ks, accept_p, strict=True)]
         width = max(ks)
-        seconds = step_cost().predict(len(seqs), width, 3)
+        seconds = truth.predict(len(seqs), width, 3)
         ctrl.observe(StepStats(seqs, ks, accepted, seconds, len(seqs) * (width + 1), 3.0, 0.0, seconds))
         history.append(ks)
     return history
@@ -64,7 +75,7 @@ def test_k_falls_when_acceptance_drops():
 
 def test_compute_bound_target_turns_speculation_off():
     seqs = make_seqs(4)
-    bound = run(GoodputController(cost=COMPUTE_BOUND, cheap_draft=0.0), seqs, [0.9] * 4, 200)
+    bound = run(GoodputController(cost=compute_bound(), cheap_draft=0.0), seqs, [0.9] * 4, 200, truth=compute_bound())
     cheap = run(GoodputController(cost=step_cost(), cheap_draft=0.0), make_seqs(4), [0.9] * 4, 200)
     assert max(max(ks) for ks in cheap[-50:]) >= 4  # control: the same acceptance with cheap tokens speculates
     steps_speculating = sum(max(ks) > 0 for ks in bound[50:])
