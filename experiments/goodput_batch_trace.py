@@ -73,7 +73,7 @@ def traced(ctrl: GoodputController, steps: list[dict]) -> None:
 
 def priced(ctrl: GoodputController, seqs) -> dict:
     """What the controller's cost model predicted for this step: a plain step, a step of one draft a row, its
-    drafting alone (ms), the seeded price's level and the verify's extra tokens' scale."""
+    drafting alone (ms), the seeded price's level and the factors of the verify's extra tokens by width."""
     b, context = len(seqs), float(np.mean([s.num_cached for s in seqs]))
     cost = ctrl.cost
     return {
@@ -81,7 +81,7 @@ def priced(ctrl: GoodputController, seqs) -> dict:
         "k1": round(1e3 * cost.predict(b, 1, context), 1),
         "draft_k1": round(1e3 * cost.predict_draft(b, 1, context), 1),
         "seed_level": round(cost.seed_level, 3),
-        "extra_scale": round(getattr(cost, "extra_scale", 1.0), 3),
+        "extra_scales": [round(float(x), 3) for x in getattr(cost, "extra_scales", [])],
     }
 
 

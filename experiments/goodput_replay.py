@@ -257,7 +257,7 @@ def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     out["goodput-thin2"] = Replay(ctrl, 0, prices, STOP_BELOW)
     out["goodput-busy-probe"] = Replay(busy_controller(base), 0, prices, STOP_BELOW)
     ctrl = base.new_controller("goodput")
-    ctrl.cost._observe_extra = lambda base, extra, seconds: None  # one factor on the whole verify, as of 0fd2d23
+    ctrl.cost._observe_extra = lambda base, extra, seconds, width: None  # one factor on the whole verify (0fd2d23)
     out["goodput-one-factor"] = Replay(ctrl, 0, prices, STOP_BELOW)
     out["goodput-no-recovery"] = Replay(without_recovery(base.new_controller("goodput")), 0, prices, STOP_BELOW)
     out["goodput-no-continuation"] = Replay(blind_to_stops(base.new_controller("goodput")), 0, prices, STOP_BELOW)

@@ -42,6 +42,7 @@ class AcceptanceTracker:
         self.max_positions = max_positions
         self.hits: dict[str, np.ndarray] = {}  # [max_positions] forgotten count of acceptances at position j
         self.trials: dict[str, np.ndarray] = {}  # [max_positions] forgotten count of drafts tried at position j
+        self.first_totals: dict[str, tuple[float, float]] = {}  # (hits, tries) of first drafts, never forgotten
 
     def estimate(self, request_id: str, k: int) -> np.ndarray:
         """[k] conditional acceptance probability of draft positions 1..k."""
@@ -67,6 +68,16 @@ class AcceptanceTracker:
         trials *= self.decay
         hits[:num_accepted] += 1.0
         trials[: min(num_accepted + 1, num_proposed)] += 1.0
+        h, n = self.first_totals.get(request_id, (0.0, 0.0))
+        self.first_totals[request_id] = (h + (num_accepted > 0), n + 1.0)
+
+    def long_run_first(self, request_id: str) -> float:
+        """P(first draft accepted) from all of the request's first drafts, none forgotten, shrunk toward the pool's
+        first position as `estimate` is: what a decision that cannot be undone should rest on (goodput.py's stop
+        for good), where the forgotten counts follow the last ~10 drafts."""
+        h, n = self.first_totals.get(request_id, (0.0, 0.0))
+        pooled = (self.pool_hits[0] + self.pool_weight * self.prior_first) / (self.pool_trials[0] + self.pool_weight)
+        return min(max((h + self.prior_weight * pooled) / (n + self.prior_weight), P_MIN), P_MAX)
 
     def soften(self, request_id: str, keep: float) -> None:
         """Scale a request's evidence by `keep`: before a probe, so that the probe's outcome is not drowned by
@@ -84,6 +95,7 @@ class AcceptanceTracker:
     def forget(self, request_id: str) -> None:
         """The request ended: its counts join the pool, the next requests' prior."""
         hits, trials = self.hits.pop(request_id, None), self.trials.pop(request_id, None)
+        self.first_totals.pop(request_id, None)
         if hits is not None and trials is not None:
             self.pool_hits = self.pool_decay * self.pool_hits + hits
             self.pool_trials = self.pool_decay * self.pool_trials + trials
@@ -98,4 +110,4 @@ class AcceptanceTracker:
         return request_id in self.trials
 
     def request_ids(self) -> set[str]:
-        return set(self.hits) | set(self.trials)
+        return set(self.hits) | set(self.trials) | set(self.first_totals)

@@ -16,11 +16,12 @@ reads its own cache once whatever its tokens, so 8 rows of one token at context 
 row of 9 tokens cost 38.0 (results/cost_attention.json), and without r the fit missed the former by 22%.
 Coefficients are fitted by non-negative least squares (a negative per-token cost would reward padding;
 non-negative hinges also keep the curve convex). An online multiplicative correction (EWMA of measured /
-predicted verify time) heals a profile measured on a busier or quieter machine; a second factor (`extra_scale`)
-heals the price of the tokens a verify computes past one a row, which a level alone cannot: on the
+predicted verify time) heals a profile measured on a busier or quieter machine; factors by the number of tokens a
+verify computes past one a row (`extra_scales`) heal their price, which a level alone cannot: on the
 Qwen2.5-Coder 1.5B the load-time fit (at 64 and 512 cached tokens) priced a second token +5.7 ms at 2,048 where it
-cost +1.5 (results/cost_pair_contexts_s23.json), and one factor fitted to drafting steps then priced a plain step
-low by as much: a draft looked to pay from 0.56 acceptance where it paid from ~0.4. The draft coefficients are
+cost +1.5-4.7 and a third +5.7 where it cost ~+9 (results/cost_pair_contexts_s23.json, results/goodput_replay_*),
+and one level fitted to drafting steps priced a plain step low by as much: a draft looked to pay from 0.56
+acceptance where it paid from ~0.4. The draft coefficients are
 learned online from measured propose times; a draft price seeded at load (seed_draft) keeps its shape, and takes
 its level from the median measured / seeded price of the first SEED_CHECKS drafting steps (a load on a busy
 machine priced the 0.5B's drafts at 2.5x). The per-row term matters: an n-gram lookup costs the same for
@@ -61,9 +62,11 @@ DRAFT_TERMS = ("per_position", "per_row_position", "per_row", "per_row_position_
 MIN_SAMPLES = 4
 TIE = 1e-12  # objectives closer than this (relative) are a tie in `nnls_gram`
 SEED_CHECKS = 5  # drafting steps whose measured times set the seeded draft price's level
-EXTRA_WINDOW = 16  # the last plain verifies, and those past one token a row, that set `extra_scale`
-EXTRA_PRIOR = 1.0  # pseudo-verifies at the calibrated extra price that `extra_scale` is shrunk toward
-EXTRA_RANGE = (0.05, 10.0)  # extra_scale's bounds
+EXTRA_WINDOW = 16  # the last plain verifies, and those of each extra width, that set `extra_scales`
+EXTRA_WIDTHS = 8  # tokens past one a row told apart (more share the last factor)
+EXTRA_PRIOR = 1.0  # pseudo-verifies at the calibrated price that the factor of all widths is shrunk toward
+WIDTH_PRIOR = 2.0  # pseudo-verifies at the factor of all widths that each width's own is shrunk toward
+EXTRA_RANGE = (0.05, 10.0)  # the factors' bounds
 
 
 class ProfileError(ValueError):
@@ -134,6 +137,12 @@ def _subset_solves(gram: np.ndarray, xty: np.ndarray, masks: np.ndarray) -> np.n
     return np.where(masks, w[:, :, 0], 0.0)
 
 
+def _extra_width(num_tokens, num_seqs: int):
+    """[...] the tokens past one a row of a verify of num_tokens [...] tokens over num_seqs rows, capped at
+    EXTRA_WIDTHS: the index of its factor in `CostModel.extra_scales`."""
+    return np.clip(np.asarray(num_tokens, dtype=int) - num_seqs, 0, EXTRA_WIDTHS)
+
+
 def weighted_median(values: list[float], weights: list[float]) -> float:
     """The value at which the weights of the values below it and above it each reach half (the lower where
     they meet exactly)."""
@@ -163,11 +172,12 @@ class CostModel:
     draft_refit_every: int = 8
     _draft_seen: int = 0  # drafting steps observed
     correction: float = 1.0  # measured / predicted verify time, smoothed
-    # measured / calibrated price of a verify's tokens past one a row, at the level `correction` sets (`observe`)
-    extra_scale: float = 1.0
+    # [EXTRA_WIDTHS + 1] measured / calibrated price of a verify's n tokens past one a row (n = 1..; entry 0
+    # unused), at the level `correction` sets (`_observe_extra`)
+    extra_scales: np.ndarray = field(default_factory=lambda: np.ones(EXTRA_WIDTHS + 1))
     _plain_levels: list[float] = field(default_factory=list)  # [EXTRA_WINDOW] measured / priced plain verifies
-    # [EXTRA_WINDOW] (plain price, price of the tokens past one a row, measured seconds) of verifies of more
-    _extra_steps: list[tuple[float, float, float]] = field(default_factory=list)
+    # extra width n -> [EXTRA_WINDOW] (plain price, price of its n tokens past one a row, measured seconds)
+    _extra_steps: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)
     # Cached tokens a draft model's step reads at most (its window and sink, drafters/draft_window.py; 0: all):
     # the draft's attention stops growing there.
     draft_context_cap: int = 0
@@ -221,10 +231,10 @@ class CostModel:
         return base, verify_features(num_seqs, num_tokens, context) @ self.verify_coef - base
 
     def _verify_price(self, num_seqs: int, num_tokens, context: float) -> np.ndarray:
-        """[...] a verify's price before `correction`: a plain step's, plus the tokens past one a row at
-        `extra_scale` of their calibrated price."""
+        """[...] a verify's price before `correction`: a plain step's, plus the tokens past one a row at their
+        width's factor (`extra_scales`) of their calibrated price."""
         base, extra = self._verify_parts(num_seqs, num_tokens, context)
-        return base + self.extra_scale * extra
+        return base + self.extra_scales[_extra_width(num_tokens, num_seqs)] * extra
 
     def predict_one_row(self, num_seqs: int, ks: np.ndarray, context: float) -> np.ndarray:
         """[N] seconds of a verify of num_seqs rows, one of which has ks[n] drafts and the others none."""
@@ -315,9 +325,9 @@ class CostModel:
         once set the whole draft price at 0.43x)."""
         tokens = num_seqs * (k + 1) if num_tokens is None else num_tokens
         base, extra = self._verify_parts(num_seqs, tokens, context)
-        predicted = base + self.extra_scale * float(extra)
+        predicted = base + float(self.extra_scales[_extra_width(tokens, num_seqs)] * extra)
         if predicted > 0 and verify_s > 0:
-            self._observe_extra(base, float(extra), verify_s)
+            self._observe_extra(base, float(extra), verify_s, int(_extra_width(tokens, num_seqs)))
             ratio = float(np.clip(verify_s / predicted, 0.1, 10.0))  # one stalled step can't wreck the model
             self.correction += self.correction_alpha * (ratio - self.correction)
         if learn_draft and k > 0 and propose_s >= 0:
@@ -333,30 +343,38 @@ class CostModel:
             if checked or first or self._draft_seen % self.draft_refit_every == 0:
                 self._refit_draft()
 
-    def _observe_extra(self, base: float, extra: float, verify_s: float) -> None:
-        """Learn `extra_scale` from a verify of verify_s seconds priced base (a plain step) + extra (its tokens past
-        one a row) before any correction. A plain verify gives the level, verify_s / base; one past a token a row,
-        what its extra tokens cost at that level: (verify_s / level - base) / extra, a ratio to their price. Each
-        from the last EXTRA_WINDOW verifies of its kind, and their medians: the two kinds come in stretches
-        (`goodput` drafts, then stops), so each keeps its own, and a stalled step moves a median by one place where
-        it would have set a mean. The ratio is shrunk toward 1 by EXTRA_PRIOR pseudo-verifies; it needs both
-        kinds, so a target that never verified a plain step (or never more) keeps its calibrated shape. Learned
-        from `correction`'s level instead, a level still healing (1.0 where steps took 1.2x) set the ratio at
-        5x its truth: the extra tokens are ~10% of a step, and the level's error lands on them whole."""
+    def _observe_extra(self, base: float, extra: float, verify_s: float, width: int) -> None:
+        """Learn `extra_scales` from a verify of verify_s seconds priced base (a plain step) + extra (its `width`
+        tokens past one a row) before any correction. A plain verify gives the level, verify_s / base; a wider
+        one, what its extra tokens cost at that level: (verify_s / level - base) / extra, a ratio to their price.
+        Each from the last EXTRA_WINDOW verifies of its kind (plain, or each width), and medians: the kinds come
+        in stretches (`goodput` drafts, then stops), so each keeps its own, and a stalled step moves a median by
+        one place where it would have set a mean. The ratios of all widths (weighted by their price squared: a
+        wider verify's ratio is less noisy) make one factor, shrunk toward 1 by EXTRA_PRIOR pseudo-verifies; each
+        width's own median is shrunk toward that by WIDTH_PRIOR, and a width never seen takes it. One factor for
+        every width fitted the pair's cheap second token (~0.6 of its price) and underpriced the third and fourth
+        (~0.85), and the curve bends there (a 2-row GEMM still reads weights; a 3-row one computes). Nothing is
+        learned before both kinds are seen: a level still healing (1.0 where steps took 1.2x) set the ratio at 5x
+        its truth, since the extra tokens are ~10% of a step and the level's error lands on them whole."""
         if base <= 0 or verify_s <= 0:
             return
-        if extra <= 0:
+        if extra <= 0 or width == 0:
             self._plain_levels = [*self._plain_levels[-(EXTRA_WINDOW - 1) :], verify_s / base]
         else:
-            self._extra_steps = [*self._extra_steps[-(EXTRA_WINDOW - 1) :], (base, extra, verify_s)]
+            seen = self._extra_steps.get(width, [])
+            self._extra_steps[width] = [*seen[-(EXTRA_WINDOW - 1) :], (base, extra, verify_s)]
         if not (self._plain_levels and self._extra_steps):
             return
         level = statistics.median(self._plain_levels)
-        n = len(self._extra_steps)
-        ratio = weighted_median(
-            [(y / level - b) / e for b, e, y in self._extra_steps], [e * e for _, e, _ in self._extra_steps]
-        )
-        self.extra_scale = float(np.clip((n * ratio + EXTRA_PRIOR) / (n + EXTRA_PRIOR), *EXTRA_RANGE))
+        ratios = {w: [(y / level - b) / e for b, e, y in steps] for w, steps in self._extra_steps.items()}
+        weights = {w: [e * e for _, e, _ in steps] for w, steps in self._extra_steps.items()}
+        n = sum(map(len, ratios.values()))
+        pooled = weighted_median([r for w in ratios for r in ratios[w]], [x for w in weights for x in weights[w]])
+        pooled = (n * pooled + EXTRA_PRIOR) / (n + EXTRA_PRIOR)
+        scales = np.full(EXTRA_WIDTHS + 1, pooled)
+        for w, rs in ratios.items():
+            scales[w] = (len(rs) * weighted_median(rs, weights[w]) + WIDTH_PRIOR * pooled) / (len(rs) + WIDTH_PRIOR)
+        self.extra_scales = np.clip(scales, *EXTRA_RANGE)
 
     # ---- profiles -------------------------------------------------------------------------------------
     def to_json(self) -> dict:

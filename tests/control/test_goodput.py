@@ -11,6 +11,7 @@ import pytest
 
 from specdecode.config import SamplingParams
 from specdecode.control import cost as cost_module
+from specdecode.control.acceptance import AcceptanceTracker
 from specdecode.control.base import StepStats
 from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController, expected_tokens
@@ -252,6 +253,19 @@ def test_a_draft_model_that_would_stop_for_good_is_stopped_on_firmer_evidence():
     hopeless = pair_drafting_steps([False] * 22, final_explore=2.0)
     assert sum(hopeless) <= 6 and hopeless[-10:] == [0] * 10
     assert sum(pair_drafting_steps(unlucky, final_explore=1.0)) <= 3
+
+
+def test_a_stop_for_good_rests_on_all_of_a_rows_drafts_not_its_last_few(monkeypatch):
+    """A draft model that cannot afford to fall behind: a row right 75% of the time whose five drafts after its
+    16th all miss (its last ~10 drafts then say ~0.35, where a draft pays from ~0.5) drafts on, judged on all its
+    first drafts; a row right 25% of the time still stops within a dozen drafts and stays stopped. Control: on
+    its last ~10 drafts alone, the good row stops for good at the streak."""
+    streak = [True, True, True, False] * 4 + [False] * 5 + [True, True, True, False] * 6
+    assert sum(pair_drafting_steps(streak, final_explore=2.0)) == len(streak)
+    poor = pair_drafting_steps([True, False, False, False] * 10, final_explore=2.0)
+    assert sum(poor) <= 12 and poor[-20:] == [0] * 20
+    monkeypatch.setattr(AcceptanceTracker, "long_run_first", lambda self, request_id: 0.0)
+    assert sum(pair_drafting_steps(streak, final_explore=2.0)) <= 22
 
 
 def explores(rows: int, per_row_bonus: bool = False) -> int:
