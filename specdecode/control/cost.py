@@ -139,8 +139,11 @@ def _subset_solves(gram: np.ndarray, xty: np.ndarray, masks: np.ndarray) -> np.n
 
 def _extra_width(num_tokens, num_seqs: int):
     """[...] the tokens past one a row of a verify of num_tokens [...] tokens over num_seqs rows, capped at
-    EXTRA_WIDTHS: the index of its factor in `CostModel.extra_scales`."""
-    return np.clip(np.asarray(num_tokens, dtype=int) - num_seqs, 0, EXTRA_WIDTHS)
+    EXTRA_WIDTHS: the index of its factor in `CostModel.extra_scales` (an int for an int: np.clip on a scalar
+    took ~15 us, a step asks dozens of prices)."""
+    if isinstance(num_tokens, (int, np.integer)):
+        return min(max(int(num_tokens) - num_seqs, 0), EXTRA_WIDTHS)
+    return np.minimum(np.maximum(np.asarray(num_tokens, dtype=int) - num_seqs, 0), EXTRA_WIDTHS)
 
 
 def weighted_median(values: list[float], weights: list[float]) -> float:
@@ -178,6 +181,8 @@ class CostModel:
     _plain_levels: list[float] = field(default_factory=list)  # [EXTRA_WINDOW] measured / priced plain verifies
     # extra width n -> [EXTRA_WINDOW] (plain price, price of its n tokens past one a row, measured seconds)
     _extra_steps: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)
+    _extra_level: float = 0.0  # the plain level _extra_ratios were computed at
+    _extra_ratios: dict[int, list[float]] = field(default_factory=dict)  # width -> its steps' ratios at that level
     # Cached tokens a draft model's step reads at most (its window and sink, drafters/draft_window.py; 0: all):
     # the draft's attention stops growing there.
     draft_context_cap: int = 0
@@ -227,8 +232,9 @@ class CostModel:
 
     def _verify_parts(self, num_seqs: int, num_tokens, context: float) -> tuple[float, np.ndarray]:
         """The calibrated price of one token a row (a plain step), and what num_tokens [...] add to it ([...])."""
-        base = float(verify_features(num_seqs, num_seqs, context) @ self.verify_coef)
-        return base, verify_features(num_seqs, num_tokens, context) @ self.verify_coef - base
+        tokens = np.asarray(num_tokens, dtype=float)
+        prices = verify_features(num_seqs, np.concatenate([[num_seqs], tokens.ravel()]), context) @ self.verify_coef
+        return float(prices[0]), prices[1:].reshape(tokens.shape) - prices[0]
 
     def _verify_price(self, num_seqs: int, num_tokens, context: float) -> np.ndarray:
         """[...] a verify's price before `correction`: a plain step's, plus the tokens past one a row at their
@@ -366,8 +372,15 @@ class CostModel:
         if not (self._plain_levels and self._extra_steps):
             return
         level = statistics.median(self._plain_levels)
-        ratios = {w: [(y / level - b) / e for b, e, y in steps] for w, steps in self._extra_steps.items()}
-        weights = {w: [e * e for _, e, _ in steps] for w, steps in self._extra_steps.items()}
+        if level != self._extra_level:  # every width's ratios are at the level: all again
+            self._extra_level, self._extra_ratios = level, {}
+        for w, steps in self._extra_steps.items():
+            if w not in self._extra_ratios or len(self._extra_ratios[w]) != len(steps) or w == width:
+                self._extra_ratios[w] = [(y / level - b) / e for b, e, y in steps]
+        ratios, weights = (
+            self._extra_ratios,
+            {w: [e * e for _, e, _ in steps] for w, steps in self._extra_steps.items()},
+        )
         n = sum(map(len, ratios.values()))
         pooled = weighted_median([r for w in ratios for r in ratios[w]], [x for w in weights for x in weights[w]])
         pooled = (n * pooled + EXTRA_PRIOR) / (n + EXTRA_PRIOR)

@@ -278,10 +278,17 @@ class GoodputController(ControllerBase):
         p = np.stack([self.acceptance.estimate(s.request_id, k) for s in seqs])  # [B, k]
         if self.unread is None or k == 0:
             return p
-        budget = self.probe_budget * self.cost.predict_verify(len(seqs), 0, context)
+        budget = None  # priced once, for the first row it is asked for
         for i, s in enumerate(seqs):
-            if self.acceptance.has_drafted(s.request_id) and self._stop_is_final(s, budget):
-                p[i, 0] = max(p[i, 0], self.acceptance.long_run_first(s.request_id))
+            if not self.acceptance.has_drafted(s.request_id):
+                continue
+            long_run = self.acceptance.long_run_first(s.request_id)
+            if long_run <= p[i, 0]:
+                continue
+            if budget is None:
+                budget = self.probe_budget * self.cost.predict_verify(len(seqs), 0, context)
+            if self._stop_is_final(s, budget):
+                p[i, 0] = long_run
         return p
 
     def _one_row_pays(self, reach: np.ndarray, caps: np.ndarray, context: float) -> bool:
