@@ -355,13 +355,9 @@ class CostModel:
         one, what its extra tokens cost at that level: (verify_s / level - base) / extra, a ratio to their price.
         Each from the last EXTRA_WINDOW verifies of its kind (plain, or each width), and medians: the kinds come
         in stretches (`goodput` drafts, then stops), so each keeps its own, and a stalled step moves a median by
-        one place where it would have set a mean. The ratios of all widths (weighted by their price squared: a
-        wider verify's ratio is less noisy) make one factor, shrunk toward 1 by EXTRA_PRIOR pseudo-verifies; each
-        width's own median is shrunk toward that by WIDTH_PRIOR, and a width never seen takes it. One factor for
-        every width fitted the pair's cheap second token (~0.6 of its price) and underpriced the third and fourth
-        (~0.85), and the curve bends there (a 2-row GEMM still reads weights; a 3-row one computes). Nothing is
-        learned before both kinds are seen: a level still healing (1.0 where steps took 1.2x) set the ratio at 5x
-        its truth, since the extra tokens are ~10% of a step and the level's error lands on them whole."""
+        one place where it would have set a mean. Nothing is learned before both kinds are seen: a level still
+        healing (1.0 where steps took 1.2x) set the ratio at 5x its truth, since the extra tokens are ~10% of a
+        step and the level's error lands on them whole."""
         if base <= 0 or verify_s <= 0:
             return
         if extra <= 0 or width == 0:
@@ -369,23 +365,29 @@ class CostModel:
         else:
             seen = self._extra_steps.get(width, [])
             self._extra_steps[width] = [*seen[-(EXTRA_WINDOW - 1) :], (base, extra, verify_s)]
-        if not (self._plain_levels and self._extra_steps):
-            return
+        if self._plain_levels and self._extra_steps:
+            self._refit_extra(width)
+
+    def _refit_extra(self, width: int) -> None:
+        """`extra_scales` from the windows, after a verify of `width` extra tokens (0: a plain one). The ratios of
+        all widths (weighted by their price squared: a wider verify's ratio is less noisy) make one factor, shrunk
+        toward 1 by EXTRA_PRIOR pseudo-verifies; each width's own weighted median is shrunk toward that by
+        WIDTH_PRIOR, and a width never seen takes it. One factor for every width fitted the pair's cheap second
+        token (~0.6 of its price) and underpriced the third and fourth (~0.85): the curve bends there. A width's
+        ratios are recomputed only when the level or its own window moved."""
         level = statistics.median(self._plain_levels)
         if level != self._extra_level:  # every width's ratios are at the level: all again
             self._extra_level, self._extra_ratios = level, {}
         for w, steps in self._extra_steps.items():
-            if w not in self._extra_ratios or len(self._extra_ratios[w]) != len(steps) or w == width:
+            if w == width or w not in self._extra_ratios:
                 self._extra_ratios[w] = [(y / level - b) / e for b, e, y in steps]
-        ratios, weights = (
-            self._extra_ratios,
-            {w: [e * e for _, e, _ in steps] for w, steps in self._extra_steps.items()},
-        )
-        n = sum(map(len, ratios.values()))
-        pooled = weighted_median([r for w in ratios for r in ratios[w]], [x for w in weights for x in weights[w]])
+        weights = {w: [e * e for _, e, _ in steps] for w, steps in self._extra_steps.items()}
+        n = sum(map(len, self._extra_ratios.values()))
+        everything = [r for rs in self._extra_ratios.values() for r in rs]
+        pooled = weighted_median(everything, [x for w in self._extra_ratios for x in weights[w]])
         pooled = (n * pooled + EXTRA_PRIOR) / (n + EXTRA_PRIOR)
         scales = np.full(EXTRA_WIDTHS + 1, pooled)
-        for w, rs in ratios.items():
+        for w, rs in self._extra_ratios.items():
             scales[w] = (len(rs) * weighted_median(rs, weights[w]) + WIDTH_PRIOR * pooled) / (len(rs) + WIDTH_PRIOR)
         self.extra_scales = np.clip(scales, *EXTRA_RANGE)
 
