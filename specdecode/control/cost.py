@@ -331,9 +331,10 @@ class CostModel:
         once set the whole draft price at 0.43x)."""
         tokens = num_seqs * (k + 1) if num_tokens is None else num_tokens
         base, extra = self._verify_parts(num_seqs, tokens, context)
-        predicted = base + float(self.extra_scales[_extra_width(tokens, num_seqs)] * extra)
+        width = int(_extra_width(tokens, num_seqs))
+        predicted = base + self.extra_scales[width] * float(extra)
         if predicted > 0 and verify_s > 0:
-            self._observe_extra(base, float(extra), verify_s, int(_extra_width(tokens, num_seqs)))
+            self._observe_extra(base, float(extra), verify_s, width)
             ratio = float(np.clip(verify_s / predicted, 0.1, 10.0))  # one stalled step can't wreck the model
             self.correction += self.correction_alpha * (ratio - self.correction)
         if learn_draft and k > 0 and propose_s >= 0:

@@ -229,8 +229,7 @@ class GoodputController(ControllerBase):
         was never tried again, since only drafting rows correct either; probing them whatever they have to read
         would read a 1,000-token RAG prompt, ~2 s of the 0.5B, for one draft."""
         text = len(seq.token_ids) if self.unread is None else self.unread(seq)
-        plain = self.cost.predict_verify(num_seqs, 0, context)
-        return self.reading_s(seq, text) <= self.probe_budget * plain * self.since_probe
+        return self.reading_s(seq, text) <= self._probe_budget_s(num_seqs, context) * self.since_probe
 
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1
@@ -286,7 +285,7 @@ class GoodputController(ControllerBase):
             if long_run <= p[i, 0]:
                 continue
             if budget is None:
-                budget = self.probe_budget * self.cost.predict_verify(len(seqs), 0, context)
+                budget = self._probe_budget_s(len(seqs), context)
             if self._stop_is_final(s, budget):
                 p[i, 0] = long_run
         return p
@@ -340,9 +339,13 @@ class GoodputController(ControllerBase):
         var = first * (1 - first) / (evidence + 1.0) * thin  # [B] each thin row's estimate's variance
         if not var.any():
             return np.zeros(len(seqs))
-        budget = self.probe_budget * self.cost.predict_verify(len(seqs), 0, context)  # what probes earn a step
+        budget = self._probe_budget_s(len(seqs), context)
         final = [bool(v) and self._stop_is_final(s, budget) for s, v in zip(seqs, var, strict=True)]
         return self._bonus(var) * np.where(final, self.final_explore / self.explore, 1.0)  # [B]
+
+    def _probe_budget_s(self, num_seqs: int, context: float) -> float:
+        """Seconds a step earns for probes: probe_budget of a plain step's price."""
+        return self.probe_budget * self.cost.predict_verify(num_seqs, 0, context)
 
     def _stop_is_final(self, seq: Sequence, budget: float) -> bool:
         """Whether a row's draft model, caught up on it now, would never draft again once stopped: each token it
