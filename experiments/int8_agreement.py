@@ -1,23 +1,35 @@
 """Top-1 agreement of the int8 ("fast") arithmetic with the exact one, teacher-forced on the target's own answers.
 
     python -m experiments.int8_agreement [--model qwen2.5-coder-1.5b-instruct] [--new-tokens 64] [--out FILE]
+        [--context N --prompts-file FILE --texts M]
 
 The exact eager model (GGUF blocks, fp32 activations: models/gguf_quantized.py) answers each code prompt greedily
 (chat template); then the prompt + answer is run once through the exact model and once through the same model with
 its linears swapped to int8 (models/quant_int8.use_int8), and the argmax at every answer position is compared with
 the answer's next token. Prints one line per prompt and the totals.
+
+The int8 model runs twice: over an fp32 KV cache, and over a bf16 one (what `kv_cache_dtype="auto"` gives the fast
+arithmetic: models/kv_dtype.py), teacher-forced in pieces of KERNEL_MAX_QUERIES tokens so that the bf16 few-queries
+kernel computes it as a decode step would (a longer piece goes to SDPA over the widened cache).
+--context N: the prompts are N tokens of --prompts-file's text (never Spec-Bench's; the distillation prompts are
+the dev prose) with a question after it, in the chat template, as `bench long-context` builds them: where bf16
+attention's rounding has the most keys to add up.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from types import SimpleNamespace
 
 import torch
 from transformers import AutoTokenizer
 
 from specdecode.bench.lib import provenance, write_result
-from specdecode.models import quant_int8
+from specdecode.bench.long_context import QUESTION, ROW_STRIDE
+from specdecode.bench.long_prompt import long_prompt_ids
+from specdecode.models import few_rows, quant_int8
+from specdecode.models.attention import KERNEL_MAX_QUERIES
 from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, LlamaModel
 from specdecode.models.loader import resolve_model_dir
@@ -53,12 +65,26 @@ def greedy(model: LlamaModel, prompt: list[int], new_tokens: int, eos: int) -> l
 
 
 @torch.inference_mode()
-def teacher_forced_top1(model: LlamaModel, ids: list[int], first: int) -> torch.Tensor:
-    """argmax of the logits at positions first-1 .. len-2 (each predicting ids[first..]) in one forward."""
+def teacher_forced_top1(model: LlamaModel, ids: list[int], first: int, piece: int | None = None) -> torch.Tensor:
+    """argmax of the logits at positions first-1 .. len-2 (each predicting ids[first..]): in one forward, or in
+    forwards of `piece` tokens (the logits at the answer's positions only)."""
     cache = model.new_cache(1, len(ids) + 1)
-    meta = AttentionMetadata.build([0], [0], len(ids), "cpu")
-    index = torch.arange(first - 1, len(ids) - 1)[None]  # [1, answer]
-    return model(torch.tensor([ids]), meta, cache, logits_index=index)[0].argmax(-1)  # [answer]
+    piece = piece or len(ids)
+    top = []
+    for start in range(0, len(ids) - 1, piece):
+        stop = min(start + piece, len(ids) - 1)  # positions start .. stop - 1
+        meta = AttentionMetadata.build([0], [start], stop - start, "cpu")
+        wanted = [p - start for p in range(max(start, first - 1), stop)]
+        logits = model(torch.tensor([ids[start:stop]]), meta, cache, logits_index=torch.tensor([wanted or [0]]))
+        if wanted:
+            top.append(logits[0].argmax(-1))  # [len(wanted)]
+    return torch.cat(top)  # [answer]
+
+
+def long_prompts(tok, n: int, path: str, count: int) -> list[str]:
+    """`count` user messages of ~n tokens of the file's text (rows ROW_STRIDE tokens apart) and the question."""
+    text = long_prompt_ids(SimpleNamespace(tokenizer=tok), n + (count - 1) * ROW_STRIDE, path)  # what it asks of an LLM
+    return [tok.decode(text[i * ROW_STRIDE : i * ROW_STRIDE + n]) + QUESTION for i in range(count)]
 
 
 def main() -> None:
@@ -67,11 +93,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N of the prompts")
     parser.add_argument("--out", default=None, help="results file (default results/int8_agreement_<model>.json)")
+    parser.add_argument("--context", type=int, default=0, help="prompts of this many tokens of --prompts-file")
+    parser.add_argument("--prompts-file", default="../shared/data/distill/prompts.jsonl.gz")
+    parser.add_argument("--texts", type=int, default=2, help="long prompts (--context)")
     args = parser.parse_args()
     model = load_gguf_quantized(gguf_file(args.model))
     tok = AutoTokenizer.from_pretrained(resolve_model_dir(args.model))
     runs = []
-    for p in PROMPTS[: args.prompts]:
+    prompts = long_prompts(tok, args.context, args.prompts_file, args.texts) if args.context else PROMPTS
+    for p in prompts[: args.prompts]:
         text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
         prompt = tok(text, add_special_tokens=False).input_ids
         t = time.perf_counter()
@@ -81,32 +111,35 @@ def main() -> None:
         runs.append((prompt, answer))
     exact = [teacher_forced_top1(model, p + a, len(p)) for p, a in runs]
     print(f"swapped {quant_int8.use_int8(model)} linears to int8 (path {quant_int8.paths()[0]})")
-    fast = [teacher_forced_top1(model, p + a, len(p)) for p, a in runs]
-    agree_exact = agree_fast = fast_exact = total = 0
-    for (_, a), e, f in zip(runs, exact, fast, strict=True):
-        want = torch.tensor(a)
-        n = len(a)
-        agree_exact += int((e == want).sum())
-        agree_fast += int((f == want).sum())
-        fast_exact += int((f == e).sum())
-        total += n
-        print(
-            f"{n:4d} tokens: exact prefill = answer {(e == want).float().mean():.3f}, int8 = answer "
-            f"{(f == want).float().mean():.3f}"
-        )
-    print(
-        f"all {total} answer tokens: exact prefill agrees with the greedy answer {agree_exact / total:.4f}; "
-        f"int8 agrees with it {agree_fast / total:.4f} and with exact prefill {fast_exact / total:.4f}"
-    )
+    fast = {"fp32": [teacher_forced_top1(model, p + a, len(p)) for p, a in runs]}
+    few_rows.require()  # the bf16 few-queries kernel, in pieces a decode step's size
+    model.kv_dtype = torch.bfloat16
+    fast["bf16"] = [teacher_forced_top1(model, p + a, len(p), KERNEL_MAX_QUERIES) for p, a in runs]
+    answers = [torch.tensor(a) for _, a in runs]
+    total = sum(len(a) for a in answers)
+
+    def share(tops: list[torch.Tensor], truth: list[torch.Tensor]) -> float:
+        return sum(int((x == y).sum()) for x, y in zip(tops, truth, strict=True)) / total
+
+    for i, a in enumerate(answers):
+        line = "  ".join(f"int8, {kv} KV = answer {(f[i] == a).float().mean():.3f}" for kv, f in fast.items())
+        print(f"{len(a):4d} tokens: exact prefill = answer {(exact[i] == a).float().mean():.3f}, {line}")
+    agreement = {kv: {"vs_answer": share(f, answers), "vs_exact_prefill": share(f, exact)} for kv, f in fast.items()}
+    print(f"all {total} answer tokens: exact prefill agrees with the greedy answer {share(exact, answers):.4f}")
+    for kv, v in agreement.items():
+        answer, prefill = v["vs_answer"], v["vs_exact_prefill"]
+        print(f"  int8, {kv} KV cache: with the answer {answer:.4f}, with exact prefill {prefill:.4f}")
     out = write_result(
         args.out or f"results/int8_agreement_{args.model}.json",
         {
             **provenance("experiments.int8_agreement"),
             "model": args.model,
+            "context": args.context or None,
             "answer_tokens": total,
-            "exact_prefill_vs_answer": agree_exact / total,
-            "fast_vs_answer": agree_fast / total,
-            "fast_vs_exact_prefill": fast_exact / total,
+            "exact_prefill_vs_answer": share(exact, answers),
+            "fast_vs_answer": agreement["bf16"]["vs_answer"],  # the fast arithmetic as served (kv_cache_dtype auto)
+            "fast_vs_exact_prefill": agreement["bf16"]["vs_exact_prefill"],
+            "by_kv_cache_dtype": agreement,
         },
     )
     print(f"wrote {out}")

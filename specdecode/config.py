@@ -34,6 +34,7 @@ HEAD_KINDS = ("eagle", "medusa", "mtp")  # draft heads (specdecode/heads/)
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("quantized", "fp32")  # EngineConfig.weights; the first is the default
 ARITHMETICS = ("exact", "fast")  # EngineConfig.arithmetic; the first is the default
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16")  # EngineConfig.kv_cache_dtype (models/kv_dtype.py); the first is the default
 DRAFT_WEIGHTS = ("q4_1", "file")  # SpeculativeConfig.draft_weights (models/requantize.py); the first is the default
 WEIGHTS_ENV = "SPECDECODE_WEIGHTS"  # weights=None reads it
 ARITHMETIC_ENV = "SPECDECODE_ARITHMETIC"  # arithmetic=None reads it
@@ -372,6 +373,15 @@ class EngineConfig:
         choices=ARITHMETICS,
         help="quantized weights: multiply with fp32 activations (exact, default, or $SPECDECODE_ARITHMETIC) or "
         "int8 activations per row and block (fast; speculation stays exact with respect to it)",
+    )
+
+    # The KV cache's dtype (models/kv_dtype.py): "auto" is bf16 under the fast arithmetic where its kernel serves
+    # (half the bytes a long context's step reads), else fp32.
+    kv_cache_dtype: str = setting(
+        "auto",
+        choices=KV_CACHE_DTYPES,
+        help="KV cache dtype: auto (bf16 under the fast arithmetic on an AVX-512 CPU, else fp32), fp32, or bf16 "
+        "(applies to the draft model's cache too)",
     )
 
     def __post_init__(self) -> None:

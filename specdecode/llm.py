@@ -121,7 +121,8 @@ class LLM:
     def __init__(self, target: str = "smollm2-135m-instruct", *, share_target: LLM | None = None, **settings) -> None:
         """settings: the fields of SpeculativeConfig and EngineConfig by name (config.py): method,
         num_speculative_tokens, draft, controller, ngram_min/max, the suffix_* options, max_num_seqs,
-        max_model_len, device, dtype, max_num_batched_tokens, enforce_eager, tensor_parallel_size, weights, arithmetic.
+        max_model_len, device, dtype, max_num_batched_tokens, enforce_eager, tensor_parallel_size, weights, arithmetic,
+        kv_cache_dtype.
 
         enforce_eager: skip the compiled step (models/compiled.py); None (the default) reads
         $SPECDECODE_ENFORCE_EAGER.
@@ -131,6 +132,8 @@ class LLM:
         reads $SPECDECODE_WEIGHTS, else "quantized" (EngineConfig resolves it). Other devices and dtypes, and
         tensor parallelism, load fp32. arithmetic: how quantized weights multiply, "exact" or "fast" (int8
         activations); None reads $SPECDECODE_ARITHMETIC, else "exact". It applies to the target and the draft.
+        kv_cache_dtype: "auto" (bf16 under the fast arithmetic where its kernel serves, else fp32), "fp32" or "bf16"
+        (models/kv_dtype.py); for the target's and the draft's caches.
 
         tensor_parallel_size: shard the target over this many processes (specdecode/engine/launch.py); call
         `close()` (or use the LLM as a context manager) to stop them before exit.
@@ -166,8 +169,16 @@ class LLM:
             self._close_tp = weakref.finalize(self, self._tp.close)  # also when collected, and at exit
             self.target = self._tp.target
         else:
-            arith = self.engine_config.arithmetic
-            self.target = load_target(target_dir, device, DTYPES[dtype], enforce_eager, gguf=gguf, arithmetic=arith)
+            c = self.engine_config
+            self.target = load_target(
+                target_dir,
+                device,
+                DTYPES[dtype],
+                enforce_eager,
+                gguf=gguf,
+                arithmetic=c.arithmetic,
+                kv_cache_dtype=c.kv_cache_dtype,
+            )
         try:
             self._build_engine(target, target_dir)
         except BaseException:
@@ -193,7 +204,7 @@ class LLM:
 
     def _shared_target(self, other: LLM) -> LlamaModel:
         mine, theirs = self.engine_config, other.engine_config
-        fields = ("device", "dtype", "enforce_eager", "tensor_parallel_size", "weights", "arithmetic")
+        fields = ("device", "dtype", "enforce_eager", "tensor_parallel_size", "weights", "arithmetic", "kv_cache_dtype")
         differ = [f for f in fields if getattr(mine, f) != getattr(theirs, f)]
         if self.target_name != other.target_name:
             differ.insert(0, "target")
@@ -221,6 +232,7 @@ class LLM:
                 spec.draft_arithmetic,
                 vocab,
                 spec.draft_weights,
+                config.kv_cache_dtype,
             )
         limit = self.target.cfg.context_limit
         self.max_model_len = min(max_model_len or DEFAULT_MAX_MODEL_LEN, limit)

@@ -83,7 +83,10 @@ def machine(model: nn.Module | None = None) -> str:
             f"{platform.machine()} {os.cpu_count()}-core CPU ({cpu_model()}), torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads"
         )
-    return f"{line}, {linears(model)}" if isinstance(model, nn.Module) else line
+    if not isinstance(model, nn.Module):
+        return line
+    kv = getattr(model, "kv_dtype", None)  # a bf16 cache (models/kv_dtype.py) is named; fp32 is the default
+    return f"{line}, {linears(model)}" + (f"; KV cache {str(kv).removeprefix('torch.')}" if kv is not None else "")
 
 
 def provenance(module: str | None = None, model: nn.Module | None = None) -> dict[str, str]:

@@ -49,6 +49,9 @@ def model_fingerprint(model: LlamaModel) -> dict:
         "torch": torch.__version__,
         "step": "compiled" if model.step.compiled else "eager",  # the compiled step's curve is another curve
     }
+    kv = getattr(model, "kv_dtype", None)  # a bf16 cache (models/kv_dtype.py): attention at half the bytes
+    if kv is not None:  # only then: fp32-cache fingerprints, and the profiles saved under them, stay as they were
+        fingerprint["kv_dtype"] = str(kv).removeprefix("torch.")
     tp = getattr(model, "tensor_parallel_size", 1)  # a sharded target (engine/tensor_parallel.py) costs otherwise
     if tp > 1:  # only then: single-process fingerprints, and the profiles saved under them, stay as they were
         fingerprint["tensor_parallel_size"] = tp

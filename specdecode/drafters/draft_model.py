@@ -42,6 +42,7 @@ def load_draft(
     arithmetic: str = "fast",
     vocab: Path | None = None,
     weights: str = "q4_1",
+    kv_cache_dtype: str = "auto",
 ) -> LlamaModel:
     """The draft model as the engine runs it: on a compiled step like the target's (models/compiled.py; a small
     draft's eager step is mostly call overhead: SmolLM2's 2-layer draft took 4.8 ms eager, 3.0 ms compiled on
@@ -50,7 +51,15 @@ def load_draft(
     `arithmetic` (fast by default, as SpeculativeConfig.draft_arithmetic), its linears requantized to Q4_1 where
     that reads fewer bytes (`weights`, as SpeculativeConfig.draft_weights; models/requantize.py)."""
     model = load_target(
-        draft_dir, device, dtype, enforce_eager, role="draft", gguf=gguf, arithmetic=arithmetic, weights=weights
+        draft_dir,
+        device,
+        dtype,
+        enforce_eager,
+        role="draft",
+        gguf=gguf,
+        arithmetic=arithmetic,
+        weights=weights,
+        kv_cache_dtype=kv_cache_dtype,
     )
     if vocab is not None:
         use_subset(model, load_subset(vocab, model.cfg.vocab_size))

@@ -100,6 +100,7 @@ def package_key(model: LlamaModel) -> str:
         "torch": torch.__version__,
         "config": repr(model.cfg),
         "dtype": str(model.dtype),
+        "kv_dtype": str(model.kv_dtype or model.dtype),
         "device": model.device.type,
         "inductor": QUANTIZED_SETTINGS if quantized else INDUCTOR_SETTINGS,
         "shapes": [torch.fx.experimental._config.use_duck_shape, torch.fx.experimental._config.backed_size_oblivious],
@@ -107,7 +108,7 @@ def package_key(model: LlamaModel) -> str:
         "threads": torch.get_num_threads(),
         "source": [code(inspect.getsource(m)) for m in (llama, attention, few_rows)],
         "packaging": [code(inspect.getsource(f)) for f in PACKAGING] + [MAX_ROWS, MAX_LEN],
-        "kernels": [c_code(p.read_text()) for p in few_rows.SOURCES],
+        "kernels": [c_code(p.read_text()) for p in (*few_rows.SOURCES, *few_rows.HEADERS)],
     }
     if quantized:  # the op's source and how modules are built; the constants by name, shape and type only
         described["quantized"] = {
@@ -199,7 +200,7 @@ def _body_example(model: LlamaModel) -> tuple[tuple[torch.Tensor, ...], tuple]:
     cache = model.new_cache(3, 16)
     meta = AttentionMetadata.build([0, 1], [4, 5], 3, device, num_new=[3, 2])
     tokens = torch.zeros((2, 3), dtype=torch.long, device=device)
-    args = (tokens, meta.positions, meta.slots, meta.write_pos, meta.additive_mask(3, cache.k.dtype), cache.k, cache.v)
+    args = (tokens, meta.positions, meta.slots, meta.write_pos, meta.additive_mask(3, model.dtype), cache.k, cache.v)
     b, t = Dim("batch", min=1, max=MAX_ROWS), Dim("tokens", min=1, max=MAX_ROWS)
     kv, slots, length = Dim("kv", min=1, max=MAX_LEN), Dim("slots", min=1, max=MAX_ROWS), Dim("len", min=2, max=MAX_LEN)
     cache_dims = {1: slots, 3: length}  # [layers, slots, kv_heads, len + 1, head_dim]

@@ -18,6 +18,10 @@ over its own slot up to its own last token with the few-queries kernel (kernels/
 the query heads that share a key head read each key once, and a query's result does not depend on T or on
 the rows beside it). Python's share of a layer was ~100 us of ~135 (cache writes by advanced indexing, the
 rows' lengths read to the host, grouping) at one token.
+
+Under the fast arithmetic the cache is bf16 (models/kv_dtype.py): the op writes each new key rounded to bf16 and
+the kernel's bf16 twin (kernels/few_queries_attention_bf16.cpp) attends, with the same guarantees; SDPA (a
+prefill chunk) reads the bf16 keys widened to fp32.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ CALL_KEYS = 512
 KEY_SLACK = CALL_KEYS  # rows whose attended lengths differ by more go to separate calls
 KERNEL_MAX_QUERIES = 32  # new tokens per row the few-queries kernel takes (a prefill chunk goes to SDPA)
 KERNEL_HEAD_DIMS = (16, 32, 64, 128)
+BF16_HEAD_DIMS = (32, 64, 128)  # over a bf16 cache (kernels/few_queries_attention_bf16.cpp)
 
 
 def attend_eager(
@@ -136,7 +141,9 @@ def _attend_group(
 
 
 def _sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q [n, heads, T, d], keys/values [n, kv_heads, L, d], mask [n, 1, T, L] -> [n, heads, T, d]."""
+    """q [n, heads, T, d], keys/values [n, kv_heads, L, d] (a bf16 cache's widened to q's dtype), mask [n, 1, T, L]
+    -> [n, heads, T, d]."""
+    keys, values = keys.to(q.dtype), values.to(q.dtype)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
 
@@ -157,9 +164,10 @@ def _kernel_serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tor
     """Whether the few-queries op takes this call: q [n, T, heads, d] of a decode or verify step on the CPU."""
     return (
         q.device.type == "cpu"
-        and q.dtype == k.dtype == v.dtype == cache.dtype == mask.dtype == torch.float32
+        and q.dtype == k.dtype == v.dtype == mask.dtype == torch.float32
         and q.shape[1] <= KERNEL_MAX_QUERIES
-        and q.shape[3] in KERNEL_HEAD_DIMS
+        and q.shape[3] in (KERNEL_HEAD_DIMS if cache.dtype == torch.float32 else BF16_HEAD_DIMS)
+        and cache.dtype in (torch.float32, torch.bfloat16)
         and not (q.requires_grad or k.requires_grad or v.requires_grad)
         and not torch.is_autocast_enabled("cpu")  # under autocast SDPA runs in bf16, and so should attention
         and q.stride(3) == k.stride(3) == v.stride(3) == mask.stride(3) == 1

@@ -42,6 +42,7 @@ from specdecode.models.cuda_graphs import GraphedBody
 from specdecode.models.disk_cache import cache_root
 from specdecode.models.gguf_quantized import load_gguf_quantized
 from specdecode.models.grouped_cache import cached_groups
+from specdecode.models.kv_dtype import set_kv_dtype
 from specdecode.models.llama import AttentionMetadata, LlamaModel, StepFunctions, load_llama, packs_rows, real_rows
 from specdecode.models.quant_int8 import apply_arithmetic
 
@@ -139,7 +140,7 @@ def _scratch_forward(model: LlamaModel, step: StepFunctions) -> None:
     with torch.inference_mode():
         tokens = torch.zeros((2, 3), dtype=torch.long, device=device)
         meta = AttentionMetadata.build([0, 1], [4, 5], 3, device)
-        mask = meta.additive_mask(3, cache.k.dtype)  # [2, 1, 3, kv_len]
+        mask = meta.additive_mask(3, model.dtype)  # [2, 1, 3, kv_len]
         args = (tokens, meta.positions, meta.slots, meta.write_pos, mask, cache.k, cache.v)
         hidden = step.body(*args, *([real_rows(meta.write_pos)] if packs_rows(device) else []))
         step.head(hidden.reshape(6, -1))  # [6, vocab]
@@ -156,6 +157,7 @@ def load_target(
     gguf: Path | None = None,
     arithmetic: str = "exact",
     weights: str = "file",
+    kv_cache_dtype: str = "auto",
 ) -> LlamaModel:
     """The model as the engine runs it: compiled and warmed, or eager with packed linears (enforce_eager).
     ahead_of_time: see compile_step. role: what the progress bar calls the model ("target", "draft").
@@ -172,13 +174,16 @@ def load_target(
     arithmetic: for a quantized model, "exact" (fp32 activations, models/quant_rows.py) or "fast" (int8
     activations per row and block, models/quant_int8.py); ignored for fp32 weights.
     weights: a quantized model's blocks, the file's ("file") or requantized to Q4_1 ("q4_1": a draft's,
-    models/requantize.py).
+    models/requantize.py). kv_cache_dtype: its caches' dtype (models/kv_dtype.py; "auto": bf16 under "fast").
     """
     if gguf is not None:
-        return _load_quantized(gguf, device, enforce_eager, progress, ahead_of_time, role, arithmetic, weights)
+        return _load_quantized(
+            gguf, device, enforce_eager, progress, ahead_of_time, role, arithmetic, weights, kv_cache_dtype
+        )
     if enforce_eager:
-        return load_llama(model_dir, device, dtype)
+        return set_kv_dtype(load_llama(model_dir, device, dtype), kv_cache_dtype, "exact")
     model = load_llama(model_dir, device, dtype, inference=False)  # inductor packs the weights itself
+    set_kv_dtype(model, kv_cache_dtype, "exact")
     kernel = few_rows.available(torch.device(device), dtype)  # or the few-rows GEMM its own (models/few_rows.py)
     if kernel:
         few_rows.install(model)
@@ -199,11 +204,13 @@ def _load_quantized(
     role: str,
     arithmetic: str = "exact",
     weights: str = "file",
+    kv_cache_dtype: str = "auto",
 ) -> LlamaModel:
     """A GGUF model with its blocks kept (or requantized: `weights`), eager or on the compiled step, in the named
     arithmetic; the linears the kernel has no type for (dense fp32) take the few-rows GEMM where it serves."""
     groups = functools.partial(cached_groups, gguf=gguf, weights=weights)  # the fast arithmetic's, from the cache
     model = apply_arithmetic(load_gguf_quantized(gguf, device, weights, progress), arithmetic, groups)
+    set_kv_dtype(model, kv_cache_dtype, arithmetic)
     release_free_memory()  # the load's numpy temporaries, freed but kept in the heap
     if enforce_eager:
         return model

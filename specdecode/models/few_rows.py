@@ -37,10 +37,19 @@ from specdecode.models.torch_op import KernelBuildError, load_op
 ENV = "SPECDECODE_FEW_ROWS_GEMM"  # "0": never install the kernel (nor the attention kernel beside it)
 ATTENTION_ENV = "SPECDECODE_FEW_QUERIES_ATTENTION"  # "0": attention stays on SDPA
 KERNELS = Path(__file__).parent / "kernels"
-# The GEMM and its torch op; the few-queries attention kernel and its op (models/attention.py) share the library.
+# The GEMM and its torch op; the few-queries attention kernels (fp32 and bf16 caches) and their op
+# (models/attention.py) share the library.
 SOURCES = tuple(
-    KERNELS / name for name in ("few_rows_gemm.cpp", "few_rows_op.cpp", "few_queries_attention.cpp", "attention_op.cpp")
+    KERNELS / name
+    for name in (
+        "few_rows_gemm.cpp",
+        "few_rows_op.cpp",
+        "few_queries_attention.cpp",
+        "few_queries_attention_bf16.cpp",
+        "attention_op.cpp",
+    )
 )
+HEADERS = (KERNELS / "few_queries_common.h",)  # what the sources include: part of the build's key
 PANEL = 16  # output columns per packed panel (one AVX-512 register of fp32)
 FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
 
@@ -73,8 +82,9 @@ def library() -> Path:
     if compiler is None:
         raise KernelBuildError("no C++ compiler (g++ or $CXX) to build the few-rows GEMM")
     h = hashlib.blake2b(digest_size=8)
-    for part in (*(p.read_bytes() for p in SOURCES), " ".join([compiler, *FLAGS, torch.__version__]).encode()):
-        h.update(part)
+    for path in (*SOURCES, *HEADERS):
+        h.update(path.read_bytes())
+    h.update(" ".join([compiler, *FLAGS, torch.__version__]).encode())
     final = build_once(cache_root() / "kernels" / f"few_rows-{h.hexdigest()}", lambda tmp: _build(tmp, compiler))
     load_op(final / "few_rows.so", "few_rows_linear", _fake_few_rows_linear)
     if hasattr(torch.ops.specdecode, "set_attend_kernel"):  # loaded (a test may stand in for the load)

@@ -333,6 +333,8 @@ class LlamaModel(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # [head_dim / 2]
+        # The KV cache's dtype where it is not the activations' (models/kv_dtype.py: bf16 under the fast arithmetic)
+        self.kv_dtype: torch.dtype | None = None
         self.step = StepFunctions(self.body, self.head)  # eager until models/compiled.py swaps in compiled ones
 
     @property
@@ -355,9 +357,9 @@ class LlamaModel(nn.Module):
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         cfg = self.cfg
-        return KVCache(
-            cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, device=self.device, dtype=self.dtype
-        )
+        dtype = self.kv_dtype or self.dtype
+        shape = (cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim)
+        return KVCache(*shape, device=self.device, dtype=dtype)
 
     def forward(
         self,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import torch
+
 from specdecode.bench.lib import machine, provenance
 from specdecode.llm import LLM
 from specdecode.models.gguf_quantized import load_gguf_quantized
@@ -26,7 +28,9 @@ def test_a_quantized_target_names_its_blocks_and_arithmetic(tmp_path):
     assert "packed" not in line
     use_int8(model)
     assert re.search(rf"\d+ in quantized GGUF blocks {re.escape(QUANTIZED)}, fast arithmetic \(int8\)", machine(model))
-    assert "exact" not in machine(model)
+    assert "exact" not in machine(model) and "KV cache" not in machine(model)
+    model.kv_dtype = torch.bfloat16  # what kv_cache_dtype="auto" gives the fast arithmetic (models/kv_dtype.py)
+    assert machine(model).endswith("; KV cache bfloat16")
 
 
 def test_an_fp32_target_names_its_kernel(tiny_target):

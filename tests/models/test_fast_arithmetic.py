@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdecode import LLM, SamplingParams
-from specdecode.models import quant_int8
+from specdecode.models import kv_dtype, quant_int8
 from specdecode.step.runner import prefill
 
 TARGET = "smollm2-135m-instruct"
@@ -35,6 +35,8 @@ def test_the_setting_reaches_the_compiled_step(fast_plain):
     llm, _ = fast_plain
     assert llm.engine_config.arithmetic == "fast" and llm.target.step.compiled
     assert _int8_linears(llm.target) > 0
+    # and its KV cache is bf16 (models/kv_dtype.py) where the bf16 attention kernel serves
+    assert llm.engine.cache.k.dtype == (torch.bfloat16 if kv_dtype.bf16_serves(llm.target) else torch.float32)
 
 
 @pytest.mark.parametrize("method,k", [("ngram", 4), ("suffix", 6), ("draft", 2)])

@@ -1,5 +1,6 @@
 """Speculative sampling stays lossless on the quantized compiled step, the default path of a GGUF model on the CPU:
-SmolLM2's Q4_1 file with its blocks kept (models/gguf_quantized.py), the AOTInductor step and the n-gram chain.
+SmolLM2's Q4_1 file with its blocks kept (models/gguf_quantized.py), the AOTInductor step and the n-gram chain, in
+the exact arithmetic and in the fast one (int8 activations, a bf16 KV cache: models/quant_int8.py, kv_dtype.py).
 
 The joint of the first two sampled tokens must be the target's own processed distribution (tests/stats
 reference_probs over the same model's logits, top_k = 6 so the joint has at most 36 cells). The negative
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from specdecode import LLM, SamplingParams
+from specdecode.models.quant_int8 import Int8QuantLinear
 from specdecode.models.quant_rows import QuantLinear
 from specdecode.step.runner import prefill
 from tests.stats import assert_follows, reference_probs
@@ -28,10 +30,11 @@ PARAMS = SamplingParams(temperature=1.0, top_k=6, top_p=0.95, max_tokens=3, igno
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def quantized_llm() -> LLM:
+@pytest.fixture(scope="module", params=["exact", "fast"])
+def quantized_llm(request) -> LLM:
     llm = LLM(
         target=SMOLLM2,
+        arithmetic=request.param,
         method="ngram",
         num_speculative_tokens=4,
         controller="fixed",
@@ -40,7 +43,8 @@ def quantized_llm() -> LLM:
         max_num_batched_tokens=4096,
         enforce_eager=False,
     )
-    assert isinstance(llm.target.lm_head, QuantLinear) and llm.target.step.compiled
+    assert isinstance(llm.target.lm_head, QuantLinear if request.param == "exact" else Int8QuantLinear)
+    assert llm.target.step.compiled
     return llm
 
 

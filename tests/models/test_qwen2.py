@@ -30,7 +30,7 @@ import specdecode.llm
 from specdecode import LLM, SamplingParams
 from specdecode.cli import main
 from specdecode.drafters.subset_head import SubsetLMHead
-from specdecode.models import loader
+from specdecode.models import kv_dtype, loader
 from specdecode.models.disk_cache import build_once, cache_root
 from specdecode.models.gguf_quantized import gguf_file, load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, load_llama
@@ -198,6 +198,10 @@ def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(
     if method == "draft":
         assert spec.spec.draft == DRAFT  # the 1.5B's default draft
         assert spec.draft_model.step.compiled
+        # the fast draft's cache is bf16 (models/kv_dtype.py) where the exact target's stays fp32
+        fast = draft_arithmetic == "fast" and kv_dtype.bf16_serves(spec.draft_model)
+        assert spec.draft_model.new_cache(1, 8).k.dtype == (torch.bfloat16 if fast else torch.float32)
+        assert spec.engine.cache.k.dtype == torch.float32
         head = spec.draft_model.lm_head  # its shipped drafting vocabulary, over the file's Q8_0 head or its Q4_1
         kind = Int8QuantLinear if draft_arithmetic == "fast" else QuantLinear
         assert isinstance(head, SubsetLMHead) and type(head.head.linear) is kind

@@ -20,75 +20,11 @@
 // threads (the same summation order in all cases), so a verify's logits equal a one-token step's bit for bit.
 // A row that may attend to no key gets zeros, and so does a padded query (token t >= real[b]: a batch padded to
 // its widest row, where one row's probe at batch 8 made every row attend twice), which is not computed.
-#include <immintrin.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <vector>
+#include "few_queries_common.h"
 
 namespace {
 
-constexpr int kChunk = 64;      // keys per work item: 4 AVX-512 registers of scores per query row
-constexpr int kScoreRows = 6;   // query rows per score block: 6 x 4 accumulators
-constexpr float kFloor = -200.f;  // exp's input is clamped here: 2^-288 rounds to exactly 0
-
-// e^x for 16 lanes: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2; a degree-6 polynomial (~1 ulp); -inf gives 0.
-inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(kFloor));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), 0);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return _mm512_scalef_ps(p, n);
-}
-
-// dst[c * dst_stride + i] = src[i * src_stride + c] for a 16 x 16 block, rows i >= rows read as zeros: four
-// rounds of in-register shuffles in place of 256 scalar moves (the keys' transpose was most of a one-token
-// chunk's work).
-inline void transpose16(const float* src, int64_t src_stride, int rows, float* dst, int64_t dst_stride) {
-    __m512 r[16], a[16];
-    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * src_stride) : _mm512_setzero_ps();
-    for (int i = 0; i < 16; i += 2) {  // per 128-bit lane l: (r_i[4l], r_i+1[4l], r_i[4l+1], r_i+1[4l+1]) and the next two
-        a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {  // r[i + c], lane l: column 4l + c of rows i..i+3
-        const __m512d a0 = _mm512_castps_pd(a[i]), a1 = _mm512_castps_pd(a[i + 1]);
-        const __m512d a2 = _mm512_castps_pd(a[i + 2]), a3 = _mm512_castps_pd(a[i + 3]);
-        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
-        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
-        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
-        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
-    }
-    for (int c = 0; c < 4; ++c) {  // column 4l + c gathers lane l of r[c], r[4 + c], r[8 + c], r[12 + c]
-        const __m512 s0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), s1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
-        const __m512 s2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
-        const __m512 s3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
-        _mm512_store_ps(dst + c * dst_stride, _mm512_shuffle_f32x4(s0, s2, 0x88));
-        _mm512_store_ps(dst + (4 + c) * dst_stride, _mm512_shuffle_f32x4(s1, s3, 0x88));
-        _mm512_store_ps(dst + (8 + c) * dst_stride, _mm512_shuffle_f32x4(s0, s2, 0xDD));
-        _mm512_store_ps(dst + (12 + c) * dst_stride, _mm512_shuffle_f32x4(s1, s3, 0xDD));
-    }
-}
-
-struct Shape {
-    int64_t n, H, G, T, D;
-    int64_t qs[3];         // q strides: row, head, token (d contiguous)
-    int64_t kvs[2];        // keys' and values' strides: head, key (d contiguous)
-    int64_t ms[2];         // mask: row, token (key contiguous)
-    const int64_t* start;  // [n] where row b's keys and values begin (elements from k and v)
-    const int64_t* len;    // [n] keys row b attends (its mask row's first len entries)
-    const int64_t* real;   // [n] row b's real queries: its tokens 0 .. real[b] - 1 (the rest is padding)
-    float scale;
-};
+using namespace few_queries;
 
 // One (row b, key head g, chunk c) item: scores, exponentials and the partial sums of its R = group * real[b]
 // query rows (head-major: row r is head g * group + r / real[b], token r % real[b]), written to part[R][D + 2]
@@ -181,68 +117,12 @@ void chunk(const Shape& s, const float* q, const float* k, const float* v, const
     }
 }
 
-// Merge a query row's chunks in order into out (D values).
-void merge(const float* parts, int64_t chunks, int64_t stride, int64_t D, float* out) {
-    float top = -INFINITY;
-    for (int64_t c = 0; c < chunks; ++c) top = std::max(top, parts[c * stride + D]);
-    std::fill(out, out + D, 0.f);
-    if (top == -INFINITY) return;
-    float total = 0.f;
-    for (int64_t c = 0; c < chunks; ++c) {
-        const float* pc = parts + c * stride;
-        if (pc[D] == -INFINITY) continue;
-        const float w = std::exp(pc[D] - top);
-        total += w * pc[D + 1];
-        for (int64_t d = 0; d < D; ++d) out[d] += w * pc[d];
-    }
-    const float inv = 1.f / total;
-    for (int64_t d = 0; d < D; ++d) out[d] *= inv;
-}
-
 template <int DV>
 void run(const Shape& s, const float* q, const float* k, const float* v, const float* mask, float* out) {
-    constexpr int D = DV * 16;
-    const int64_t group = s.H / s.G, R = group * s.T, stride = D + 2;
-    std::vector<int64_t> first(s.n + 1, 0);  // [n + 1] row b's items are [first[b], first[b + 1]): G x its chunks
-    for (int64_t b = 0; b < s.n; ++b) first[b + 1] = first[b] + s.G * ((s.len[b] + kChunk - 1) / kChunk);
-    std::vector<int64_t> item_row(first[s.n]);  // [items] the row of each item
-    for (int64_t b = 0; b < s.n; ++b) std::fill(item_row.begin() + first[b], item_row.begin() + first[b + 1], b);
-    // [items, R, D + 2], kept across calls: a fresh megabyte a layer was hundreds of page faults each call
-    // (the caller's thread's buffer: the OpenMP threads below reach it through this pointer, not by name)
-    thread_local std::vector<float> buffer;
-    if (buffer.size() < static_cast<size_t>(first[s.n] * R * stride)) buffer.resize(first[s.n] * R * stride);
-    float* const parts = buffer.data();
-    struct Item {
-        int64_t b, g, c;  // row, key head, chunk
-    };
-    auto item = [&](int64_t it) {
-        const int64_t b = item_row[it], chunks = (first[b + 1] - first[b]) / s.G, i = it - first[b];
-        return Item{b, i / chunks, i % chunks};
-    };
-#pragma omp parallel for schedule(static)
-    for (int64_t it = 0; it < first[s.n]; ++it) {
-        const Item at = item(it);
-        const float* next_k = nullptr;  // the next item's keys, prefetched while this one computes
-        if (it + 1 < first[s.n]) {
-            const Item next = item(it + 1);
-            next_k = k + s.start[next.b] + next.g * s.kvs[0] + next.c * kChunk * s.kvs[1];
-        }
-        chunk<DV>(s, q, k, v, mask, at.b, at.g, at.c, next_k, &parts[it * R * stride]);
-    }
-    // out [n, T, H, D] contiguous; the items of (b, g) are its chunks in order, group * real[b] query rows each
-    // (at R apart in `parts`); a padded query's output is zeros.
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < s.n * s.G * R; ++row) {
-        const int64_t b = row / (s.G * R), g = (row / R) % s.G, r = row % R;
-        const int64_t h = g * group + r / s.T, t = r % s.T, chunks = (first[b + 1] - first[b]) / s.G;
-        float* o = out + ((b * s.T + t) * s.H + h) * D;
-        if (t >= s.real[b]) {
-            std::fill(o, o + D, 0.f);
-            continue;
-        }
-        const float* head = &parts[(first[b] + g * chunks) * R * stride + ((r / s.T) * s.real[b] + t) * stride];
-        merge(head, chunks, R * stride, D, o);
-    }
+    run_items(s, DV * 16, out, [&](const Item& at, const Item* next, float* part) {
+        const float* next_k = next == nullptr ? nullptr : k + s.start[next->b] + next->g * s.kvs[0] + next->c * kChunk * s.kvs[1];
+        chunk<DV>(s, q, k, v, mask, at.b, at.g, at.c, next_k, part);
+    });
 }
 
 }  // namespace
