@@ -56,7 +56,7 @@ def test_each_flag_reaches_its_field(tmp_path):
         "suffix_max_depth": 5, "suffix_spec_factor": 2.0, "suffix_min_prob": 0.3, "suffix_request_spec_factor": 3.0,
         "max_num_seqs": 3, "max_model_len": 99, "device": "cuda", "dtype": "bfloat16", "enforce_eager": True,
         "tensor_parallel_size": 2, "weights": "fp32", "arithmetic": "fast", "max_num_batched_tokens": 64,
-        "fused_prefill": False,
+        "fused_prefill": False, "kv_cache_dtype": "bf16",
     }  # fmt: skip
     assert set(values) == {f.name for f in cli_fields(SpeculativeConfig, EngineConfig)}
     argv = []
