@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from specdecode.bench.lib import provenance, write_result
 from specdecode.models import few_rows
+from specdecode.models.llama import AttentionMetadata
 
 SHAPES = {"qwen2.5-coder-1.5b": (28, 12, 2, 128), "qwen2.5-coder-0.5b": (24, 14, 2, 64)}  # layers, H, G, D
 ARMS = ("fp32", "bf16-dot", "bf16-widen")
@@ -32,14 +33,8 @@ def step_inputs(shape: tuple[int, int, int, int], context: int, t: int, dtype: t
     cache_k = torch.randn(layers, 1, kv_heads, context + t + 1, dim).to(dtype)
     cache_v = torch.randn(layers, 1, kv_heads, context + t + 1, dim).to(dtype)
     q, k, v = torch.randn(1, t, heads, dim), torch.randn(1, t, kv_heads, dim), torch.randn(1, t, kv_heads, dim)
-    mask = torch.zeros(1, 1, t, context + t).masked_fill_(future_keys(context, t), float("-inf"))
-    return q, k, v, cache_k, cache_v, torch.zeros(1, dtype=torch.long), torch.arange(context, context + t)[None], mask
-
-
-def future_keys(context: int, t: int) -> torch.Tensor:
-    """[1, 1, T, context + T] True where new token i may not look (the new tokens after it)."""
-    keys = torch.arange(context + t)[None]
-    return (keys > context + torch.arange(t)[:, None])[None, None]
+    meta = AttentionMetadata.build([0], [context], t, "cpu")  # as the engine describes one row's step
+    return q, k, v, cache_k, cache_v, meta.slots, meta.write_pos, meta.additive_mask(t, torch.float32)
 
 
 def time_step(args: tuple, layers: int) -> float:

@@ -65,36 +65,11 @@ void chunk(const Shape& s, const float* q, const float* k, const float* v, const
         for (int i = 0; i < rows; ++i) {
             const int64_t r = r0 + i;
             const float* mr = mask + b * s.ms[0] + (r % T) * s.ms[1] + first;
-            for (int w = 0; w < 4; ++w) {
-                const int lanes = std::clamp(width - w * 16, 0, 16);  // this register's keys inside the chunk
-                const __mmask16 live = static_cast<__mmask16>((1u << lanes) - 1);
-                const __m512 m = _mm512_maskz_loadu_ps(live, mr + w * 16);
-                const __m512 sc = _mm512_fmadd_ps(acc[i][w], _mm512_set1_ps(s.scale), m);
-                _mm512_storeu_ps(&scores[r * kChunk + w * 16], _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sc));
-            }
+            masked_scores(acc[i], mr, width, s.scale, &scores[r * kChunk]);
         }
     }
     // Per query row: max, exponentials in place, their sum.
-    for (int64_t r = 0; r < R; ++r) {
-        float* sr = &scores[r * kChunk];
-        __m512 mx = _mm512_loadu_ps(sr);
-        for (int w = 1; w < 4; ++w) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + w * 16));
-        const float m = _mm512_reduce_max_ps(mx);
-        float* pr = part + r * (D + 2);
-        pr[D] = m;
-        if (m == -INFINITY) {  // no key of this chunk is visible to the row
-            for (int w = 0; w < 4; ++w) _mm512_storeu_ps(sr + w * 16, _mm512_setzero_ps());
-            pr[D + 1] = 0.f;
-            continue;
-        }
-        __m512 sum = _mm512_setzero_ps();
-        for (int w = 0; w < 4; ++w) {
-            const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + w * 16), _mm512_set1_ps(m)));
-            _mm512_storeu_ps(sr + w * 16, p);
-            sum = _mm512_add_ps(sum, p);
-        }
-        pr[D + 1] = _mm512_reduce_add_ps(sum);
-    }
+    for (int64_t r = 0; r < R; ++r) exponentiate(&scores[r * kChunk], part + r * (D + 2), D);
     // acc[r] = sum_j p[r, j] v[j]: each value row loaded once per block of query rows.
     constexpr int kValueRows = 24 / DV;
     for (int64_t r0 = 0; r0 < R; r0 += kValueRows) {

@@ -112,34 +112,18 @@ void chunk(const Shape& s, const Word* q, const uint16_t* k, const uint16_t* v, 
         for (int i = 0; i < rows; ++i) {
             const int64_t r = r0 + i;
             const float* mr = mask + b * s.ms[0] + (r % T) * s.ms[1] + first;
-            for (int w = 0; w < 4; ++w) {
-                const int lanes = std::clamp(width - w * 16, 0, 16);
-                const __mmask16 live = static_cast<__mmask16>((1u << lanes) - 1);
-                const __m512 mk = _mm512_maskz_loadu_ps(live, mr + w * 16);
-                const __m512 sc = _mm512_fmadd_ps(acc[i][w], _mm512_set1_ps(s.scale), mk);
-                _mm512_storeu_ps(&scores[r * kChunk + w * 16], _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sc));
-            }
+            masked_scores(acc[i], mr, width, s.scale, &scores[r * kChunk]);
         }
     }
-    // Per query row: max, exponentials, their sum (fp32), and the probabilities in bf16 pairs of keys.
+    // Per query row: max, exponentials, their sum (fp32), then the probabilities in bf16 pairs of keys.
     thread_local std::vector<Word> probs;  // [R, kChunk / 2]
     if (probs.size() < static_cast<size_t>(R * kChunk / 2)) probs.resize(R * kChunk / 2);
     for (int64_t r = 0; r < R; ++r) {
         float* sr = &scores[r * kChunk];
-        __m512 mx = _mm512_loadu_ps(sr);
-        for (int w = 1; w < 4; ++w) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + w * 16));
-        const float mval = _mm512_reduce_max_ps(mx);
-        float* pr = part + r * (D + 2);
-        pr[D] = mval;
-        __m512 sum = _mm512_setzero_ps();
-        for (int w = 0; w < 4; ++w) {
-            const __m512 p = mval == -INFINITY ? _mm512_setzero_ps()
-                                               : exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + w * 16), _mm512_set1_ps(mval)));
-            sum = _mm512_add_ps(sum, p);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<uint16_t*>(&probs[r * kChunk / 2]) + w * 16),
-                                to_bf16x16(p));
-        }
-        pr[D + 1] = mval == -INFINITY ? 0.f : _mm512_reduce_add_ps(sum);
+        exponentiate(sr, part + r * (D + 2), D);
+        auto* pb = reinterpret_cast<uint16_t*>(&probs[r * kChunk / 2]);
+        for (int w = 0; w < 4; ++w)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + w * 16), to_bf16x16(_mm512_loadu_ps(sr + w * 16)));
     }
     // acc[r] = sum_j p[r, j] v[j], two keys a step; a lone last key is paired with zeros (past it the cache may
     // hold anything).

@@ -61,6 +61,39 @@ inline void transpose16(const float* src, int64_t src_stride, int rows, float* d
     }
 }
 
+// A query row's kChunk scores from its 4 registers of dot products: acc * scale + its mask row (mask_row: at the
+// chunk's first key), -inf for the keys past the chunk's `width`.
+inline void masked_scores(const __m512* acc, const float* mask_row, int width, float scale, float* out) {
+    for (int w = 0; w < 4; ++w) {
+        const int lanes = std::clamp(width - w * 16, 0, 16);  // this register's keys inside the chunk
+        const __mmask16 live = static_cast<__mmask16>((1u << lanes) - 1);
+        const __m512 m = _mm512_maskz_loadu_ps(live, mask_row + w * 16);
+        const __m512 sc = _mm512_fmadd_ps(acc[w], _mm512_set1_ps(scale), m);
+        _mm512_storeu_ps(out + w * 16, _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), sc));
+    }
+}
+
+// A query row's kChunk scores become exp(score - max) in place; part[D] = the max, part[D + 1] = their sum. A row
+// that sees no key of the chunk gets zeros, max -inf and sum 0.
+inline void exponentiate(float* scores, float* part, int64_t D) {
+    __m512 mx = _mm512_loadu_ps(scores);
+    for (int w = 1; w < 4; ++w) mx = _mm512_max_ps(mx, _mm512_loadu_ps(scores + w * 16));
+    const float m = _mm512_reduce_max_ps(mx);
+    part[D] = m;
+    if (m == -INFINITY) {
+        for (int w = 0; w < 4; ++w) _mm512_storeu_ps(scores + w * 16, _mm512_setzero_ps());
+        part[D + 1] = 0.f;
+        return;
+    }
+    __m512 sum = _mm512_setzero_ps();
+    for (int w = 0; w < 4; ++w) {
+        const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + w * 16), _mm512_set1_ps(m)));
+        _mm512_storeu_ps(scores + w * 16, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    part[D + 1] = _mm512_reduce_add_ps(sum);
+}
+
 struct Shape {
     int64_t n, H, G, T, D;
     int64_t qs[3];         // q strides: row, head, token (d contiguous)
