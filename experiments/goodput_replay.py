@@ -2,7 +2,7 @@
 
     python -m experiments.goodput_replay [--contexts 256,2048,8192] [--texts 6] [--max-tokens 64]
         [--split dev] [--out results/goodput_replay.json] [--texts-file texts.npz] [--passes 1]
-        [--k-max 5] [--stop-below 0.7]
+        [--k-max 5] [--stop-below 0.7] [--retime]
 
 Greedy verification accepts a draft model's drafts exactly while they spell what the target says next, and a draft
 model drafting on the true prefix is the draft model teacher-forced there. So one greedy response of the target and
@@ -142,6 +142,7 @@ class Replay:
         self.backlog = 0  # tokens the draft has yet to read of the current text
         if controller is not None:
             controller.unread = lambda seq: self.backlog
+            controller.draft_stop_below = stop_below  # as bind_drafter reads it off the draft model's drafter
 
     def run(self, text: Text, name: str, max_tokens: int) -> None:
         params = SamplingParams(max_tokens=max_tokens)
@@ -162,7 +163,8 @@ class Replay:
         self.k_chosen.append(k)
         n = self.drafted(text, t, k)
         if self.controller is not None and n:
-            proposal = Proposal(torch.full((1, n), 100), torch.tensor([n]), None, torch.ones(1, n))
+            confidence = torch.tensor(text.confidence[t : t + n], dtype=torch.float32)[None]  # [1, n]
+            proposal = Proposal(torch.full((1, n), 100), torch.tensor([n]), None, confidence)
             n = int(self.controller.truncate([seq], proposal).num_tokens[0])
         run = 0
         while run < n and text.agree[t + run]:
@@ -353,6 +355,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=1, help="replay the texts this many times, one after another")
     ap.add_argument("--k-max", type=int, default=K_MAX, help="the widest draft asked (fixed arms 0..K)")
     ap.add_argument("--stop-below", type=float, default=STOP_BELOW, help="the draft's confidence stop")
+    ap.add_argument("--retime", action="store_true", help="time the prices again (--texts-file's texts, this build)")
     a = ap.parse_args()
     set_arm_shape(a.k_max, a.stop_below)
     contexts = [int(x) for x in a.contexts.split(",")]
@@ -369,6 +372,8 @@ def main() -> None:
                     save_cell(a.texts_file, context, texts, prices)
             else:
                 texts, prices = cached
+                if a.retime:  # the texts stay what the model says; their prices are this build's (a new kernel)
+                    prices = time_prices(base, context)
                 bar.update(len(texts))
             replays = arms(base, prices)
             by_pass = {name: replay_passes(r, texts, name, a.passes, a.max_tokens) for name, r in replays.items()}
@@ -405,7 +410,8 @@ def main() -> None:
         f"--contexts {a.contexts} --texts {a.texts} --max-tokens {a.max_tokens} --split {a.split} --passes {a.passes} "
         f"--k-max {a.k_max} --stop-below {a.stop_below}"
         + (f" --prompts {a.prompts}" if a.prompts != "code" else "")
-        + (f" --texts-file {Path(a.texts_file).name}" if a.texts_file else ""),
+        + (f" --texts-file {Path(a.texts_file).name}" if a.texts_file else "")
+        + (" --retime" if a.retime else ""),
         "pair_price": base.pair_price.__dict__,
         "cells": cells,
     }

@@ -134,6 +134,8 @@ class GoodputController(ControllerBase):
         self.continuation = DraftContinuation()  # how often the drafter goes on to its next draft (early stops)
         self.asked: dict[str, int] = {}  # the drafts each row was asked for this step
         self.made: dict[str, int] = {}  # the drafts each row made this step (before `truncate` cut any)
+        self.would_go_on: dict[str, bool] = {}  # rows that made all they were asked: would their drafter go on?
+        self.draft_stop_below = 0.0  # the drafter's confidence stop (bind_drafter; 0: it never stops early)
         self.draft_read_s = 0.0  # seconds a token costs a draft model to catch up on (seed_pair); 0: not priced
         self.read_per_context = 0.0  # what each cached token adds to that (seed_pair's reads)
         self.catch_up_chunk = 0  # tokens a draft model catches up on a step (seed_pair); 0: all at once
@@ -170,6 +172,11 @@ class GoodputController(ControllerBase):
         # where the one before it is, not 10% lower (acceptance.py's prior_decay): drafts 3-4, never asked, had
         # stayed at ~0.65 and held `goodput` at K = 1-2 where K = 3 was best (results/goodput_replay.json).
         self.acceptance.prior_decay = 1.0
+        # And the pool, which knows this draft on this target, is worth two of a row's own drafts, not one: a row's
+        # ~10 forgotten drafts are a noisy sample of a rate near what a draft needs at long contexts, and a row
+        # right 62% of the time stopped after a few misses where fixed K = 1 paid (the dev prose replay at 8,192
+        # tokens: 0.968x the best fixed K at weight 1, 0.977x at 2; code and prose at 256-8,192: 0.99-1.00x).
+        self.acceptance.prior_weight = 2.0
         self.cost.draft_context_cap = SINK + window if window > 0 else 0
         steps = steps or ((1, 0, draft_step_s),)
         for rows, context, seconds in steps:  # together worth what one price was
@@ -184,6 +191,7 @@ class GoodputController(ControllerBase):
 
     def bind_drafter(self, drafter) -> None:
         self.unread = getattr(drafter, "unread", None)
+        self.draft_stop_below = float(getattr(drafter, "stop_below", 0.0))
 
     def _worth_catching_up(self, seq: Sequence, k: int, p: np.ndarray, num_seqs: int, context: float) -> bool:
         """Whether a row whose draft model has not read all of it yet should start drafting at K = k: its first
@@ -386,7 +394,16 @@ class GoodputController(ControllerBase):
         return extra < self.cheap_draft * self.cost.predict_verify(num_seqs, 0, context)
 
     def _with_hysteresis(self, gain: np.ndarray, k_max: int) -> int:
+        """The batch K: the best of gain [k_max + 1], moved to only for a gain above `margin` over the K in force.
+        For a drafter that stops when unsure (`draft_stop_below`), K is a cap on drafts its own confidence cuts
+        short, so among the K within `margin` of the best, which the model cannot tell apart, the widest: there
+        the drafter's confidence in each draft, which no row's history knows, decides where a chain ends. On the
+        pair the steady K = 1 that holding K gave lost 5% to fixed K = 3 at 8,192 tokens on the dev code replay
+        (K = 3 predicted 1.008x K = 1, measured 1.043x)."""
         best = int(np.argmax(gain))
+        if self.draft_stop_below > 0.0 and best > 0:
+            self.k_batch = int(np.flatnonzero(gain >= gain[best] / (1.0 + self.margin))[-1])
+            return self.k_batch
         current = best if self.k_batch is None else min(self.k_batch, k_max)
         if gain[best] > gain[current] * (1.0 + self.margin):
             current = best
@@ -495,6 +512,7 @@ class GoodputController(ControllerBase):
         probing, self.probing = self.probing, set()
         counts = proposal.num_tokens.tolist()  # [B] drafts each row actually has
         self.made = {s.request_id: made for s, made in zip(seqs, counts, strict=True) if s.request_id in self.asked}
+        self.would_go_on = self._would_go_on(seqs, proposal)
         widest = max(counts, default=0)
         # Trees by their confidences, and chains whose drafter says its confidences can set the width. Only
         # deterministic ones (q one-hot): a sampled chain's width would depend on the drafts drawn, and a draft
@@ -523,6 +541,19 @@ class GoodputController(ControllerBase):
         keep = [max(int(w), 1 if s.request_id in probing else 0) for s, w in zip(seqs, width, strict=True)]
         num = proposal.num_tokens
         return proposal.truncated(torch.tensor(keep, dtype=num.dtype, device=num.device))
+
+    def _would_go_on(self, seqs: list[Sequence], proposal: Proposal) -> dict[str, bool]:
+        """For each row that made every draft it was asked for, whether a drafter that stops when unsure would have
+        gone on past the last: its confidence is at least the stop (control/continuation.py: the position past K
+        is otherwise never observed). Empty for a drafter without a stop."""
+        if self.draft_stop_below <= 0.0 or proposal.confidence is None:
+            return {}
+        out = {}
+        for b, s in enumerate(seqs):
+            made = self.made.get(s.request_id, 0)
+            if made and made == self.asked.get(s.request_id):
+                out[s.request_id] = float(proposal.confidence[b, made - 1]) >= self.draft_stop_below
+        return out
 
     def _one_width(self, reach: np.ndarray, drafts: np.ndarray, context: float) -> np.ndarray:
         """Where the verify is padded to its widest row: one width w for the batch (each row keeps min(its
@@ -590,10 +621,11 @@ class GoodputController(ControllerBase):
         dear = bool(widening) and self._drafting_is_dear(stats)
         self.follow_up = {s.request_id for s in stats.seqs if s.request_id in widening and dear}
         asked, self.asked, made, self.made = self.asked, {}, self.made, {}
+        would_go_on, self.would_go_on = self.would_go_on, {}
         for s, proposed, accepted in zip(stats.seqs, stats.num_proposed, stats.num_accepted, strict=True):
             rid = s.request_id
             if rid in made:
-                self.continuation.update(asked[rid], min(made[rid], asked[rid]), accepted)
+                self.continuation.update(asked[rid], min(made[rid], asked[rid]), accepted, would_go_on.get(rid))
             if rid in self.tree_verified and proposed:
                 self.tree_calibration.update(*self.tree_verified[rid], accepted)
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
@@ -634,7 +666,8 @@ class GoodputController(ControllerBase):
         self.follow_up.discard(seq.request_id)
         self.asked.pop(seq.request_id, None)
         self.made.pop(seq.request_id, None)
+        self.would_go_on.pop(seq.request_id, None)
 
     def live_request_ids(self) -> set[str]:
         live = self.acceptance.request_ids() | set(self.tree_verified) | set(self.idle) | self.probing
-        return live | self.widening | self.follow_up | set(self.asked) | set(self.made)
+        return live | self.widening | self.follow_up | set(self.asked) | set(self.made) | set(self.would_go_on)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from specdecode.config import SamplingParams
 from specdecode.control.continuation import DraftContinuation, width_distribution
 from specdecode.control.cost import CostModel
 from specdecode.control.goodput import GoodputController
+from specdecode.drafters.base import Proposal
 from specdecode.step.sequence import Sequence
+from specdecode.step.stats import StepStats
 
 
 def test_the_widest_row_of_a_batch_by_hand():
@@ -57,3 +60,58 @@ def test_a_drafter_that_stops_when_unsure_is_asked_for_more():
     """Its K = 4 costs 2.5 drafts, not 4, for as many accepted: `goodput` asks more of it. Control: the same
     controller never told where the drafter stops prices K as K drafts and asks fewer."""
     assert k_asked(learned=True) > k_asked(learned=False)
+
+
+def test_the_last_drafts_confidence_tells_the_position_past_k():
+    """Rows asked for 1 whose draft was doubtful (the drafter would have stopped there): position 2 learns it would
+    not go on, where counting only drafts made never reaches it. Control: the same rows without their verdict leave
+    position 2 at its prior, always going on."""
+    told, untold = DraftContinuation(), DraftContinuation()
+    for _ in range(300):
+        told.update(1, 1, 1, would_go_on=False)
+        untold.update(1, 1, 1)
+    assert told.estimate(3)[1] < 0.05 and told.estimate(3, after_accepted=True)[1] < 0.05
+    assert untold.estimate(3)[1] == 1.0
+
+
+def test_a_row_that_stopped_early_gives_no_verdict_past_what_it_was_asked():
+    """A verdict counts only where the row made every draft it was asked for: one that stopped after 1 of 3 already
+    says where it stopped, and its last confidence is that stop's (counted once, not twice)."""
+    told, untold = DraftContinuation(), DraftContinuation()
+    for _ in range(300):
+        told.update(3, 1, 0, would_go_on=False)
+        untold.update(3, 1, 0)
+    np.testing.assert_array_equal(told.reached, untold.reached)
+    np.testing.assert_array_equal(told.went_on, untold.went_on)
+
+
+def goodput_told_of_doubtful_drafts(stop_below: float) -> float:
+    """P(draft 2 made) as a pair's `goodput` learns it after 40 steps of K = 1 whose drafts all had confidence 0.5,
+    through its own truncate and observe, for a drafter that stops below `stop_below` (0: never)."""
+    ctrl = GoodputController(cost=CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3), cheap_draft=0.0)
+    ctrl.seed_pair(0.75, 12e-3)
+    ctrl.draft_stop_below = stop_below
+    seqs = [Sequence("r", [1, 2, 3], SamplingParams(max_tokens=100_000), max_len=200_000)]
+    for _ in range(40):
+        ctrl.asked = {"r": 1}  # as `choose` records a row asked for one draft
+        ctrl.truncate(seqs, Proposal(torch.tensor([[7]]), torch.tensor([1]), None, torch.tensor([[0.5]])))
+        ctrl.observe(StepStats(seqs, [1], [1], 0.04, 2, 3.0, 0.012, 0.028))
+    return float(ctrl.continuation.estimate(2)[1])
+
+
+def test_goodput_learns_from_its_drafts_confidence_where_the_drafter_would_stop():
+    assert goodput_told_of_doubtful_drafts(0.7) < 0.1
+    assert goodput_told_of_doubtful_drafts(0.0) == 1.0  # control: a drafter without a stop tells nothing
+
+
+def test_goodput_asks_a_drafter_that_stops_when_unsure_for_the_widest_k_it_cannot_tell_apart():
+    """Predicted goodput flat past K = 1 (within the 3% margin): a drafter that stops when unsure is asked for the
+    widest such K, since its confidence decides each chain's end; one that drafts every K it is asked keeps the K in
+    force (hysteresis), as a control."""
+    gain = np.array([1.0, 1.17, 1.172, 1.175, 1.15, 1.10])
+    stops, plain = GoodputController(), GoodputController()
+    stops.draft_stop_below = 0.7
+    for ctrl in (stops, plain):
+        ctrl.k_batch = 1
+    assert stops._with_hysteresis(gain, 5) == 4
+    assert plain._with_hysteresis(gain, 5) == 1

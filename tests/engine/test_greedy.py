@@ -90,3 +90,23 @@ def test_draft_that_stops_when_unsure_equals_plain_greedy(stop_below, tiny_targe
     drafted = sum(o.metrics["num_drafted"] for o in outs)
     forwards = sum(o.metrics["num_target_forwards"] for o in outs)
     assert 0 < drafted < 0.9 * 6 * forwards  # drafts were verified, and rows stopped short of K
+
+
+def test_goodput_over_a_draft_that_stops_when_unsure_is_lossless_and_told_where_it_stops(
+    tiny_target, tiny_draft, reference
+):
+    """`goodput` reads the draft's stop off the drafter it is bound to and learns the position past each K from the
+    last draft's confidence (control/continuation.py); the tokens stay plain greedy's."""
+    llm = make_llm("draft", 6, tiny_target, tiny_draft, 4, "goodput", draft_stop_below=0.5)
+    controller = llm.engine.controller
+    controller.cheap_draft = 0.0  # K priced as for a dear draft model, not asked in full as a cheap lookup is
+    update, verdicts = controller.continuation.update, []
+
+    def spy(asked: int, made: int, accepted: int, would_go_on: bool | None = None) -> None:
+        verdicts.append(would_go_on)
+        update(asked, made, accepted, would_go_on)
+
+    controller.continuation.update = spy
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference
+    assert controller.draft_stop_below == 0.5
+    assert {True, False} <= set(verdicts)  # rows that made all they were asked, confident and not
