@@ -161,7 +161,7 @@ class Replay:
         k = self.k if self.controller is None else self.controller.choose([seq], K_MAX)[0]
         k = max(0, min(k, end - t - 1))  # as the engine clamps K: the step's tokens stay within the request's
         self.k_chosen.append(k)
-        n = self.drafted(text, t, k)
+        n = made = self.drafted(text, t, k)
         if self.controller is not None and n:
             confidence = torch.tensor(text.confidence[t : t + n], dtype=torch.float32)[None]  # [1, n]
             proposal = Proposal(torch.full((1, n), 100), torch.tensor([n]), None, confidence)
@@ -170,7 +170,8 @@ class Replay:
         while run < n and text.agree[t + run]:
             run += 1
         accepted = min(n, run)
-        draft_s = self.prices.draft_s(self.backlog) + (n - 1) * self.prices.draft_s(1) if n else 0.0
+        # every draft made is paid, those truncate then cut too
+        draft_s = self.prices.draft_s(self.backlog) + (made - 1) * self.prices.draft_s(1) if made else 0.0
         verify_s = self.prices.target[n + 1]
         self.backlog = self.backlog_after(n, accepted)
         seq.token_ids.extend(text.response[t : t + accepted + 1])

@@ -97,10 +97,12 @@ class GoodputController(ControllerBase):
         explore: float = 1.0,
         final_explore: float = 2.0,
         thin: float = 6.0,
+        tie_margin: float = 0.01,
     ) -> None:
         self.cost = cost if cost is not None else default_cost_model()
         self.acceptance = acceptance if acceptance is not None else AcceptanceTracker()
         self.margin = margin
+        self.tie_margin = tie_margin  # K within this of the best are one to a drafter that stops when unsure
         self.probe_every = probe_every
         self.probe_keep = probe_keep  # evidence kept when a row is probed
         # A row drafts position j only if P(draft j accepted) >= this: ~ the cost of one verified token relative
@@ -396,13 +398,14 @@ class GoodputController(ControllerBase):
     def _with_hysteresis(self, gain: np.ndarray, k_max: int) -> int:
         """The batch K: the best of gain [k_max + 1], moved to only for a gain above `margin` over the K in force.
         For a drafter that stops when unsure (`draft_stop_below`), K is a cap on drafts its own confidence cuts
-        short, so among the K within `margin` of the best, which the model cannot tell apart, the widest: there
-        the drafter's confidence in each draft, which no row's history knows, decides where a chain ends. On the
-        pair the steady K = 1 that holding K gave lost 5% to fixed K = 3 at 8,192 tokens on the dev code replay
-        (K = 3 predicted 1.008x K = 1, measured 1.043x)."""
+        short, and moving it costs nothing: each step takes the widest K within `tie_margin` of the best, so that
+        where the model cannot tell them apart the drafter's confidence in each draft, which no row's history
+        knows, decides where a chain ends. Holding K, `goodput` sat at K = 1 at 8,192 tokens on the dev code replay
+        where K = 3 was predicted 1.008x it and measured 1.043x (0.939x the best fixed K; 0.979x this way; the
+        widest within 3% instead: 0.976x, and 0.958x on dev prose at 8,192, where 1% reads 0.986x)."""
         best = int(np.argmax(gain))
         if self.draft_stop_below > 0.0 and best > 0:
-            self.k_batch = int(np.flatnonzero(gain >= gain[best] / (1.0 + self.margin))[-1])
+            self.k_batch = int(np.flatnonzero(gain >= gain[best] / (1.0 + self.tie_margin))[-1])
             return self.k_batch
         current = best if self.k_batch is None else min(self.k_batch, k_max)
         if gain[best] > gain[current] * (1.0 + self.margin):
@@ -506,7 +509,11 @@ class GoodputController(ControllerBase):
     def truncate(self, seqs: list[Sequence], proposal: Proposal) -> Proposal:
         """The verify width that maximises expected tokens per second given the drafts that exist.
 
-        Drafting is already paid, so only verification cost counts. The cut depends on draft counts and past
+        Drafting is already paid, so it does not change with the width, but it is part of the step the tokens are
+        made in: each width's rate is its expected tokens over the drafts' price and its verify's. Over the verify
+        alone, a verify from 4 to 5 tokens on the pair at 2,048 tokens (+4 ms of ~41) looked too dear for a 4th
+        draft right ~0.4 of the time, where the step's ~88 ms made it pay: `goodput` verified the same drafts as
+        fixed K = 3 while drafting K = 4's, 0.93x fixed K = 2. The cut depends on draft counts and past
         outcomes only, never on the target, so verification stays lossless.
         """
         probing, self.probing = self.probing, set()
@@ -527,15 +534,16 @@ class GoodputController(ControllerBase):
         context = float(np.mean([s.num_cached for s in seqs]))
         p = self._estimates(seqs, widest, context)  # [B, widest]
         drafts = np.array(counts)  # [B]
+        paid = self.cost.predict_draft(len(seqs), widest, context)  # seconds this step's drafting took, as priced
         if self.cost.packed:
             # Each row is kept on its own estimate, so one whose first drafts missed would never be verified
             # again, nor learn otherwise (SmolLM2, n-gram, 8 rows at 7,900 tokens: half the rows missed their
             # first draft, sat at 0.25 and were cut for good, where their drafts were right half the time). Rows
             # of thin evidence are judged `explore` deviations up, as `_explore` judges K = 1.
             p[:, 0] = np.minimum(p[:, 0] + self._thin_bonus(seqs, p[:, 0], context), 1.0)
-            width = self._packed_widths(np.cumprod(p, axis=1), drafts, context)
+            width = self._packed_widths(np.cumprod(p, axis=1), drafts, context, paid)
         else:
-            width = self._one_width(np.cumprod(p, axis=1), drafts, context)
+            width = self._one_width(np.cumprod(p, axis=1), drafts, context, paid)
         if np.array_equal(width, drafts):
             return proposal
         keep = [max(int(w), 1 if s.request_id in probing else 0) for s, w in zip(seqs, width, strict=True)]
@@ -555,19 +563,20 @@ class GoodputController(ControllerBase):
                 out[s.request_id] = float(proposal.confidence[b, made - 1]) >= self.draft_stop_below
         return out
 
-    def _one_width(self, reach: np.ndarray, drafts: np.ndarray, context: float) -> np.ndarray:
+    def _one_width(self, reach: np.ndarray, drafts: np.ndarray, context: float, paid: float = 0.0) -> np.ndarray:
         """Where the verify is padded to its widest row: one width w for the batch (each row keeps min(its
-        drafts, w)), the w maximising expected tokens per second. reach [B, widest] P(drafts 1..j accepted),
-        drafts [B] -> [B] the drafts each row keeps."""
+        drafts, w)), the w maximising expected tokens per second of the step (paid: its drafting's seconds).
+        reach [B, widest] P(drafts 1..j accepted), drafts [B] -> [B] the drafts each row keeps."""
         tokens = expected_tokens(reach, drafts).sum(0)  # [widest + 1]
-        seconds = np.array([self.cost.predict_rows(np.minimum(drafts, w), context) for w in range(reach.shape[1] + 1)])
+        widths = range(reach.shape[1] + 1)
+        seconds = paid + np.array([self.cost.predict_rows(np.minimum(drafts, w), context) for w in widths])
         goodput = tokens / np.maximum(seconds, 1e-9)  # [widest + 1]
         width = int(np.argmax(goodput))
         if goodput[width] < goodput[0] * (1.0 + self.widen_margin):  # within the model's error: not a gain
             width = 0
         return np.minimum(drafts, width)
 
-    def _packed_widths(self, reach: np.ndarray, drafts: np.ndarray, context: float) -> np.ndarray:
+    def _packed_widths(self, reach: np.ndarray, drafts: np.ndarray, context: float, paid: float = 0.0) -> np.ndarray:
         """Where the target computes each row's own tokens (`CostModel.packed`): each row its own width. A verify
         then costs its total tokens, whichever rows they are in, so the best n drafts to verify are the n likeliest
         accepted (P(drafts 1..j of row i accepted), non-increasing along a row: taking them in that order keeps
@@ -578,7 +587,7 @@ class GoodputController(ControllerBase):
         made = np.where(np.arange(widest)[None] < drafts[:, None], reach, -1.0)  # [B, widest] -1: no such draft
         order = np.argsort(-made, axis=None, kind="stable")[: int(drafts.sum())]  # [n] row-major: ties keep prefixes
         tokens = num_seqs + np.concatenate([[0.0], np.cumsum(made.flat[order])])  # [n + 1] verifying the first m
-        seconds = self.cost.predict_tokens_many(num_seqs, num_seqs + np.arange(len(order) + 1), context)  # [n + 1]
+        seconds = paid + self.cost.predict_tokens_many(num_seqs, num_seqs + np.arange(len(order) + 1), context)  # [n+1]
         goodput = tokens / np.maximum(seconds, 1e-9)  # [n + 1]
         best = int(np.argmax(goodput))
         if goodput[best] < goodput[0] * (1.0 + self.widen_margin):  # within the model's error: not a gain

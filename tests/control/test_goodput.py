@@ -661,3 +661,27 @@ def test_a_sampled_chain_is_not_cut_by_what_was_drawn():
     """With q attached (a draft model under sampling) the width may not depend on the drafts' confidences:
     keeping draft j for the confidence of draft j + 1, drawn after it, would bias draft j away from q."""
     assert chain_width([1.0] * 6, sampled=True) == chain_width([0.3] * 6, sampled=True) < 6
+
+
+def drafts_verified(drafting_counts: bool) -> int:
+    """Of 4 drafts a pair-like draft model made (12 ms each, right ~0.75 of the time), the ones `truncate` keeps for
+    a verify of 36 ms and 4 ms a token, +6 more for each past 4 (the bend a weight-streaming GEMM turns at).
+    drafting_counts=False: the fault that the step's drafting is left out of its time."""
+    import torch
+
+    from specdecode.drafters.base import Proposal
+
+    cost = CostModel(np.array([32e-3, 0.0, 4e-3, 6e-3, 0.0, 0.0, 0.0, 0.0]))
+    ctrl = GoodputController(cost=cost, cheap_draft=0.0)
+    ctrl.seed_pair(0.75, 12e-3)
+    if not drafting_counts:
+        cost.predict_draft = lambda num_seqs, k, context=0.0: 0.0
+    seqs = make_seqs(1)
+    return ctrl.truncate(seqs, Proposal.from_lists([[5] * 4], 4, torch.device("cpu"))).num_tokens.tolist()[0]
+
+
+def test_truncate_prices_a_width_over_the_whole_step_drafting_included():
+    """The 4th draft adds 0.32 tokens for 10 ms of verify: dear against the verify's ~48 ms alone, worth it against
+    the step's ~96 with the drafting that made it (drafts already made are paid either way)."""
+    assert drafts_verified(drafting_counts=True) == 4
+    assert drafts_verified(drafting_counts=False) == 3
