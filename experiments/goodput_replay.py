@@ -19,7 +19,9 @@ at BUSY times what it measured, as on a machine busy at load). The fixed arms dr
 stopping after a draft below STOP_BELOW confidence as the arm does; `-nostop` arms never stop (they are not
 counted as the best fixed arm). With --passes N every arm decodes the texts N times over, and each pass is also
 reported on its own: a controller seeded wrong shows in the first pass, whether it recovered in the later ones.
-The draft reads each prompt before the first step (bench long-context warms it the same way). What this leaves
+The draft reads each prompt before the first step (bench long-context warms it the same way). Every draft made is
+charged, those `truncate` then cuts as well (the engine has paid for them; until 2026-11-29 only the drafts kept were,
+which made cutting look free); --retime times the prices again for a --texts-file's texts. What this leaves
 out: the engine's own overhead between forwards (the same for every arm), and the draft's confidences after a
 rejected draft (taken on the true prefix: a draft made after a miss is wasted whatever it says).
 

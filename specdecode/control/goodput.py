@@ -175,9 +175,9 @@ class GoodputController(ControllerBase):
         # stayed at ~0.65 and held `goodput` at K = 1-2 where K = 3 was best (results/goodput_replay.json).
         self.acceptance.prior_decay = 1.0
         # And the pool, which knows this draft on this target, is worth two of a row's own drafts, not one: a row's
-        # ~10 forgotten drafts are a noisy sample of a rate near what a draft needs at long contexts, and a row
-        # right 62% of the time stopped after a few misses where fixed K = 1 paid (the dev prose replay at 8,192
-        # tokens: 0.968x the best fixed K at weight 1, 0.977x at 2; code and prose at 256-8,192: 0.99-1.00x).
+        # ~10 forgotten drafts are a noisy sample of a rate near what a draft needs at long contexts, and on the dev
+        # prose replay at 8,192 tokens a row right 62% of the time stopped after a few misses where fixed K = 1
+        # paid (docs/benchmarks.md, "goodput over a draft that stops when unsure").
         self.acceptance.prior_weight = 2.0
         self.cost.draft_context_cap = SINK + window if window > 0 else 0
         steps = steps or ((1, 0, draft_step_s),)
@@ -401,8 +401,8 @@ class GoodputController(ControllerBase):
         short, and moving it costs nothing: each step takes the widest K within `tie_margin` of the best, so that
         where the model cannot tell them apart the drafter's confidence in each draft, which no row's history
         knows, decides where a chain ends. Holding K, `goodput` sat at K = 1 at 8,192 tokens on the dev code replay
-        where K = 3 was predicted 1.008x it and measured 1.043x (0.939x the best fixed K; 0.979x this way; the
-        widest within 3% instead: 0.976x, and 0.958x on dev prose at 8,192, where 1% reads 0.986x)."""
+        where K = 3 was predicted 1.008x it and measured 1.043x; the widest within the 3% hold instead took K_max
+        where a shallower K was best (results/goodput_replay_{code,prose}_s26.json: this rule)."""
         best = int(np.argmax(gain))
         if self.draft_stop_below > 0.0 and best > 0:
             self.k_batch = int(np.flatnonzero(gain >= gain[best] / (1.0 + self.tie_margin))[-1])
@@ -512,8 +512,9 @@ class GoodputController(ControllerBase):
         Drafting is already paid, so it does not change with the width, but it is part of the step the tokens are
         made in: each width's rate is its expected tokens over the drafts' price and its verify's. Over the verify
         alone, a verify from 4 to 5 tokens on the pair at 2,048 tokens (+4 ms of ~41) looked too dear for a 4th
-        draft right ~0.4 of the time, where the step's ~88 ms made it pay: `goodput` verified the same drafts as
-        fixed K = 3 while drafting K = 4's, 0.93x fixed K = 2. The cut depends on draft counts and past
+        draft right ~0.4 of the time, where the step's ~88 ms made it pay: in the engine on the eval text `goodput`
+        drafted K = 4's drafts and verified fixed K = 3's (41.3 ms of drafting a step, fixed:3 35.5 for the same
+        verified drafts). The cut depends on draft counts and past
         outcomes only, never on the target, so verification stays lossless.
         """
         probing, self.probing = self.probing, set()

@@ -89,3 +89,21 @@ def test_passes_are_reported_one_by_one_and_a_controller_keeps_what_it_learned()
     ctrl.acceptance.seed_pool(0.3, 8.0)
     learning = replay_passes(Replay(ctrl, 0, PRICES, 0.0), texts, "g", 3, 64)
     assert learning[-1] > 1.1 * learning[0]
+
+
+def test_drafts_truncate_cuts_are_charged_as_made():
+    """A controller that asks 2 drafts a step and verifies none pays for the 2 drafts every step, as the engine does
+    (the draft model ran them), and for a one-token verify. Control: charging only the drafts kept, as the replay
+    did before 2026-11-29, would charge the verify alone."""
+    import torch
+
+    ctrl = GoodputController()
+    ctrl.choose = lambda seqs, k_max: [2] * len(seqs)
+    ctrl.truncate = lambda seqs, proposal: proposal.truncated(torch.zeros_like(proposal.num_tokens))
+    replay = Replay(ctrl, 0, PRICES, 0.7)
+    replay.run(text([True] * 6), "r", 64)
+    # K as the request's end clamps it: 2, 2, 2, 1, 0; nothing verified, so the draft's backlog grows a token a step
+    assert replay.k_chosen == [2, 2, 2, 1, 0]
+    drafting = sum(PRICES.draft_s(b + 1) + (k - 1) * PRICES.draft_s(1) for b, k in enumerate(replay.k_chosen) if k)
+    assert replay.seconds == pytest.approx(drafting + 5 * PRICES.target[1])
+    assert replay.seconds > 5 * PRICES.target[1] * 1.2
