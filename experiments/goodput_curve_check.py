@@ -4,7 +4,7 @@
 
 Replays `goodput` (experiments/goodput_replay.py: the pair's load probe, the draft's confidence stop, a cached
 texts file's teacher-forced agreement and prices) and records, at each step, what it predicted every K would give
-(`goodput_curve`'s tokens and seconds) and what asking that K there would have given: the drafts the stop makes, the
+(`curve_parts`' tokens and seconds) and what asking that K there would have given: the drafts the stop makes, the
 run accepted, their prices. A controller whose prices or continuation are biased shows it as a gap between the two
 averages. --blind: the last draft's confidence never tells the continuation where the drafter would have stopped
 (control/continuation.py), as before 2026-11-29. The truth takes a backlog of one token a step (the replay charges
@@ -21,44 +21,31 @@ import experiments.goodput_replay as gr
 import specdecode.control.goodput as goodput_module
 from experiments.goodput_draft_context import pair_llm
 from specdecode.bench.lib import provenance, write_result
-from specdecode.control.continuation import width_distributions
 
 MAX_TOKENS = 64
 
 
 class Recorder:
-    """Wraps `goodput_curve`: keeps each full-width call's tokens and seconds [k_max + 1]."""
+    """Wraps `curve_parts`: keeps the tokens and seconds [k_max + 1] of each full-width goodput curve."""
 
     def __init__(self) -> None:
+        self.parts = goodput_module.curve_parts
         self.tokens: list[np.ndarray] = []
         self.seconds: list[np.ndarray] = []
 
-    def __call__(self, reach, caps, cost, context, go_on=None, go_on_accepted=None) -> np.ndarray:
-        num_seqs, k_max = reach.shape
-        go = np.ones(k_max) if go_on is None else go_on  # [k_max]
-        after = go if go_on_accepted is None else go_on_accepted  # [k_max]
-        tokens = goodput_module.expected_tokens(reach * np.cumprod(after[:k_max])[None], caps).sum(0)  # [k_max + 1]
-        prices = cost.predict_many(num_seqs, np.arange(k_max + 1), context)  # [k_max + 1]
-        seconds = width_distributions(go, caps, k_max) @ prices  # [k_max + 1]
-        if k_max == gr.K_MAX:  # not `_explore`'s K <= 1 curve
+    def __call__(self, reach: np.ndarray, *args) -> tuple[np.ndarray, np.ndarray]:
+        tokens, seconds = self.parts(reach, *args)  # [k_max + 1] each
+        if reach.shape[1] == gr.K_MAX:  # not `_explore`'s K <= 1 curve
             self.tokens.append(tokens)
             self.seconds.append(seconds)
-        return tokens / np.maximum(seconds, 1e-9)
+        return tokens, seconds
 
 
 def truth(text: gr.Text, t: int, k: int, prices: gr.Prices) -> tuple[int, float]:
     """(tokens, seconds) of asking K = k at response position t: the stop's drafts, the run accepted, their prices."""
     k = max(0, min(k, min(MAX_TOKENS, len(text.response)) - t - 1))
-    made = 0
-    for j in range(k):
-        made = j + 1
-        if text.confidence[t + j] < gr.STOP_BELOW:
-            break
-    run = 0
-    while run < made and text.agree[t + run]:
-        run += 1
-    draft = prices.draft_s(1) * made
-    return run + 1, draft + prices.target[made + 1]
+    made = gr.Replay(None, k, prices, gr.STOP_BELOW).drafted(text, t, k)
+    return gr.accepted_run(text, t, made) + 1, prices.draft_s(1) * made + prices.target[made + 1]
 
 
 def main() -> None:
@@ -71,7 +58,7 @@ def main() -> None:
     base = pair_llm(max_model_len=8192 + MAX_TOKENS + 2 * gr.K_MAX + 8)
     texts, prices = gr.load_cell(a.texts_file, a.context)
     recorder = Recorder()
-    goodput_module.goodput_curve = recorder
+    goodput_module.curve_parts = recorder
     ctrl = base.new_controller("goodput")
     if a.blind:
         ctrl._would_go_on = lambda seqs, proposal: {}

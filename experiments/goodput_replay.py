@@ -133,6 +133,14 @@ def time_prices(base: LLM, context: int, repeats: int = 7) -> Prices:
     return Prices({w: med[("target", w)] for w in range(1, K_MAX + 2)}, {w: med[("draft", w)] for w in DRAFT_WIDTHS})
 
 
+def accepted_run(text: Text, t: int, n: int) -> int:
+    """Drafts accepted of n made at response position t: greedy verification keeps them while the draft agrees."""
+    run = 0
+    while run < n and text.agree[t + run]:
+        run += 1
+    return run
+
+
 class Replay:
     """One arm over a list of texts; `controller` None: fixed K."""
 
@@ -168,10 +176,7 @@ class Replay:
             confidence = torch.tensor(text.confidence[t : t + n], dtype=torch.float32)[None]  # [1, n]
             proposal = Proposal(torch.full((1, n), 100), torch.tensor([n]), None, confidence)
             n = int(self.controller.truncate([seq], proposal).num_tokens[0])
-        run = 0
-        while run < n and text.agree[t + run]:
-            run += 1
-        accepted = min(n, run)
+        accepted = accepted_run(text, t, n)
         # every draft made is paid, those truncate then cut too
         draft_s = self.prices.draft_s(self.backlog) + (made - 1) * self.prices.draft_s(1) if made else 0.0
         verify_s = self.prices.target[n + 1]

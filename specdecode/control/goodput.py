@@ -62,6 +62,25 @@ def expected_tokens(reach: np.ndarray, caps: np.ndarray) -> np.ndarray:
     return 1.0 + np.take_along_axis(cum, ks, axis=1)
 
 
+def curve_parts(
+    reach: np.ndarray,
+    caps: np.ndarray,
+    cost: CostModel,
+    context: float,
+    go_on: np.ndarray | None = None,
+    go_on_accepted: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """([k_max + 1] expected tokens, [k_max + 1] predicted seconds) of the batch's step for each batch K: see
+    `goodput_curve`."""
+    num_seqs, k_max = reach.shape
+    go_on = np.ones(k_max) if go_on is None else go_on  # [k_max] (all K made: every batch is its widest row's K)
+    after = go_on if go_on_accepted is None else go_on_accepted  # [k_max] the drafter going on after a hit
+    tokens = expected_tokens(reach * np.cumprod(after[:k_max])[None], caps).sum(0)  # [k_max + 1]
+    prices = cost.predict_many(num_seqs, np.arange(k_max + 1), context)  # [k_max + 1] by width made
+    seconds = width_distributions(go_on, caps, k_max) @ prices  # [k_max + 1] by K asked
+    return tokens, seconds
+
+
 def goodput_curve(
     reach: np.ndarray,
     caps: np.ndarray,
@@ -73,12 +92,7 @@ def goodput_curve(
     """[k_max + 1] predicted tokens per second of the batch for each batch K. go_on [k_max]: P(the drafter makes
     draft j | it made j - 1) (control/continuation.py; None: it always makes all K), so that a drafter that stops
     early is asked K as a cap: K costs the drafts it makes, and only drafts made can be accepted."""
-    num_seqs, k_max = reach.shape
-    go_on = np.ones(k_max) if go_on is None else go_on  # [k_max] (all K made: every batch is its widest row's K)
-    after = go_on if go_on_accepted is None else go_on_accepted  # [k_max] the drafter going on after a hit
-    tokens = expected_tokens(reach * np.cumprod(after[:k_max])[None], caps).sum(0)  # [k_max + 1]
-    prices = cost.predict_many(num_seqs, np.arange(k_max + 1), context)  # [k_max + 1] by width made
-    seconds = width_distributions(go_on, caps, k_max) @ prices  # [k_max + 1] by K asked
+    tokens, seconds = curve_parts(reach, caps, cost, context, go_on, go_on_accepted)  # [k_max + 1] each
     return tokens / np.maximum(seconds, 1e-9)
 
 
