@@ -276,6 +276,13 @@ def add_cost_args(g: argparse._ArgumentGroup) -> None:
         help="cost: timed forwards per cell (median, default 5); startup: runs on a warm package cache (5); "
         "long-context: decodes per arm and cell, arms in turn (2)",
     )
+    g.add_argument(
+        "--texts",
+        type=int,
+        default=1,
+        help="long-context: texts a cell decodes, each its own prefilled batch, cut further along the prompts' "
+        "text; an arm's tok/s is over all of them (1)",
+    )
     g.add_argument("--baseline", default=None, help="another checkout (e.g. a worktree of the previous commit)")
     g.add_argument(
         "--baseline-step",

@@ -17,6 +17,10 @@ The rows never finish (EOS ignored, max_tokens past the run) so they keep their 
 batch has made B x --max-tokens tokens, so the batch is B rows throughout. Greedy speculation is lossless, so
 every arm must emit the same tokens: each cell records whether they did (`lossless`), a check of the rewind.
 
+With --texts N a cell decodes N batches in turn, each cut further along the text and prefilled on its own, and an
+arm's tok/s in a repeat is all of their tokens over all of their seconds: at batch 1 a cell is otherwise one text,
+whose own character (how far its drafts run) decides which fixed K wins.
+
 Reported per cell: tok/s per arm (median over repeats); per step the mean K each arm's controller asked for and
 the drafts verified per row (after the drafter found what it could and `truncate`: what goodput really chose
 with a cheap drafter, which it always asks for everything); acceptance and tau; and goodput / the best fixed arm
@@ -63,16 +67,18 @@ def frame(llm, chat: bool) -> tuple[list[int], list[int]]:
     return (llm.encode(head) if head else []), llm.encode(QUESTION + tail)
 
 
-def context_prompts(llm, text: list[int], n: int, rows: int, chat: bool) -> list[list[int]]:
+def context_prompts(llm, text: list[int], n: int, rows: int, chat: bool, first: int = 0) -> list[list[int]]:
     """`rows` prompts of exactly n tokens: head + text[offset : offset + body] + question + tail, row i at
-    offset i * ROW_STRIDE. text: token ids at least (rows - 1) * ROW_STRIDE + n long (`text_ids`)."""
+    offset (first + i) * ROW_STRIDE. text: token ids at least (first + rows - 1) * ROW_STRIDE + n long
+    (`text_ids`)."""
     head, tail = frame(llm, chat)
     body = n - len(head) - len(tail)
     if body < 1:
         raise ConfigError(
             f"a context of {n} tokens leaves no room for text: the template and question take {len(head) + len(tail)}"
         )
-    return [head + text[i * ROW_STRIDE : i * ROW_STRIDE + body] + tail for i in range(rows)]
+    offsets = [(first + i) * ROW_STRIDE for i in range(rows)]
+    return [head + text[o : o + body] + tail for o in offsets]
 
 
 def text_ids(llm, contexts: list[int], rows: int, prompts: str | None, split: str = "all") -> list[int]:
@@ -235,6 +241,29 @@ def run_cell(base, arms: list[ArmSpec], prompts: list[list[int]], plan: CellPlan
     return runs
 
 
+def run_texts(base, arms: list[ArmSpec], prompt_sets: list[list[list[int]]], plan: CellPlan, turn: int, bar) -> dict:
+    """`run_cell` on each set of prompts in turn (a cell's texts: `--texts`), each arm's repeat r then one run over
+    all of them (`joined`): its tok/s is every text's tokens over every text's seconds. At batch 1 a cell is one
+    row, so one text's own character (how far its drafts run, how early they miss) would decide between the arms."""
+    per_text = [run_cell(base, arms, prompts, plan, turn + t, bar) for t, prompts in enumerate(prompt_sets)]
+    return {a.name: [joined([runs[a.name][r] for runs in per_text]) for r in range(plan.repeats)] for a in arms}
+
+
+def joined(runs: list[ArmRun]) -> ArmRun:
+    """One arm's runs on several texts as one run: times, counts, per-step K and rows, one after another."""
+    out = ArmRun()
+    for run in runs:
+        out.seconds += run.seconds
+        out.tokens += run.tokens
+        out.drafted += run.drafted
+        out.accepted += run.accepted
+        out.forwards += run.forwards
+        out.k_chosen += run.k_chosen
+        out.k_verified += run.k_verified
+        out.outputs += run.outputs
+    return out
+
+
 def lossless(runs: dict[str, list[ArmRun]]) -> bool:
     """Every arm and repeat emitted the same tokens per row (over the tokens all of them made): greedy
     speculation is lossless, and a rewind that left stale state would break it."""
@@ -373,6 +402,8 @@ def run_from_args(a: argparse.Namespace) -> None:
 
     arms = parse_arms(a.arms, a.num_speculative_tokens, LONG_CONTEXT_ARMS)
     check_arms(a.method, arms)
+    if a.texts < 1:
+        raise ConfigError(f"--texts must be >= 1, got {a.texts}")
     k_max = max(arm.k for arm in arms)
     budget = a.max_num_batched_tokens or PREFILL_BUDGET
     # The base LLM holds the weights; its own engine is never used (one slot, a short context), each cell builds one.
@@ -385,12 +416,13 @@ def run_from_args(a: argparse.Namespace) -> None:
         print(note, flush=True)
     if not cells:
         raise ConfigError(f"no context fits the target's {limit} positions with the decode room")
-    text = text_ids(base, [n for n, _ in cells], max(b for _, b in cells), a.prompts, a.split)
+    rows = max(b for _, b in cells) * a.texts  # a cell's texts are rows too, cut further along
+    text = text_ids(base, [n for n, _ in cells], rows, a.prompts, a.split)
     results = []
-    with tqdm(total=len(cells) * len(arms) * a.repeats, desc="long-context", unit="arm") as bar:
+    with tqdm(total=len(cells) * a.texts * len(arms) * a.repeats, desc="long-context", unit="arm") as bar:
         for turn, (n, b) in enumerate(cells):
-            prompts = context_prompts(base, text, n, b, a.chat)
-            runs = run_cell(base, arms, prompts, CellPlan(n, b, a.max_tokens, a.repeats), turn, bar)
+            prompt_sets = [context_prompts(base, text, n, b, a.chat, first=t * b) for t in range(a.texts)]
+            runs = run_texts(base, arms, prompt_sets, CellPlan(n, b, a.max_tokens, a.repeats), turn, bar)
             summaries = {name: arm_summary(rs) for name, rs in runs.items()}
             cell = {"context": n, "batch": b, "arms": summaries, "verdict": verdict(summaries, arms)}
             cell["lossless"] = lossless(runs)
@@ -404,6 +436,7 @@ def run_from_args(a: argparse.Namespace) -> None:
         "arms": [arm.name for arm in arms],
         "max_tokens": a.max_tokens,
         "repeats": a.repeats,
+        "texts": a.texts,
         "prompts": a.prompts or "code",
         "split": a.split,
         "chat": a.chat,
@@ -413,6 +446,7 @@ def run_from_args(a: argparse.Namespace) -> None:
         "all_met": all(c["verdict"]["met"] for c in results),
     }
     out = write_result(a.output, result)
-    title = f"{a.target}, {a.method}: {a.max_tokens} tokens a row after the prompt, median of {a.repeats}"
+    title = f"{a.target}, {a.method}: {a.max_tokens} tokens a row after the prompt, {a.texts} text(s)"
+    title += f", median of {a.repeats}"
     plot(results, arms, out.with_suffix(".png"), title)
     print(f"wrote {out} and {out.with_suffix('.png')}", file=sys.stderr)

@@ -16,6 +16,7 @@ from specdecode.bench.long_context import (
     frame,
     lossless,
     run_cell,
+    run_texts,
     text_ids,
     verdict,
 )
@@ -158,6 +159,36 @@ def test_negative_control_a_rewind_one_token_short_is_caught(smollm2, text, monk
         assert_decodes_fresh(runs, prompts, fresh_outputs(smollm2, prompts, MAX_TOKENS))
 
 
+def texts_cell(smollm2, text) -> tuple[dict, list[list[int]]]:
+    """Two texts of one row each, decoded in turn and joined per arm and repeat."""
+    arms = parse_arms(ARMS, 2, ())
+    sets = [context_prompts(smollm2, text, 64, rows=1, chat=True, first=t) for t in range(2)]
+    runs = run_texts(smollm2, arms, sets, CellPlan(64, 1, MAX_TOKENS, 2), turn=0, bar=Bar())
+    return runs, [p for prompts in sets for p in prompts]
+
+
+def assert_both_texts(runs: dict, prompts: list[list[int]], expected: list[list[int]]) -> None:
+    """Each arm's repeat is one run over both texts: both rows, in order, as a fresh engine decodes them."""
+    assert len({tuple(p) for p in prompts}) == 2  # the second text is cut further along
+    for repeats in runs.values():
+        assert len(repeats) == 2 and all(run.tokens >= 2 * MAX_TOKENS for run in repeats)
+    assert_decodes_fresh(runs, prompts, expected)
+
+
+def test_a_cells_texts_are_decoded_in_turn_and_joined(smollm2, text):
+    runs, prompts = texts_cell(smollm2, text)
+    assert_both_texts(runs, prompts, fresh_outputs(smollm2, prompts, MAX_TOKENS))
+    assert lossless(runs)
+
+
+def test_negative_control_a_join_that_keeps_one_text_is_caught(smollm2, text, monkeypatch):
+    real_joined = lc.joined
+    monkeypatch.setattr(lc, "joined", lambda runs: real_joined(runs[:1]))
+    runs, prompts = texts_cell(smollm2, text)
+    with pytest.raises(AssertionError):
+        assert_both_texts(runs, prompts, fresh_outputs(smollm2, prompts, MAX_TOKENS))
+
+
 def summaries(**tps: float) -> dict[str, dict]:
     return {name.replace("_", ":"): {"tokens_per_s": v} for name, v in tps.items()}
 
@@ -214,6 +245,7 @@ def test_the_command_writes_json_and_plot(tmp_path, capsys):
     assert main(argv) == 0
     data = json.loads(out.read_text())
     assert data.keys() >= {"command", "machine", "date", "target", "method", "arms", "cells", "skipped", "all_met"}
+    assert data["texts"] == 1
     assert [(c["context"], c["batch"]) for c in data["cells"]] == [(64, 1), (64, 2), (128, 1), (128, 2)]
     assert len(data["skipped"]) == 2 and all("100000" in note for note in data["skipped"])  # past SmolLM2's 8192
     for c in data["cells"]:
