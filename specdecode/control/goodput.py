@@ -13,7 +13,8 @@ Guards: hysteresis (the batch K only moves for a predicted gain above `margin`),
 has drafted nothing for `probe_every` steps is given drafts again: free when the batch already speculates (a
 draft model's catch-up aside: one such row a step), otherwise one row at depth 1 at most once per `probe_every`
 steps, no more often than keeps what probes cost within `probe_budget` of the time, and never where not even one
-row's drafts, all accepted, could pay: `_alone_could_pay`), and clipped estimates (no collapse).
+row's drafts, all accepted, could pay: `_alone_could_pay`, at 1 / SEED_DOUBT of a price seeded at load until drafting
+steps have measured one), and clipped estimates (no collapse).
 
 A probe's cost depends on the drafter: an n-gram probe costs one more verified token, but a draft model that
 sat idle must first catch up on every token since it last drafted. On the Qwen2.5-Coder pair a probe every 16
@@ -47,6 +48,9 @@ from specdecode.step.sequence import Sequence
 from specdecode.verify.tree_layout import tree_layout
 
 CAUGHT_UP = 8  # tokens a draft model may have left to read of a row that drafted last step (what it accepted)
+# The most a price seeded at load has overstated drafting: a load probe timed while another process loaded beside it
+# priced the 0.5B's drafts at 30 ms where they cost 12 (`_may_widen`).
+SEED_DOUBT = 2.5
 
 
 def row_cap(seq: Sequence, k_max: int) -> int:
@@ -471,20 +475,26 @@ class GoodputController(ControllerBase):
         return self.since_probe >= spacing and self._may_widen(num_seqs, k_max, context)
 
     def _may_widen(self, num_seqs: int, k_max: int, context: float) -> bool:
-        """Whether a widening probe may be given: until a drafting step has priced drafts, the price may be a busy
-        machine's and probes are how it is learned; after, only where one row could pay (`_alone_could_pay`)."""
-        return not self.cost.draft_measured or self._alone_could_pay(num_seqs, k_max, context)
+        """Whether a widening probe may be given: only where one row could pay (`_alone_could_pay`). Until a
+        drafting step has priced drafts, the price may be a busy machine's, and probes are how it is learned: one
+        row's drafts are then judged at 1 / SEED_DOUBT of it. Probing whatever the price, 8 rows at 8,192 tokens on
+        the pair (dev code, 2026-11-29: a row's drafts could not pay there at 2.5x below their seeded price) spent
+        4.5% of a 64-token run on one probe and its follow-up (349 and 119 ms against 92 a plain step)."""
+        doubt = 1.0 if self.cost.draft_measured else 1.0 / SEED_DOUBT
+        return self._alone_could_pay(num_seqs, k_max, context, doubt)
 
-    def _alone_could_pay(self, num_seqs: int, k_max: int, context: float) -> bool:
+    def _alone_could_pay(self, num_seqs: int, k_max: int, context: float, draft_scale: float = 1.0) -> bool:
         """Whether one row's drafts could pay in this batch even if every one were accepted (P_MAX each), at some
         K <= k_max: a widening probe gives one row a draft, and where not even that could pay, what it learns
         changes nothing. On the pair at 8 rows of 2,048 tokens (one row's draft ~11 ms and a verified token ~8
         more, against ~16 ms a token of a plain step) the probes only spent their budget: `goodput` 0.968x K = 0,
         five repeats of 5 (results/long_context_pair_b8_s22.json). At batch 1 the row is the batch: wherever a
-        draft could pay at all, it probes as before. Asked once drafting steps have priced the draft (`choose`)."""
+        draft could pay at all, it probes as before. draft_scale: the drafts' price is taken at this share of the
+        cost model's (`_may_widen`)."""
         plain = num_seqs / max(self.cost.predict(num_seqs, 0, context), 1e-9)  # tokens per second at K = 0
         ks = np.arange(1, k_max + 1)  # [k_max]
-        seconds = self.cost.predict_one_row(num_seqs, ks, context) + self.cost.predict_draft_many(1, ks, context)
+        drafting = draft_scale * self.cost.predict_draft_many(1, ks, context)  # [k_max]
+        seconds = self.cost.predict_one_row(num_seqs, ks, context) + drafting
         tokens = num_seqs + np.cumsum(P_MAX**ks)  # [k_max] every draft accepted
         return bool(np.any(tokens / seconds > plain * (1.0 + self.widen_margin)))
 
