@@ -164,8 +164,9 @@ def kernel_piece(device: torch.device, dtype: torch.dtype) -> int | None:
     """The most new tokens a row may feed in one forward for every layer's attention to take the few-queries kernel
     (KERNEL_MAX_QUERIES), where it serves this device and activation dtype; None where it does not (SDPA takes any
     length). A reading of more tokens is cheaper in such pieces: the 0.5B draft of the Qwen2.5-Coder pair read 256
-    tokens after 8,192 cached ones at 5.2 ms a token in one forward and 2.8 in pieces of 32, and 1,024 tokens of a
-    new prompt at 1.6 and 0.9 (2-core AMD EPYC, bf16 cache, 2026-11-29)."""
+    tokens after 8,192 cached ones at 5.5 ms a token in one forward and 3.1 in pieces of 32, and 1,024 tokens of a
+    new prompt at 1.7 and 1.0 (2-core AMD EPYC, bf16 cache, 2026-11-29; `python -m experiments.draft_catch_up`,
+    results/draft_catch_up.json)."""
     usable = device.type == "cpu" and dtype == torch.float32 and few_rows.attention_usable()
     return KERNEL_MAX_QUERIES if usable else None
 
