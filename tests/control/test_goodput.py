@@ -315,23 +315,36 @@ def test_silent_rows_of_a_draft_model_join_a_drafting_step_one_at_a_time():
     assert rows_probed_beside_a_drafting_row(riders=8) == 8
 
 
-def drafting_steps_at(rows: int, steps: int = 200) -> int:
-    """Steps that drafted, of `steps`, for `rows` rows of the pair at 2,048 tokens on a CPU (packed: 30 ms a step
-    and 12 ms a verified token; a draft step 11 ms for one row, 23 for four; the pool at 0.75); every draft is
-    rejected."""
+def pair_at_2048() -> GoodputController:
+    """`goodput` over the pair at 2,048 tokens on a CPU (packed: 30 ms a step and 12 ms a verified token)."""
     ctrl = GoodputController(cost=CostModel.linear(30e-3, 0.0, 12e-3, 0.0))
     ctrl.cost.packed = True
-    ctrl.cost.seed_draft(11e-3, weight=2.0)
-    ctrl.cost.seed_draft(23e-3, weight=2.0, num_seqs=4)
-    ctrl.acceptance.seed_pool(0.75, 8.0)
+    return ctrl
+
+
+def steps_that_drafted(ctrl: GoodputController, rows: int, steps: int, propose_s) -> int:
+    """Steps that drafted, of `steps`, for `rows` rows with every draft rejected: a step takes what ctrl's model
+    prices its verify at, plus propose_s(ks) of drafting."""
     seqs, drafting = make_seqs(rows), 0
     for _ in range(steps):
         ks = ctrl.choose(seqs, K_MAX)
-        propose = ctrl.cost.predict_draft(sum(k > 0 for k in ks), max(ks), 3.0)
+        propose = propose_s(ks)
         seconds = ctrl.cost.predict_rows(np.array(ks), 3.0) + propose
         ctrl.observe(StepStats(seqs, ks, [0] * rows, seconds, rows + sum(ks), 3.0, propose, seconds - propose))
         drafting += max(ks) > 0
     return drafting
+
+
+def drafting_steps_at(rows: int, steps: int = 200) -> int:
+    """Steps that drafted, of `steps`, for `rows` rows of `pair_at_2048` (a draft step 11 ms for one row, 23 for
+    four; the pool at 0.75); every draft is rejected."""
+    ctrl = pair_at_2048()
+    ctrl.cost.seed_draft(11e-3, weight=2.0)
+    ctrl.cost.seed_draft(23e-3, weight=2.0, num_seqs=4)
+    ctrl.acceptance.seed_pool(0.75, 8.0)
+    return steps_that_drafted(
+        ctrl, rows, steps, lambda ks: ctrl.cost.predict_draft(sum(k > 0 for k in ks), max(ks), 3.0)
+    )
 
 
 def test_no_widening_probe_where_not_even_a_perfect_row_could_pay(monkeypatch):
@@ -346,21 +359,12 @@ def test_no_widening_probe_where_not_even_a_perfect_row_could_pay(monkeypatch):
 
 
 def probing_steps(rows: int, seed_s: float, steps: int = 100) -> int:
-    """Steps that drafted, of `steps`, for `rows` rows of the pair at 2,048 tokens as in `drafting_steps_at`, with
-    the draft seeded at seed_s a draft where drafting takes 11 ms a draft: every draft is rejected, so only probes
-    (and their follow-ups) draft."""
-    ctrl = GoodputController(cost=CostModel.linear(30e-3, 0.0, 12e-3, 0.0))
-    ctrl.cost.packed = True
+    """Steps that drafted, of `steps`, for `rows` rows of `pair_at_2048`, with the draft seeded at seed_s a draft
+    where drafting takes 11 ms a draft: every draft is rejected, so only probes (and their follow-ups) draft."""
+    ctrl = pair_at_2048()
     ctrl.cost.seed_draft(seed_s)
     ctrl.acceptance.seed_pool(0.3, 8.0)  # a draft that does not pay: the batch sits at K = 0 between probes
-    seqs, drafting = make_seqs(rows), 0
-    for _ in range(steps):
-        ks = ctrl.choose(seqs, K_MAX)
-        propose = 11e-3 * max(ks)
-        seconds = ctrl.cost.predict_rows(np.array(ks), 3.0) + propose
-        ctrl.observe(StepStats(seqs, ks, [0] * rows, seconds, rows + sum(ks), 3.0, propose, seconds - propose))
-        drafting += max(ks) > 0
-    return drafting
+    return steps_that_drafted(ctrl, rows, steps, lambda ks: 11e-3 * max(ks))
 
 
 def test_before_a_draft_is_priced_a_probe_needs_a_row_that_could_pay_at_a_busy_seeds_price(monkeypatch):
