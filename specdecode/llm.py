@@ -277,6 +277,8 @@ class LLM:
                 steps=price.steps,
                 window=self.spec.draft_window,
                 reads=price.reads,
+                confidences=price.confidences,
+                agreed=price.agreed,
             )
         return controller
 

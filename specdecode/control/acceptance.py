@@ -105,6 +105,11 @@ class AcceptanceTracker:
         trials = self.trials.get(request_id)
         return 0.0 if trials is None else float(trials[0])
 
+    def trials_at(self, request_id: str, k: int) -> np.ndarray:
+        """[k] the request's own (forgotten) count of drafts tried at positions 1..k: zeros before it drafts."""
+        trials = self.trials.get(request_id)
+        return np.zeros(k) if trials is None else trials[:k].copy()
+
     def has_drafted(self, request_id: str) -> bool:
         """Whether the request has had drafts verified (it has counts of its own)."""
         return request_id in self.trials

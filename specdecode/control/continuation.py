@@ -7,7 +7,9 @@ results/goodput_replay.json). Counted from the drafts each row made against the 
 for 3 that made 1 tried position 2 and stopped), pooled over requests and forgotten by `decay` each row-step,
 twice: over every row (what drafting costs) and over rows whose draft j - 1 was accepted (what drafts return: a
 drafter that stops when unsure goes on after the confident drafts, the ones likelier right).
-A drafter without a stop always goes on (every estimate tends to 1), and the prior is that it does.
+A drafter without a stop always goes on (every estimate tends to 1), and the prior is that it does. A draft model
+measured at load (control/pair_probe.py: its confidence at each token of the probe's text) starts where the probe
+saw it go on instead (`seed`; `GoodputController.bind_drafter`).
 
 A row that made every draft it was asked for says nothing, by what it made, of the position past them; but its last
 draft's confidence does: the drafter would have gone on exactly where it was at least the stop. Counting only
@@ -43,6 +45,13 @@ class DraftContinuation:
             prior = self.prior_weight * go_on[j - 1]
             go_on[j] = (self.went_on[row, j] + prior) / (self.reached[row, j] + self.prior_weight)
         return go_on
+
+    def seed(self, go_on: float, go_on_accepted: float, weight: float) -> None:
+        """Start every position past the first at these rates (of every row, and after an accepted draft), worth
+        `weight` rows that reached it: a load probe's measure of the drafter's stop (`GoodputController.bind_drafter`)
+        in place of the prior that it always goes on."""
+        self.went_on[:, 1:] = weight * np.array([[go_on], [go_on_accepted]])
+        self.reached[:, 1:] = weight
 
     def update(self, asked: int, made: int, accepted: int, would_go_on: bool | None = None) -> None:
         """A row asked for `asked` drafts made `made` (<= asked) and had `accepted` of them accepted: it went on

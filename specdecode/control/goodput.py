@@ -14,7 +14,8 @@ has drafted nothing for `probe_every` steps is given drafts again: free when the
 draft model's catch-up aside: one such row a step), otherwise one row at depth 1 at most once per `probe_every`
 steps, no more often than keeps what probes cost within `probe_budget` of the time, and never where not even one
 row's drafts, all accepted, could pay: `_alone_could_pay`, at 1 / SEED_DOUBT of a price seeded at load until drafting
-steps have measured one), and clipped estimates (no collapse).
+steps have measured one), optimism where a row's evidence is thin (its first draft: `_explore`; deeper ones, which
+learn only in steps that ask for them: `_deep_optimism`), and clipped estimates (no collapse).
 
 A probe's cost depends on the drafter: an n-gram probe costs one more verified token, but a draft model that
 sat idle must first catch up on every token since it last drafted. On the Qwen2.5-Coder pair a probe every 16
@@ -51,6 +52,7 @@ CAUGHT_UP = 8  # tokens a draft model may have left to read of a row that drafte
 # The most a price seeded at load has overstated drafting: a load probe timed while another process loaded beside it
 # priced the 0.5B's drafts at 30 ms where they cost 12 (`_may_widen`).
 SEED_DOUBT = 2.5
+CONTINUATION_SEED = 4.0  # rows the load probe's measure of a drafter's stop is worth (`_seed_continuation`)
 
 
 def row_cap(seq: Sequence, k_max: int) -> int:
@@ -152,6 +154,8 @@ class GoodputController(ControllerBase):
         self.widening: set[str] = set()  # the row a widening probe gave a draft in this step: observe() prices it
         self.follow_up: set[str] = set()  # rows widening-probed in the last step: one more draft this step
         self.continuation = DraftContinuation()  # how often the drafter goes on to its next draft (early stops)
+        self.probe_drafts: tuple[tuple[float, ...], tuple[bool, ...]] = ((), ())  # seed_pair's confidences, agreed
+        self.continuation_seeded = False
         self.asked: dict[str, int] = {}  # the drafts each row was asked for this step
         self.made: dict[str, int] = {}  # the drafts each row made this step (before `truncate` cut any)
         self.would_go_on: dict[str, bool] = {}  # rows that made all they were asked: would their drafter go on?
@@ -177,6 +181,8 @@ class GoodputController(ControllerBase):
         steps: tuple[tuple[int, int, float], ...] = (),
         window: int = 0,
         reads: tuple[tuple[int, float], ...] = (),
+        confidences: tuple[float, ...] = (),
+        agreed: tuple[bool, ...] = (),
     ) -> None:
         """Start from a draft model's price measured at load (control/pair_probe.py): its acceptance as the
         pool prior, worth `weight` drafts tried per position, its steady step as the cost of a drafted token,
@@ -186,8 +192,11 @@ class GoodputController(ControllerBase):
         and the draft's attention (draft_step_s alone is taken as a step of one row after no context); window:
         the draft's attention window (drafters/draft_window.py; 0: none), past which its attention costs no more;
         reads: (cached tokens, seconds a token) of readings timed at two contexts, which price what each cached
-        token adds to a token read (draft_read_s alone: a flat price)."""
+        token adds to a token read (draft_read_s alone: a flat price); confidences, agreed: the draft's top
+        probability at each token of the probe's text and whether its top token was the target's (`bind_drafter`)."""
         self.acceptance.seed_pool(acceptance, weight)
+        self.probe_drafts = (confidences, agreed)
+        self._seed_continuation()
         # A draft model of the target's family agrees in runs (code above all), so a position never tried starts
         # where the one before it is, not 10% lower (acceptance.py's prior_decay): drafts 3-4, never asked, had
         # stayed at ~0.65 and held `goodput` at K = 1-2 where K = 3 was best (results/goodput_replay.json).
@@ -212,6 +221,22 @@ class GoodputController(ControllerBase):
     def bind_drafter(self, drafter) -> None:
         self.unread = getattr(drafter, "unread", None)
         self.draft_stop_below = float(getattr(drafter, "stop_below", 0.0))
+        self._seed_continuation()
+
+    def _seed_continuation(self) -> None:
+        """Where the drafter stops when unsure and the load probe saw its confidences, start the continuation
+        (control/continuation.py) at the share of the probe's tokens it would have gone on from, over all of them
+        and over those it got right, worth CONTINUATION_SEED rows; once. Its prior, that the drafter always goes on,
+        priced K = 4 as four drafts made where the 0.5B, stopping below 0.7, made ~2.2 (it went on ~0.6 of the
+        time on dev code at 8,192 tokens): a fresh request asked K = 1-2 where fixed K = 3 was best."""
+        confidences, agreed = self.probe_drafts
+        if self.continuation_seeded or self.draft_stop_below <= 0.0 or not confidences:
+            return
+        goes_on = np.asarray(confidences) >= self.draft_stop_below  # [N]
+        right = np.asarray(agreed, dtype=bool)  # [N]
+        after_right = goes_on[right].mean() if right.any() else goes_on.mean()
+        self.continuation.seed(float(goes_on.mean()), float(after_right), CONTINUATION_SEED)
+        self.continuation_seeded = True
 
     def _worth_catching_up(self, seq: Sequence, k: int, p: np.ndarray, num_seqs: int, context: float) -> bool:
         """Whether a row whose draft model has not read all of it yet should start drafting at K = k: its first
@@ -271,10 +296,10 @@ class GoodputController(ControllerBase):
             # verifying for a row whose history is poor).
             return caps.tolist()
         p = self._estimates(seqs, k_max, context)  # [B, k_max]
-        reach = np.cumprod(p, axis=1)  # [B, k_max] P(drafts 1..j all accepted)
         go_on = self.continuation.estimate(k_max), self.continuation.estimate(k_max, after_accepted=True)
-        gain = goodput_curve(reach, caps, self.cost, context, *go_on)  # [k_max + 1]
         if self._drafting_is_cheap(len(seqs), k_max, context):
+            reach = np.cumprod(p, axis=1)  # [B, k_max] P(drafts 1..j all accepted)
+            gain = goodput_curve(reach, caps, self.cost, context, *go_on)  # [k_max + 1]
             # Drafts that cost (almost) nothing, as n-gram lookups: ask for all of them and let `truncate` pick
             # the width from what was found (capping K here would also hide how long accepted runs can be).
             # Unless no width pays even if every row found drafts as good as its history (a full batch of a
@@ -283,6 +308,8 @@ class GoodputController(ControllerBase):
             # (SmolLM2, n-gram, 8 rows at 7,900 tokens: 5 drafts asked a row, 0.02 verified, 0.93x K = 0).
             pays = gain.max() > gain[0] * (1.0 + self.widen_margin) or self._one_row_pays(reach, caps, context)
             return caps.tolist() if pays else self._probe(seqs, [0] * len(seqs), caps.tolist(), context)
+        reach = np.cumprod(self._deep_optimism(seqs, p), axis=1)  # [B, k_max]
+        gain = goodput_curve(reach, caps, self.cost, context, *go_on)  # [k_max + 1]
         k = self._with_hysteresis(gain, k_max) or self._explore(seqs, p, caps, context)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
         ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]
@@ -370,6 +397,27 @@ class GoodputController(ControllerBase):
         budget = self._probe_budget_s(len(seqs), context)
         final = [bool(v) and self._stop_is_final(s, budget) for s, v in zip(seqs, var, strict=True)]
         return self._bonus(var) * np.where(final, self.final_explore / self.explore, 1.0)  # [B]
+
+    def _deep_optimism(self, seqs: list[Sequence], p: np.ndarray) -> np.ndarray:
+        """p [B, k] with each position past the first that a row has tried a few times only (some but fewer than
+        `thin` drafts there, forgotten counts) judged `explore` standard deviations up (`_bonus`, per position), as
+        `_explore` judges a row's first draft (drafters priced per draft: a lookup drafter is asked for every draft
+        wherever any width pays, and `truncate` judges what it found). A deeper position learns only in steps that
+        ask for it, so one miss
+        there held K below it for good: on dev code at 8,192 tokens one rejected second draft put it at 0.50 (the
+        pool's 0.75 and the miss), K = 2 then looked 7% worse than K = 1, and `goodput` asked K = 1 for the next 35
+        steps, recovering only as the miss was forgotten, where the second draft was right ~80% of the time and
+        fixed K = 3 decoded 1.11x faster."""
+        if self.explore <= 0 or p.shape[1] < 2:
+            return p
+        evidence = np.stack([self.acceptance.trials_at(s.request_id, p.shape[1]) for s in seqs])  # [B, k]
+        thin = (evidence > 0) & (evidence < self.thin)  # [B, k]
+        thin[:, 0] = False  # the first position: `_explore`
+        if not thin.any():
+            return p
+        var = p * (1 - p) / (evidence + 1.0) * thin  # [B, k]
+        bonus = np.stack([self._bonus(v) if v.any() else v for v in var.T], axis=1)  # [B, k]
+        return np.minimum(p + bonus, P_MAX)
 
     def _probe_budget_s(self, num_seqs: int, context: float) -> float:
         """Seconds a step earns for probes: probe_budget of a plain step's price."""

@@ -7,7 +7,9 @@ since), so `goodput` kept the Qwen2.5-Coder pair at K = 0 although the 0.5B is r
 
 The probe: the target writes `new_tokens` tokens greedily after a prompt (its own text, as in service); the draft
 reads the prompt and that text teacher-forced, in one forward, and the share of written positions where its top
-token is the target's is its greedy acceptance rate on that text; that forward's time per token prices a catch-up
+token is the target's is its greedy acceptance rate on that text (kept too, position by position, with the draft's
+top probability there: where a drafter that stops when unsure would have stopped, which `goodput` would otherwise
+learn only from its own drafts); that forward's time per token prices a catch-up
 (the draft reading a prompt). A few one-token draft forwards after it time a steady draft step, and as many,
 taking turns with them, as if LONG_CONTEXT tokens were cached (the cache's values do not change what attention
 costs) price what each cached token adds to a drafted one. Two more timings, after the same trick: a steady step
@@ -56,6 +58,10 @@ class PairPrice:
     # draft_step_s times what `rows_ratio` measured: never less than one row's)
     read_context: int = 0  # cached tokens before the draft_read_long_s timing (0: not timed)
     draft_read_long_s: float = 0.0  # seconds a token costs the draft to read after read_context cached tokens
+    # At each written token: the draft's top probability there, and whether its top token was the target's (what
+    # a confidence stop would do with its drafts: `GoodputController.bind_drafter`)
+    confidences: tuple[float, ...] = ()
+    agreed: tuple[bool, ...] = ()
 
     @property
     def steps(self) -> tuple[tuple[int, int, float], ...]:
@@ -112,8 +118,8 @@ def probe_pair(
     t0 = time.perf_counter()
     logits = forward_one_row(draft, cache, text[:-1], 0)  # [P + N - 1, vocab]: position i predicts token i + 1
     read_s = (time.perf_counter() - t0) / (len(text) - 1)
-    guesses = logits[len(prompt_ids) - 1 :].argmax(-1).tolist()  # [N] the draft's guess at each written token
-    agree = sum(g == w for g, w in zip(guesses, written, strict=True))
+    top, guess = logits[len(prompt_ids) - 1 :].float().softmax(-1).max(-1)  # [N] each, at each written token
+    agreed = tuple(g == w for g, w in zip(guess.tolist(), written, strict=True))
     # A draft whose context is no longer than the probe's text is timed there only.
     starts = [len(text) - 1] + ([long_context] if long_context > len(text) else [])
     step_s, *long_s = steady_steps(draft, cache, written[-1], starts, repeats)
@@ -123,7 +129,19 @@ def probe_pair(
     if read_context > len(text):  # timed as the long one is, so that only the context differs between the two
         read_s = read_after(draft, cache, text, len(text))
         reading = (read_context, read_after(draft, cache, text, read_context))
-    return PairPrice(agree / len(written), step_s, len(written), read_s, len(text), *long, PROBE_ROWS, rows_s, *reading)
+    return PairPrice(
+        sum(agreed) / len(written),
+        step_s,
+        len(written),
+        read_s,
+        len(text),
+        *long,
+        PROBE_ROWS,
+        rows_s,
+        *reading,
+        confidences=tuple(top.tolist()),
+        agreed=agreed,
+    )
 
 
 def rows_ratio(draft: LlamaModel, token: int, rows: int, start: int, repeats: int) -> float:

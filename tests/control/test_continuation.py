@@ -3,6 +3,8 @@ as a cap: K costs the drafts it makes, and confident drafts, the ones it goes on
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -115,3 +117,35 @@ def test_goodput_asks_a_drafter_that_stops_when_unsure_for_the_widest_k_it_canno
         ctrl.k_batch = 1
     assert stops._with_hysteresis(gain, 5) == 3
     assert plain._with_hysteresis(gain, 5) == 1
+
+
+def k_asked_first(confidences: tuple[float, ...]) -> tuple[int, float]:
+    """(K a fresh pair's `goodput` asks at its first step, P(draft 2 made) it prices) when the load probe saw the
+    draft's top probability `confidences` on its text, right where it was sure, for a drafter that stops below 0.7
+    (a draft right 85% of the time at 7 ms, on a ~22 ms step)."""
+    ctrl = GoodputController(cost=CostModel.linear(20.1e-3, 1.5e-3, 2.4e-3, 0.3e-3), cheap_draft=0.0)
+    ctrl.seed_pair(0.85, 7e-3, confidences=confidences, agreed=tuple(c >= 0.7 for c in confidences))
+    ctrl.bind_drafter(SimpleNamespace(stop_below=0.7, unread=None))
+    seq = Sequence("r", [1, 2, 3], SamplingParams(max_tokens=100_000), max_len=200_000)
+    return ctrl.choose([seq], 8)[0], float(ctrl.continuation.estimate(2)[1])
+
+
+def test_a_load_probe_that_saw_the_drafter_stop_prices_a_fresh_request_at_what_it_makes():
+    """The probe's draft was sure of half its tokens: a fresh request prices draft 2 as made ~half the time, not
+    always, and is asked for more drafts from its first step (a K costs what the drafter makes). Control: a probe
+    whose draft was sure of every token leaves the prior, always going on, and fewer drafts are asked."""
+    k_half, made_half = k_asked_first((0.95, 0.4) * 16)
+    k_sure, made_sure = k_asked_first((0.95,) * 32)
+    assert made_half < 0.7 and made_sure == 1.0
+    assert k_half > k_sure
+
+
+def test_the_probe_seeds_the_continuation_once():
+    """Bound to its drafter again (bench arms and the engine both bind), the controller keeps what it learned since."""
+    ctrl = GoodputController()
+    ctrl.seed_pair(0.75, 12e-3, confidences=(0.4,) * 32, agreed=(True,) * 32)
+    ctrl.bind_drafter(SimpleNamespace(stop_below=0.7, unread=None))
+    for _ in range(300):
+        ctrl.continuation.update(4, 4, 4)
+    ctrl.bind_drafter(SimpleNamespace(stop_below=0.7, unread=None))
+    assert ctrl.continuation.estimate(2)[1] > 0.9

@@ -729,3 +729,36 @@ def test_truncate_prices_a_width_over_the_whole_step_drafting_included():
     the step's ~96 with the drafting that made it (drafts already made are paid either way)."""
     assert drafts_verified(drafting_counts=True) == 4
     assert drafts_verified(drafting_counts=False) == 3
+
+
+def steps_at_k1_after_a_deep_miss(optimism: bool, steps: int = 30) -> int:
+    """A pair's `goodput` at batch 1 (right 0.75 of the time by the load probe, 9 ms a draft on a ~22 ms step): its
+    first step that asks 2 or more drafts has the first accepted and the second rejected; every draft after is
+    accepted. Returns how many of the next `steps` steps ask for fewer than 2. optimism=False: the fault, deeper
+    positions judged on their mean estimate alone (`_deep_optimism` made the identity)."""
+    ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
+    ctrl.seed_pair(0.75, 9e-3)
+    if not optimism:
+        ctrl._deep_optimism = lambda seqs, p: p
+    seqs = make_seqs(1)
+    missed, shallow = False, 0
+    for _ in range(steps + 50):
+        k = ctrl.choose(seqs, 4)[0]
+        accepted = 1 if (k >= 2 and not missed) else k
+        if missed:
+            shallow += k < 2
+            steps -= 1
+            if steps == 0:
+                break
+        missed |= k >= 2
+        seconds = step_cost().predict(1, k, 3.0) + 9e-3 * k
+        ctrl.observe(StepStats(seqs, [k], [accepted], seconds, k + 1, 3.0, 9e-3 * k, seconds - 9e-3 * k))
+    return shallow
+
+
+def test_one_miss_at_a_deeper_draft_does_not_hold_k_below_it():
+    """A second draft rejected once, then right every time: `goodput` tries two drafts again within a few steps
+    (the position's thin evidence judged a deviation up, as a first draft's is). Control: judged on the mean
+    estimate alone, one miss held K = 1 for 24 of the next 30 steps."""
+    assert steps_at_k1_after_a_deep_miss(optimism=True) <= 3
+    assert steps_at_k1_after_a_deep_miss(optimism=False) >= 10

@@ -169,6 +169,8 @@ def test_an_llm_with_goodput_and_a_draft_model_is_priced_at_load():
     llm = LLM("smollm2-135m-instruct", method="draft", controller="goodput", num_speculative_tokens=4)
     price = llm.pair_price
     assert price is not None and price.positions == 32 and 0.0 < price.acceptance <= 1.0
+    assert len(price.confidences) == len(price.agreed) == 32 and sum(price.agreed) / 32 == price.acceptance
+    assert all(0.0 < c <= 1.0 for c in price.confidences)
     pool = llm.engine.controller.acceptance
     assert np.allclose(pool.pool_hits / pool.pool_trials, min(price.acceptance, 0.98))
     assert 0 < price.context < price.long_context <= LONG_CONTEXT and price.draft_step_long_s > 0
