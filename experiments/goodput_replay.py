@@ -15,7 +15,8 @@ arm is charged the same prices and the comparison has no noise left but the text
 Each arm decodes every text of a context in turn, as a server would see them one after another: `goodput`
 (seeded by the pair's load probe, as `LLM.new_controller` seeds it) carries its pool of ended requests from one
 text to the next; a variant re-seeds only what its name says (`goodput-busy-probe`: the load probe's draft prices
-at BUSY times what it measured, as on a machine busy at load). The fixed arms draft K every step (K = 0: none),
+at BUSY times what it measured, as on a machine busy at load); `goodput-cold` takes a fresh controller for every
+text, as bench long-context starts each arm's repeat (nothing learned from the texts before). The fixed arms draft K every step (K = 0: none),
 stopping after a draft below STOP_BELOW confidence as the arm does; `-nostop` arms never stop (they are not
 counted as the best fixed arm). With --passes N every arm decodes the texts N times over, and each pass is also
 reported on its own: a controller seeded wrong shows in the first pass, whether it recovered in the later ones.
@@ -37,8 +38,10 @@ import argparse
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -144,17 +147,31 @@ def accepted_run(text: Text, t: int, n: int) -> int:
 class Replay:
     """One arm over a list of texts; `controller` None: fixed K."""
 
-    def __init__(self, controller: GoodputController | None, k: int, prices: Prices, stop_below: float) -> None:
-        self.controller, self.k, self.prices, self.stop_below = controller, k, prices, stop_below
+    def __init__(
+        self,
+        controller: GoodputController | None,
+        k: int,
+        prices: Prices,
+        stop_below: float,
+        renew: Callable[[], GoodputController] | None = None,
+    ) -> None:
+        self.controller, self.k, self.prices, self.stop_below = None, k, prices, stop_below
+        self.renew = renew  # a fresh controller for every text (bench long-context's arms start so), else one for all
         self.seconds = 0.0
         self.tokens = 0
         self.k_chosen: list[int] = []
         self.backlog = 0  # tokens the draft has yet to read of the current text
         if controller is not None:
-            controller.unread = lambda seq: self.backlog
-            controller.draft_stop_below = stop_below  # as bind_drafter reads it off the draft model's drafter
+            self.attach(controller)
+
+    def attach(self, controller: GoodputController) -> None:
+        self.controller = controller
+        # as the engine binds the draft model's drafter: what it has yet to read, and where it stops
+        controller.bind_drafter(SimpleNamespace(unread=lambda seq: self.backlog, stop_below=self.stop_below))
 
     def run(self, text: Text, name: str, max_tokens: int) -> None:
+        if self.renew is not None:
+            self.attach(self.renew())
         params = SamplingParams(max_tokens=max_tokens)
         seq = Sequence(name, text.prompt, params, max_len=len(text.prompt) + len(text.response) + K_MAX + 2)
         seq.token_ids.append(text.response[0])  # the prefill's token: the draft read the prompt (warmed up)
@@ -252,6 +269,12 @@ def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     out = {f"fixed:{k}": Replay(None, k, prices, STOP_BELOW) for k in range(K_MAX + 1)}
     out.update({f"fixed:{k}-nostop": Replay(None, k, prices, 0.0) for k in range(1, 5)})
     out["goodput"] = Replay(base.new_controller("goodput"), 0, prices, STOP_BELOW)
+    out["goodput-cold"] = Replay(None, 0, prices, STOP_BELOW, renew=lambda: base.new_controller("goodput"))
+    unseeded = lambda: never_seeded(base.new_controller("goodput"))  # noqa: E731
+    out["goodput-cold-unseeded"] = Replay(None, 0, prices, STOP_BELOW, renew=unseeded)
+    shallow = lambda: without_deep_optimism(base.new_controller("goodput"))  # noqa: E731
+    out["goodput-cold-no-deep-optimism"] = Replay(None, 0, prices, STOP_BELOW, renew=shallow)
+    out["goodput-cold-as-of-s27"] = Replay(None, 0, prices, STOP_BELOW, renew=lambda: without_deep_optimism(unseeded()))
     for weight in (2.0, 4.0):
         ctrl = base.new_controller("goodput")
         ctrl.acceptance.prior_weight = weight
@@ -281,6 +304,19 @@ def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     both = ties_up(seeded_first_only(base.new_controller("goodput")))
     out["goodput-seed-first-ties-up"] = Replay(both, 0, prices, STOP_BELOW)
     return out
+
+
+def never_seeded(ctrl: GoodputController) -> GoodputController:
+    """`goodput` whose continuation starts at its prior (the drafter always goes on), not at the load probe's
+    measure of the drafter's stop, as before 2026-11-29 (s28)."""
+    ctrl.continuation_seeded = True
+    return ctrl
+
+
+def without_deep_optimism(ctrl: GoodputController) -> GoodputController:
+    """`goodput` judging positions past the first on their mean estimates alone, as before 2026-11-29 (s28)."""
+    ctrl._deep_optimism = lambda seqs, p: p
+    return ctrl
 
 
 def seeded_first_only(ctrl: GoodputController) -> GoodputController:
