@@ -16,10 +16,11 @@ Each arm decodes every text of a context in turn, as a server would see them one
 (seeded by the pair's load probe, as `LLM.new_controller` seeds it) carries its pool of ended requests from one
 text to the next; a variant re-seeds only what its name says (`goodput-busy-probe`: the load probe's draft prices
 at BUSY times what it measured, as on a machine busy at load); `goodput-cold` takes a fresh controller for every
-text, as bench long-context starts each arm's repeat (nothing learned from the texts before). The fixed arms draft K every step (K = 0: none),
-stopping after a draft below STOP_BELOW confidence as the arm does; `-nostop` arms never stop (they are not
-counted as the best fixed arm). With --passes N every arm decodes the texts N times over, and each pass is also
-reported on its own: a controller seeded wrong shows in the first pass, whether it recovered in the later ones.
+text, as bench long-context starts each arm's repeat (nothing learned from the texts before). The fixed arms draft
+K every step (K = 0: none), stopping after a draft below STOP_BELOW confidence as the arm does; `-nostop` arms
+never stop (they are not counted as the best fixed arm). With --passes N every arm decodes the texts N times over,
+and each pass is also reported on its own: a controller seeded wrong shows in the first pass, whether it recovered
+in the later ones.
 The draft reads each prompt before the first step (bench long-context warms it the same way). Every draft made is
 charged, those `truncate` then cuts as well (the engine has paid for them; until 2026-11-29 only the drafts kept were,
 which made cutting look free); --retime times the prices again for a --texts-file's texts. What this leaves
