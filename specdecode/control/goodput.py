@@ -401,13 +401,12 @@ class GoodputController(ControllerBase):
     def _deep_optimism(self, seqs: list[Sequence], p: np.ndarray) -> np.ndarray:
         """p [B, k] with each position past the first that a row has tried a few times only (some but fewer than
         `thin` drafts there, forgotten counts) judged `explore` standard deviations up (`_bonus`, per position), as
-        `_explore` judges a row's first draft (drafters priced per draft: a lookup drafter is asked for every draft
-        wherever any width pays, and `truncate` judges what it found). A deeper position learns only in steps that
-        ask for it, so one miss
-        there held K below it for good: on dev code at 8,192 tokens one rejected second draft put it at 0.50 (the
-        pool's 0.75 and the miss), K = 2 then looked 7% worse than K = 1, and `goodput` asked K = 1 for the next 35
-        steps, recovering only as the miss was forgotten, where the second draft was right ~80% of the time and
-        fixed K = 3 decoded 1.11x faster."""
+        `_explore` judges a row's first draft (drafters priced per draft only: a lookup drafter is asked for every
+        draft wherever any width pays, and `truncate` judges what it found). A deeper position learns only in steps
+        that ask for it, so one miss there held K below it: on dev code at 8,192 tokens one rejected second draft
+        put it at 0.50 (the pool's 0.75 and the miss), K = 2 then looked 7% worse than K = 1, and `goodput` asked
+        K = 1 for the next 35 steps, recovering only as the miss was forgotten, where second drafts were right ~80%
+        of the time and fixed K = 3 decoded 1.11x faster."""
         if self.explore <= 0 or p.shape[1] < 2:
             return p
         evidence = np.stack([self.acceptance.trials_at(s.request_id, p.shape[1]) for s in seqs])  # [B, k]
