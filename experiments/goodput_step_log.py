@@ -39,7 +39,8 @@ def choose(self: g.GoodputController, seqs, k_max: int) -> list[int]:
         caps = np.array([g.row_cap(s, k_max) for s in seqs])  # [B]
         p = self._estimates(seqs, k_max, context)  # [B, k_max]
         go_on = self.continuation.estimate(k_max), self.continuation.estimate(k_max, after_accepted=True)
-        tokens, seconds = g.curve_parts(np.cumprod(p, axis=1), caps, self.cost, context, *go_on)  # [k_max + 1]
+        reach = self._reach(seqs, p, self._drafting_is_cheap(len(seqs), k_max, context))  # [B, k_max] as choose's
+        tokens, seconds = g.curve_parts(reach, caps, self.cost, context, *go_on)  # [k_max + 1]
         widths = np.arange(k_max + 1)
         entry |= {
             "p": rounded(p.mean(0)),

@@ -297,9 +297,10 @@ class GoodputController(ControllerBase):
             return caps.tolist()
         p = self._estimates(seqs, k_max, context)  # [B, k_max]
         go_on = self.continuation.estimate(k_max), self.continuation.estimate(k_max, after_accepted=True)
-        if self._drafting_is_cheap(len(seqs), k_max, context):
-            reach = np.cumprod(p, axis=1)  # [B, k_max] P(drafts 1..j all accepted)
-            gain = goodput_curve(reach, caps, self.cost, context, *go_on)  # [k_max + 1]
+        cheap = self._drafting_is_cheap(len(seqs), k_max, context)
+        reach = self._reach(seqs, p, cheap)  # [B, k_max]
+        gain = goodput_curve(reach, caps, self.cost, context, *go_on)  # [k_max + 1]
+        if cheap:
             # Drafts that cost (almost) nothing, as n-gram lookups: ask for all of them and let `truncate` pick
             # the width from what was found (capping K here would also hide how long accepted runs can be).
             # Unless no width pays even if every row found drafts as good as its history (a full batch of a
@@ -308,8 +309,6 @@ class GoodputController(ControllerBase):
             # (SmolLM2, n-gram, 8 rows at 7,900 tokens: 5 drafts asked a row, 0.02 verified, 0.93x K = 0).
             pays = gain.max() > gain[0] * (1.0 + self.widen_margin) or self._one_row_pays(reach, caps, context)
             return caps.tolist() if pays else self._probe(seqs, [0] * len(seqs), caps.tolist(), context)
-        reach = np.cumprod(self._deep_optimism(seqs, p), axis=1)  # [B, k_max]
-        gain = goodput_curve(reach, caps, self.cost, context, *go_on)  # [k_max + 1]
         k = self._with_hysteresis(gain, k_max) or self._explore(seqs, p, caps, context)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
         ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]
@@ -397,6 +396,11 @@ class GoodputController(ControllerBase):
         budget = self._probe_budget_s(len(seqs), context)
         final = [bool(v) and self._stop_is_final(s, budget) for s, v in zip(seqs, var, strict=True)]
         return self._bonus(var) * np.where(final, self.final_explore / self.explore, 1.0)  # [B]
+
+    def _reach(self, seqs: list[Sequence], p: np.ndarray, cheap: bool) -> np.ndarray:
+        """[B, k] P(drafts 1..j of each row all accepted) as `choose` prices K from p [B, k]: deeper positions of
+        thin evidence judged up (`_deep_optimism`) unless the drafts are cheap (lookups: `truncate` judges them)."""
+        return np.cumprod(p if cheap else self._deep_optimism(seqs, p), axis=1)
 
     def _deep_optimism(self, seqs: list[Sequence], p: np.ndarray) -> np.ndarray:
         """p [B, k] with each position past the first that a row has tried a few times only (some but fewer than
