@@ -84,16 +84,19 @@ def run_on_ranks(case: Callable, *args, world: int = 2):
             try:
                 result = case(*args)
                 _announce(None)  # no more sessions
+                # The workers leave first, as the engine's do (launch._stop): each one's FileStore touches the
+                # store file as it goes, and a file removed under it aborts the worker (SIGABRT, seen in CI).
+                while not workers.join():  # re-raises a worker's exception
+                    pass
             finally:
                 dist.destroy_process_group()
     except BaseException:
         for p in workers.processes:
             p.terminate()
+            p.join()
         raise
     finally:
         shutil.rmtree(rendezvous, ignore_errors=True)
-    while not workers.join():  # re-raises a worker's exception
-        pass
     return result
 
 
