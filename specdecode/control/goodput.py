@@ -53,6 +53,7 @@ CAUGHT_UP = 8  # tokens a draft model may have left to read of a row that drafte
 # priced the 0.5B's drafts at 30 ms where they cost 12 (`_may_widen`).
 SEED_DOUBT = 2.5
 CONTINUATION_SEED = 4.0  # rows the load probe's measure of a drafter's stop is worth (`_seed_continuation`)
+SURE_MIN = 4  # the probe's tokens of each confidence (sure, unsure) that may seed first drafts by confidence
 
 
 def row_cap(seq: Sequence, k_max: int) -> int:
@@ -80,8 +81,9 @@ def curve_parts(
     `goodput_curve`."""
     num_seqs, k_max = reach.shape
     go_on = np.ones(k_max) if go_on is None else go_on  # [k_max] (all K made: every batch is its widest row's K)
-    after = go_on if go_on_accepted is None else go_on_accepted  # [k_max] the drafter going on after a hit
-    tokens = expected_tokens(reach * np.cumprod(after[:k_max])[None], caps).sum(0)  # [k_max + 1]
+    after = go_on if go_on_accepted is None else go_on_accepted  # [k_max] or [B, k_max]: going on after a hit
+    made = np.cumprod(np.broadcast_to(after[..., :k_max], reach.shape), axis=1)  # [B, k_max]
+    tokens = expected_tokens(reach * made, caps).sum(0)  # [k_max + 1]
     prices = cost.predict_many(num_seqs, np.arange(k_max + 1), context)  # [k_max + 1] by width made
     seconds = width_distributions(go_on, caps, k_max) @ prices  # [k_max + 1] by K asked
     return tokens, seconds
@@ -156,6 +158,7 @@ class GoodputController(ControllerBase):
         self.continuation = DraftContinuation()  # how often the drafter goes on to its next draft (early stops)
         self.probe_drafts: tuple[tuple[float, ...], tuple[bool, ...]] = ((), ())  # seed_pair's confidences, agreed
         self.continuation_seeded = False
+        self.pool_seed_weight = 0.0  # drafts the load probe's acceptance is worth per position (seed_pair)
         self.asked: dict[str, int] = {}  # the drafts each row was asked for this step
         self.made: dict[str, int] = {}  # the drafts each row made this step (before `truncate` cut any)
         self.would_go_on: dict[str, bool] = {}  # rows that made all they were asked: would their drafter go on?
@@ -195,6 +198,7 @@ class GoodputController(ControllerBase):
         token adds to a token read (draft_read_s alone: a flat price); confidences, agreed: the draft's top
         probability at each token of the probe's text and whether its top token was the target's (`bind_drafter`)."""
         self.acceptance.seed_pool(acceptance, weight)
+        self.pool_seed_weight = weight
         self.probe_drafts = (confidences, agreed)
         self._seed_continuation()
         # A draft model of the target's family agrees in runs (code above all), so a position never tried starts
@@ -236,6 +240,9 @@ class GoodputController(ControllerBase):
         right = np.asarray(agreed, dtype=bool)  # [N]
         after_right = goes_on[right].mean() if right.any() else goes_on.mean()
         self.continuation.seed(float(goes_on.mean()), float(after_right), CONTINUATION_SEED)
+        if goes_on.sum() >= SURE_MIN and (~goes_on).sum() >= SURE_MIN:
+            rates = float(right[goes_on].mean()), float(right[~goes_on].mean())
+            self.acceptance.seed_by_confidence(rates, self.pool_seed_weight)
         self.continuation_seeded = True
 
     def _worth_catching_up(self, seq: Sequence, k: int, p: np.ndarray, num_seqs: int, context: float) -> bool:
@@ -296,7 +303,7 @@ class GoodputController(ControllerBase):
             # verifying for a row whose history is poor).
             return caps.tolist()
         p = self._estimates(seqs, k_max, context)  # [B, k_max]
-        go_on = self.continuation.estimate(k_max), self.continuation.estimate(k_max, after_accepted=True)
+        go_on = self._go_on(seqs, p, k_max)
         cheap = self._drafting_is_cheap(len(seqs), k_max, context)
         reach = self._reach(seqs, p, cheap)  # [B, k_max]
         gain = goodput_curve(reach, caps, self.cost, context, *go_on)  # [k_max + 1]
@@ -329,6 +336,10 @@ class GoodputController(ControllerBase):
         `goodput` drafted 40% of its steps at 64% accepted, then stopped for good, 0.874x the best fixed K
         (results/long_context_pair_b1_s24.json). The forgotten counts still lower the deeper positions, and K."""
         p = np.stack([self.acceptance.estimate(s.request_id, k) for s in seqs])  # [B, k]
+        if k > 0 and self._by_confidence():
+            sure = self.continuation.estimate(2)[1]  # P(the drafter is sure of a first draft: it goes on)
+            first = np.stack([self.acceptance.first_by_confidence(s.request_id) for s in seqs])  # [B, 2]
+            p[:, 0] = sure * first[:, 0] + (1.0 - sure) * first[:, 1]
         if self.unread is None or k == 0:
             return p
         budget = None  # priced once, for the first row it is asked for
@@ -343,6 +354,28 @@ class GoodputController(ControllerBase):
             if self._stop_is_final(s, budget):
                 p[i, 0] = long_run
         return p
+
+    def _by_confidence(self) -> bool:
+        """Whether first drafts are judged by the drafter's confidence in them: a drafter that stops when unsure,
+        the load probe having seeded both kinds (`_seed_continuation`)."""
+        return self.draft_stop_below > 0.0 and bool(self.acceptance.pool_by_confidence[:, 1].min() > 0)
+
+    def _go_on(self, seqs: list[Sequence], p: np.ndarray, k_max: int) -> tuple[np.ndarray, np.ndarray]:
+        """(go_on [k_max], after [k_max] or [B, k_max]): P(the drafter makes draft j | it made j - 1), over every row
+        and after an accepted draft (control/continuation.py), the latter per row at the second draft where first
+        drafts are judged by confidence (`_by_confidence`): P(sure of the first | it was accepted) is then the row's
+        P(sure and right) over p [B, k_max]'s first column. A drafter that stops when unsure goes on after the drafts
+        it was sure of, those likelier right, and a miss it was unsure of says little of them: the 0.5B's first draft
+        of a response (its first token) was unsure and wrong on all six dev code texts at 8,192 tokens, the pooled
+        estimate had it as any miss, and `goodput` asked K = 1 for the next 4-5 steps where fixed K = 4 was best."""
+        every = self.continuation.estimate(k_max)
+        after = self.continuation.estimate(k_max, after_accepted=True)
+        if k_max < 2 or not self._by_confidence():
+            return every, after
+        sure_right = every[1] * np.stack([self.acceptance.first_by_confidence(s.request_id)[0] for s in seqs])  # [B]
+        rows = np.tile(after, (len(seqs), 1))  # [B, k_max]
+        rows[:, 1] = np.minimum(sure_right / np.maximum(p[:, 0], 1e-9), 1.0)
+        return every, rows
 
     def _one_row_pays(self, reach: np.ndarray, caps: np.ndarray, context: float) -> bool:
         """Where the target runs each row's own tokens (`CostModel.packed`), whether some row's drafts alone would
@@ -714,7 +747,7 @@ class GoodputController(ControllerBase):
             if rid in self.tree_verified and proposed:
                 self.tree_calibration.update(*self.tree_verified[rid], accepted)
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
-            self.acceptance.update(rid, proposed, accepted)
+            self.acceptance.update(rid, proposed, accepted, self._sure_of_first(rid, asked, made, would_go_on))
         num_seqs = len(stats.seqs)
         # A step whose forward also cached prompt chunks (fused_prefill) says nothing of a verify's or a probe's
         # price alone: its time is not learned from (a probe in it goes unpriced).
@@ -732,6 +765,19 @@ class GoodputController(ControllerBase):
             # The draft is priced per row asked (a probe asks one; tree and confidence modes ask every row).
             rows = len(asked) or num_seqs
             self.cost.observe(num_seqs, drafted, context, rest, stats.propose_time_s, steady, tokens, rows)
+
+    def _sure_of_first(
+        self, rid: str, asked: dict[str, int], made: dict[str, int], would_go_on: dict[str, bool]
+    ) -> bool | None:
+        """Whether a drafter that stops when unsure was sure of the row's first draft this step: it went on past it,
+        or stopped right after it though asked for more; asked for one, its confidence says (`would_go_on`). None
+        where nothing tells (no stop, no draft made, or no confidence)."""
+        if self.draft_stop_below <= 0.0 or made.get(rid, 0) < 1:
+            return None
+        n = min(made[rid], asked[rid])
+        if n >= 2:
+            return True
+        return False if asked[rid] >= 2 else would_go_on.get(rid)
 
     def _price_probe(self, stats: StepStats) -> None:
         """Space widening probes so that what the last one cost over plain decoding (its step and its follow-up's,

@@ -4,6 +4,7 @@ requests. Negative control: the same history with the pooled counts erased start
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specdecode.control.acceptance import AcceptanceTracker
 
@@ -44,3 +45,29 @@ def test_a_requests_own_evidence_outweighs_the_pool():
     assert tracker.estimate("d", 1)[0] > 0.9  # a running request does not feed the prior
     tracker.forget("c")
     assert tracker.estimate("d", 1)[0] < 0.9  # an ended one does
+
+
+def test_first_drafts_by_confidence_learn_apart_and_join_the_pool():
+    """Seeded at (0.9 sure, 0.45 unsure): misses the drafter was unsure of pull its unsure estimate down and leave
+    the sure one where it was; a request that ends adds its counts to the pool's; a draft of unknown confidence
+    only ages them. Control: the same misses of unknown confidence move neither."""
+    tracker = AcceptanceTracker(prior_weight=2.0)
+    tracker.seed_by_confidence((0.9, 0.45), 8.0)
+    for _ in range(5):
+        tracker.update("r", 1, 0, confident=False)
+    fresh = tracker.first_by_confidence("fresh")  # [2] the pool's, each shrunk a little toward the first position
+    sure, unsure = tracker.first_by_confidence("r")
+    assert fresh[0] > 0.85 and sure == pytest.approx(fresh[0]) and unsure < 0.2
+    tries = tracker.by_confidence["r"][:, 1].copy()
+    tracker.update("r", 1, 0)  # unknown: ages the counts, adds none
+    np.testing.assert_allclose(tracker.by_confidence["r"][:, 1], tracker.decay * tries)
+    own = tracker.by_confidence["r"].copy()  # [2, 2]
+    tracker.forget("r")
+    seed = 8.0 * np.array([[0.9, 1.0], [0.45, 1.0]])
+    np.testing.assert_allclose(tracker.pool_by_confidence, tracker.pool_decay * seed + own)
+    assert own[0].sum() == 0.0 and own[1, 1] > 1.0
+    blind = AcceptanceTracker(prior_weight=2.0)
+    blind.seed_by_confidence((0.9, 0.45), 8.0)
+    for _ in range(5):
+        blind.update("r", 1, 0)
+    np.testing.assert_allclose(blind.first_by_confidence("r"), fresh)

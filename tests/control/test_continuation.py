@@ -149,3 +149,44 @@ def test_the_probe_seeds_the_continuation_once():
         ctrl.continuation.update(4, 4, 4)
     ctrl.bind_drafter(SimpleNamespace(stop_below=0.7, unread=None))
     assert ctrl.continuation.estimate(2)[1] > 0.9
+
+
+# The 0.5B at the pair's load probe (its top probability at each of the 32 tokens, and whether it was the target's):
+# right at 21 of 23 it was sure of (>= 0.7), 3 of 9 it was not; the first two (the response's opening) unsure, wrong.
+PROBE_CONFIDENCES = (0.41, 0.66, 1.0, 0.66, 0.94, 0.74, 1.0, 0.95, 0.99, 1.0, 0.35, 0.83, 0.87, 0.99, 1.0, 1.0)
+PROBE_CONFIDENCES += (0.65, 0.45, 1.0, 0.32, 0.85, 0.97, 0.9, 0.98, 1.0, 1.0, 0.72, 0.97, 0.55, 0.96, 0.69, 0.72)
+PROBE_AGREED = tuple(
+    map(bool, (0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 1, 1))
+)
+
+
+def k_asked_after_an_unsure_miss(by_confidence: bool, steps: int = 8) -> list[int]:
+    """K a fresh pair's `goodput` asks at each of its first steps, priced as the pair at 8,192 tokens (a ~28 ms plain
+    step, ~4 ms a verified token, 11.5 ms a draft; a drafter stopping below 0.7): at the first step the drafter is
+    unsure of its first draft (it stops after it, asked for more) and wrong, as the 0.5B is at a response's first
+    token; sure and right every time after. by_confidence=False: the fault, first drafts judged alike."""
+    cost = lambda: CostModel.linear(20e-3, 4.5e-3, 4e-3, 0.0)  # noqa: E731
+    ctrl = GoodputController(cost=cost(), cheap_draft=0.0)
+    ctrl.seed_pair(0.75, 11.5e-3, confidences=PROBE_CONFIDENCES, agreed=PROBE_AGREED)
+    ctrl.bind_drafter(SimpleNamespace(stop_below=0.7, unread=None))
+    if not by_confidence:
+        ctrl._by_confidence = lambda: False
+    seqs = [Sequence("r", [1, 2, 3], SamplingParams(max_tokens=100_000), max_len=200_000)]
+    ks = []
+    for step in range(steps):
+        ks.append(k := ctrl.choose(seqs, 4)[0])
+        made, sure = (min(k, 1), 0.4) if step == 0 else (k, 0.95)
+        if made:
+            confidence = torch.full((1, made), sure)  # [1, made]
+            ctrl.truncate(seqs, Proposal(torch.full((1, made), 7), torch.tensor([made]), None, confidence))
+        seconds = cost().predict(1, made, 3.0) + 11.5e-3 * made
+        ctrl.observe(StepStats(seqs, [made], [0 if step == 0 else made], seconds, made + 1, 3.0, 11.5e-3 * made, 0.03))
+    return ks
+
+
+def test_a_miss_the_drafter_was_unsure_of_does_not_hold_k_down():
+    """A stopping drafter's first drafts are judged by its confidence in them: its unsure miss at the first step
+    leaves the sure ones, which its deeper drafts follow, where they were, and the next step asks all 4 drafts.
+    Control: judged alike, the miss pulled every draft's estimate down and the next step asked 1."""
+    assert k_asked_after_an_unsure_miss(by_confidence=True)[1] == 4
+    assert k_asked_after_an_unsure_miss(by_confidence=False)[1] == 1
