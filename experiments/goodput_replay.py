@@ -21,7 +21,9 @@ K every step (K = 0: none), stopping after a draft below STOP_BELOW confidence a
 never stop (they are not counted as the best fixed arm). With --passes N every arm decodes the texts N times over,
 and each pass is also reported on its own: a controller seeded wrong shows in the first pass, whether it recovered
 in the later ones.
-The draft reads each prompt before the first step (bench long-context warms it the same way). Every draft made is
+The draft reads each prompt before the first step (bench long-context warms it the same way), and the first step
+drafts the response's first token, as the engine's first decode step does (it feeds the prompt's last token, left
+pending by the prefill; until 2026-11-29 the replay started a token later, where the 0.5B is seldom wrong). Every draft made is
 charged, those `truncate` then cuts as well (the engine has paid for them; until 2026-11-29 only the drafts kept were,
 which made cutting look free); --retime times the prices again for a --texts-file's texts. What this leaves
 out: the engine's own overhead between forwards (the same for every arm), and the draft's confidences after a
@@ -174,9 +176,9 @@ class Replay:
         if self.renew is not None:
             self.attach(self.renew())
         params = SamplingParams(max_tokens=max_tokens)
+        # The prompt's last token pending, as the engine leaves it (engine._prefill_chunks): the first step drafts the
+        # response's first token. The draft read the rest of the prompt (warmed up); the pending token is its backlog.
         seq = Sequence(name, text.prompt, params, max_len=len(text.prompt) + len(text.response) + K_MAX + 2)
-        seq.token_ids.append(text.response[0])  # the prefill's token: the draft read the prompt (warmed up)
-        seq.metrics.num_generated = 1
         self.backlog = 1
         end = min(max_tokens, len(text.response))  # a response that ended early (EOS) ends the request there
         while seq.metrics.num_generated < end:
@@ -276,6 +278,8 @@ def arms(base: LLM, prices: Prices) -> dict[str, Replay]:
     shallow = lambda: without_deep_optimism(base.new_controller("goodput"))  # noqa: E731
     out["goodput-cold-no-deep-optimism"] = Replay(None, 0, prices, STOP_BELOW, renew=shallow)
     out["goodput-cold-as-of-s27"] = Replay(None, 0, prices, STOP_BELOW, renew=lambda: without_deep_optimism(unseeded()))
+    blind = lambda: blind_to_confidence(base.new_controller("goodput"))  # noqa: E731
+    out["goodput-cold-as-of-s28"] = Replay(None, 0, prices, STOP_BELOW, renew=blind)
     for weight in (2.0, 4.0):
         ctrl = base.new_controller("goodput")
         ctrl.acceptance.prior_weight = weight
@@ -311,6 +315,13 @@ def never_seeded(ctrl: GoodputController) -> GoodputController:
     """`goodput` whose continuation starts at its prior (the drafter always goes on), not at the load probe's
     measure of the drafter's stop, as before 2026-11-29 (s28)."""
     ctrl.continuation_seeded = True
+    return ctrl
+
+
+def blind_to_confidence(ctrl: GoodputController) -> GoodputController:
+    """`goodput` judging a row's first drafts on all of them alike, not by the drafter's confidence in each, as
+    before 2026-11-29 (s29)."""
+    ctrl._by_confidence = lambda: False
     return ctrl
 
 

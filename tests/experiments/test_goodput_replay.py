@@ -24,11 +24,12 @@ def replayed(k: int, agree: list[bool]) -> Replay:
 
 
 def test_fixed_k_is_charged_step_by_step():
-    # 9 tokens, the first from the prefill. Step 1 at t = 1: drafts 100+1, +2 both agree -> 3 tokens (t = 4), the
-    # draft reads 1 token then drafts once more; all accepted, so its next backlog is 2. Step 2 at t = 4: draft 4
-    # misses -> 1 token (t = 5). Step 3 at t = 5: both agree -> t = 8. Step 4 at t = 8: no room left (end 9): K 0.
+    # 9 tokens, the first step's drafts the first two (the prompt's last token pending, as the engine leaves it).
+    # Step 1 at t = 0: drafts 100, 101 both agree -> 3 tokens (t = 3), the draft reads 1 token (the pending one) then
+    # drafts once more; all accepted, so its next backlog is 2. Step 2 at t = 3: draft 104 misses -> 2 tokens
+    # (t = 5). Step 3 at t = 5: both agree -> t = 8. Step 4 at t = 8: no room left (end 9): K 0.
     replay = replayed(2, [True, True, True, True, False, True, True, True, True])
-    assert replay.k_chosen == [2, 2, 2, 0] and replay.tokens == 8
+    assert replay.k_chosen == [2, 2, 2, 0] and replay.tokens == 9
     draft = (0.003 + 0.003) + (0.004 + 0.003) + (0.003 + 0.003)  # backlogs 1, 2, 1
     verify = 3 * PRICES.target[3] + PRICES.target[1]
     assert replay.seconds == pytest.approx(draft + verify)
@@ -40,15 +41,15 @@ def test_a_draft_pays_only_where_it_agrees(agrees):
     token each."""
     agree = [agrees] * 30
     speculating, plain = replayed(2, agree), replayed(0, agree)
-    assert speculating.tokens == plain.tokens == 29
+    assert speculating.tokens == plain.tokens == 30
     assert (speculating.seconds < 0.7 * plain.seconds) == agrees
 
 
 def test_a_doubtful_draft_stops_the_chain():
     replay = Replay(None, 3, PRICES, 0.7)
     replay.run(text([True] * 6, confidence=0.5), "r", 64)  # every draft doubtful: one a step
-    assert replay.tokens == 5 and replay.seconds == pytest.approx(
-        PRICES.draft[1] + PRICES.draft[2] + PRICES.target[2] * 2 + PRICES.target[1]
+    assert replay.tokens == 6 and replay.seconds == pytest.approx(
+        PRICES.draft[1] + PRICES.draft[2] * 2 + PRICES.target[2] * 3
     )
 
 
@@ -58,7 +59,7 @@ def test_goodput_replays_through_the_real_controller():
     replay = Replay(ctrl, 0, PRICES, 0.0)
     for i in range(3):
         replay.run(text([True] * 40), f"r{i}", 64)
-    assert replay.tokens == 3 * 39 and max(replay.k_chosen) > 1  # it drafts on a draft that is always right
+    assert replay.tokens == 3 * 40 and max(replay.k_chosen) > 1  # it drafts on a draft that is always right
     assert not ctrl.live_request_ids()  # each request ended
 
 
@@ -107,11 +108,11 @@ def test_drafts_truncate_cuts_are_charged_as_made():
     ctrl.truncate = lambda seqs, proposal: proposal.truncated(torch.zeros_like(proposal.num_tokens))
     replay = Replay(ctrl, 0, PRICES, 0.7)
     replay.run(text([True] * 6), "r", 64)
-    # K as the request's end clamps it: 2, 2, 2, 1, 0; nothing verified, so the draft's backlog grows a token a step
-    assert replay.k_chosen == [2, 2, 2, 1, 0]
+    # K as the request's end clamps it: 2, 2, 2, 2, 1, 0; nothing verified, so the draft's backlog grows a token a step
+    assert replay.k_chosen == [2, 2, 2, 2, 1, 0]
     drafting = sum(PRICES.draft_s(b + 1) + (k - 1) * PRICES.draft_s(1) for b, k in enumerate(replay.k_chosen) if k)
-    assert replay.seconds == pytest.approx(drafting + 5 * PRICES.target[1])
-    assert replay.seconds > 5 * PRICES.target[1] * 1.2
+    assert replay.seconds == pytest.approx(drafting + 6 * PRICES.target[1])
+    assert replay.seconds > 6 * PRICES.target[1] * 1.2
 
 
 def test_a_cold_arm_starts_every_text_afresh():
