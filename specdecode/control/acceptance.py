@@ -92,7 +92,7 @@ class AcceptanceTracker:
     def first_by_confidence(self, request_id: str) -> np.ndarray:
         """[2] P(first draft accepted) where the drafter was sure of it, and where it was not: the request's own
         counts shrunk toward the pool's, as `estimate` does, each class of the pool toward the pool's first position.
-        A drafter that stops when unsure is right far more often where it goes on (the 0.5B: 0.91 against 0.44 on
+        A drafter that stops when unsure is right far more often where it goes on (the 0.5B: 0.91 against 0.33 on
         the load probe's text), and which of the two a miss was tells the deeper drafts apart (goodput.py)."""
         first = (self.pool_hits[0] + self.pool_weight * self.prior_first) / (self.pool_trials[0] + self.pool_weight)
         pool = self.pool_by_confidence  # [2, 2]

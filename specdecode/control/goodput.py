@@ -232,7 +232,9 @@ class GoodputController(ControllerBase):
         (control/continuation.py) at the share of the probe's tokens it would have gone on from, over all of them
         and over those it got right, worth CONTINUATION_SEED rows; once. Its prior, that the drafter always goes on,
         priced K = 4 as four drafts made where the 0.5B, stopping below 0.7, made ~2.2 (it went on ~0.6 of the
-        time on dev code at 8,192 tokens): a fresh request asked K = 1-2 where fixed K = 3 was best."""
+        time on dev code at 8,192 tokens): a fresh request asked K = 1-2 where fixed K = 3 was best. The same tokens
+        seed the pool's first drafts by confidence (`_by_confidence`): how often the draft was right where it was
+        sure, and where it was not, each worth the pool's seed weight."""
         confidences, agreed = self.probe_drafts
         if self.continuation_seeded or self.draft_stop_below <= 0.0 or not confidences:
             return
@@ -769,9 +771,9 @@ class GoodputController(ControllerBase):
     def _sure_of_first(
         self, rid: str, asked: dict[str, int], made: dict[str, int], would_go_on: dict[str, bool]
     ) -> bool | None:
-        """Whether a drafter that stops when unsure was sure of the row's first draft this step: it went on past it,
-        or stopped right after it though asked for more; asked for one, its confidence says (`would_go_on`). None
-        where nothing tells (no stop, no draft made, or no confidence)."""
+        """Whether a drafter that stops when unsure was sure of the row's first draft this step: sure where it went on
+        past it, unsure where it stopped after it though asked for more; asked for one, its confidence says
+        (`would_go_on`). None where nothing tells (no stop, no draft made, or no confidence)."""
         if self.draft_stop_below <= 0.0 or made.get(rid, 0) < 1:
             return None
         n = min(made[rid], asked[rid])
