@@ -23,11 +23,11 @@ and each pass is also reported on its own: a controller seeded wrong shows in th
 in the later ones.
 The draft reads each prompt before the first step (bench long-context warms it the same way), and the first step
 drafts the response's first token, as the engine's first decode step does (it feeds the prompt's last token, left
-pending by the prefill; until 2026-11-29 the replay started a token later, where the 0.5B is seldom wrong). Every draft made is
-charged, those `truncate` then cuts as well (the engine has paid for them; until 2026-11-29 only the drafts kept were,
-which made cutting look free); --retime times the prices again for a --texts-file's texts. What this leaves
-out: the engine's own overhead between forwards (the same for every arm), and the draft's confidences after a
-rejected draft (taken on the true prefix: a draft made after a miss is wasted whatever it says).
+pending by the prefill; until 2026-11-29 the replay started a token later, where the 0.5B is seldom wrong). Every
+draft made is charged, those `truncate` then cuts as well (the engine has paid for them; until 2026-11-29 only the
+drafts kept were, which made cutting look free); --retime times the prices again for a --texts-file's texts. What
+this leaves out: the engine's own overhead between forwards (the same for every arm), and the draft's confidences
+after a rejected draft (taken on the true prefix: a draft made after a miss is wasted whatever it says).
 
 The text is the code set's --split part (dev by default: this chooses how the controller works, so never the eval
 prompts), or a --prompts file's (never Spec-Bench's: a prose text for development can be cut from the distillation
