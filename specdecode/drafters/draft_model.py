@@ -34,6 +34,11 @@ def draft_confidence(logits: torch.Tensor, q: torch.Tensor, st: SamplingTensors)
     return top_raw if st.all_greedy else torch.where(st.temperature == 0.0, top_raw, q.amax(-1))
 
 
+def subset_drafts(small: torch.Tensor, subset: torch.Tensor) -> torch.Tensor:
+    """Greedy drafts [num_seqs] from a drafting vocabulary's logits [num_seqs, S]: the token ids of their argmax."""
+    return subset[small.argmax(-1)]
+
+
 def load_draft(
     draft_dir: Path,
     device: str | torch.device,
@@ -121,6 +126,9 @@ class DraftModelDrafter(DrafterBase):
         self.prefill_budget = prefill_budget
         self.slots: dict[str, int] = {}
         self.shift = [0] * max_num_seqs  # per slot: a cached token's position less its cache index, past the sink
+        # A drafting vocabulary's head can score its tokens alone: greedy drafts need only its argmax and top
+        # probability, not the full vocabulary's logits and one-hot q (compact_drafts)
+        self.subset_head = model.lm_head if isinstance(model.lm_head, SubsetLMHead) else None
 
     def add_sequence(self, seq: Sequence) -> None:
         slot = self.slots[seq.request_id] = self.cache.allocate()  # the prompt is fed by _catch_up, a chunk a step
@@ -205,17 +213,17 @@ class DraftModelDrafter(DrafterBase):
                 self.cache.set_length(slot, SINK + window)
 
     def _catch_up(
-        self, seqs: list[Sequence], slots: list[int], num_tokens: list[int]
+        self, seqs: list[Sequence], slots: list[int], num_tokens: list[int], width: int
     ) -> tuple[torch.Tensor, list[int]]:
         """Feed the rows asked to draft what the draft has not seen (the prompt, the pending token, the bonus token
         after a full accept), within one prefill chunk (catch_up.py). Returns the logits after each row's last
-        token [num_seqs, 1, vocab] and the drafts each row may make: 0 for rows still catching up."""
+        token [num_seqs, 1, width] (width: the vocabulary, or a compact head's subset) and the drafts each row may
+        make: 0 for rows still catching up."""
         backlogs = self._skip_and_cap(seqs, slots, num_tokens)
         take = share_budget(backlogs, self.prefill_budget)
         self._make_room(slots, [n + k for n, k in zip(take, num_tokens, strict=True)])
         rows = [b for b, n in enumerate(take) if n]
-        vocab = self.model.cfg.vocab_size
-        logits = torch.zeros((len(seqs), 1, vocab), device=self.model.device)  # [num_seqs, 1, vocab]
+        logits = torch.zeros((len(seqs), 1, width), device=self.model.device)  # [num_seqs, 1, width]
         if rows:
             starts = [self.cache.lengths[slots[b]] + self.shift[slots[b]] for b in rows]  # first unread token
             feed = [seqs[b].token_ids[n : n + take[b]] for b, n in zip(rows, starts, strict=True)]
@@ -232,22 +240,51 @@ class DraftModelDrafter(DrafterBase):
         unsure = (confidence < self.stop_below).tolist()
         return [min(n, j + 1) if u else n for n, u in zip(num_tokens, unsure, strict=True)]
 
+    def compact_drafts(self, st: SamplingTensors) -> bool:
+        """Whether this batch drafts from the subset's logits alone: a drafting vocabulary, every row greedy and
+        nothing adjusting the logits (penalties, logit_bias, grammars see the whole vocabulary). The drafts are
+        the ones the full logits give (the subset is ascending, so ties break to the lowest id alike); the
+        subset's softmax is the full one's (exp(-inf) = 0), summed over fewer terms."""
+        return self.subset_head is not None and st.all_greedy and st.adjust is None
+
+    def _next_draft(
+        self, logits: torch.Tensor, tokens: list[torch.Tensor], st: SamplingTensors, j: int, compact: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """From the logits after each row's last token [num_seqs, 1, width]: the next drafts [num_seqs], the q they
+        were drawn from [num_seqs, vocab] (None when compact) and their confidences [num_seqs]."""
+        if compact:
+            small = logits[:, 0]  # [num_seqs, S]
+            return subset_drafts(small, self.subset_head.head.subset), None, small.softmax(-1).amax(-1)
+        q = draft_probs(logits, tokens, st)  # [num_seqs, vocab], penalties etc. as the target's
+        tok = q.argmax(-1) if st.all_greedy else sample(q, st, Purpose.DRAFT, j)  # [num_seqs]
+        return tok, q, draft_confidence(logits[:, 0], q, st)
+
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors) -> Proposal:
+        compact = self.compact_drafts(st)
+        if self.subset_head is not None:
+            self.subset_head.compact = compact
+        try:
+            return self._propose(seqs, num_tokens, st, compact)
+        finally:
+            if self.subset_head is not None:
+                self.subset_head.compact = False  # the model's other callers (the load probe) see full logits
+
+    def _propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors, compact: bool) -> Proposal:
         device = self.model.device
         slots = [self.slots[s.request_id] for s in seqs]
         self.commit(seqs)  # drafts of a proposal never committed (the engine retried the step) are forgotten
-        logits, num_tokens = self._catch_up(seqs, slots, num_tokens)  # [num_seqs, 1, vocab]
+        width = len(self.subset_head.head.subset) if compact else self.model.cfg.vocab_size
+        logits, num_tokens = self._catch_up(seqs, slots, num_tokens, width)  # [num_seqs, 1, width]
         k = max(num_tokens, default=0)
         if k == 0:
             return Proposal.from_lists([[] for _ in seqs], 0, device)
         tokens, probs, confidence = [], [], []
         for j in range(k):
-            q = draft_probs(logits, tokens, st)  # [num_seqs, vocab], penalties etc. as the target's
-            tok = q.argmax(-1) if st.all_greedy else sample(q, st, Purpose.DRAFT, j)  # [num_seqs]
+            tok, q, conf = self._next_draft(logits, tokens, st, j, compact)
             tokens.append(tok)
             probs.append(q)
-            confidence.append(draft_confidence(logits[:, 0], q, st))
+            confidence.append(conf)
             if self.stop_below > 0.0:
                 num_tokens = self._stop_unsure(num_tokens, confidence[-1], j)
             # Only rows that still draft feed their draft: each row's cache grows by its own count, never past it.

@@ -61,7 +61,7 @@ def quantized_rows(head: nn.Module, subset: torch.Tensor) -> nn.Module | None:
 class SubsetHead:
     def __init__(self, target: LlamaModel, subset: torch.Tensor) -> None:
         self.vocab_size = target.cfg.vocab_size
-        self.subset = subset.to(target.device)  # [S] int64 token ids
+        self.subset = subset.sort().values.to(target.device)  # [S] int64 token ids, ascending (as argmax breaks ties)
         self.linear = quantized_rows(target.lm_head, self.subset)
         if self.linear is not None:
             self.dtype = target.dtype  # the kernels take the model's fp32 activations
@@ -75,9 +75,13 @@ class SubsetHead:
             packed_linear.pack_linears(holder)
         self.linear = holder[0]
 
+    def small_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] -> float logits of the subset's tokens only [..., S], in the subset's order."""
+        return self.linear(hidden.to(self.dtype)).float()
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> float logits [..., vocab], -inf outside the subset."""
-        small = self.linear(hidden.to(self.dtype)).float()  # [..., S]
+        small = self.small_logits(hidden)  # [..., S]
         full = torch.full((*small.shape[:-1], self.vocab_size), float("-inf"), device=small.device)
         return full.index_copy_(-1, self.subset, small)
 
@@ -100,9 +104,13 @@ class SubsetLMHead(nn.Module):
     def __init__(self, head: SubsetHead) -> None:
         super().__init__()
         self.head = head
+        # Compact: the forward returns the subset's logits alone [..., S] (token subset[i] at i), for a caller
+        # that needs no full-vocabulary distribution (a greedy draft: its argmax and top probability).
+        self.compact = False
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head.logits(hidden)  # [..., hidden] -> [..., vocab]
+        # [..., hidden] -> [..., vocab], or [..., S] when compact
+        return self.head.small_logits(hidden) if self.compact else self.head.logits(hidden)
 
     @staticmethod
     def install(model: LlamaModel, subset: torch.Tensor) -> None:
