@@ -14,10 +14,10 @@ their outputs differ. Reported: tok/s, speedup over K = 0, τ per arm, and the c
 from __future__ import annotations
 
 import argparse
-import time
 
 from tqdm import tqdm
 
+from experiments.draft_weights import arm_rows, new_totals, timed_chat
 from specdecode.bench.code_prompts import load_prompts
 from specdecode.bench.lib import provenance, write_result
 from specdecode.config import SamplingParams
@@ -47,32 +47,17 @@ def main() -> None:
     for llm in arms.values():
         llm.warm_up()
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
-    totals = {name: {"seconds": 0.0, "tokens": 0, "drafted": 0, "accepted": 0, "forwards": 0} for name in arms}
+    totals = {name: new_totals() for name in arms}
     for p in tqdm(load_prompts("code", a.split), desc="compact drafts", unit="prompt"):
         outs = {}
         for name, llm in arms.items():
-            t0 = time.perf_counter()
-            out = llm.chat([{"role": "user", "content": p.text}], params)[0]
-            t = totals[name]
-            t["seconds"] += time.perf_counter() - t0
-            t["tokens"] += len(out.token_ids)
-            t["drafted"] += out.metrics.get("num_drafted", 0)
-            t["accepted"] += out.metrics.get("num_accepted", 0)
-            t["forwards"] += out.metrics["num_target_forwards"]
+            out = timed_chat(llm, p.text, params, totals[name])
             outs[name] = (out.token_ids, out.metrics.get("num_drafted", 0))
         if outs["draft, compact"] != outs["draft, full vocabulary"]:
             raise SystemExit(f"{p.question_id}: the compact and full-vocabulary drafts differ")
-    base = totals["K = 0"]["tokens"] / totals["K = 0"]["seconds"]
-    rows = {}
-    for name, t in totals.items():
-        tok_s = t["tokens"] / t["seconds"]
-        rows[name] = {
-            **t,
-            "tok_s": tok_s,
-            "speedup": tok_s / base,
-            "tau": (t["accepted"] + t["forwards"]) / max(t["forwards"], 1),
-        }
-        print(f"{name:>24}: {tok_s:6.2f} tok/s  {tok_s / base:5.3f}x K = 0  tau {rows[name]['tau']:.2f}")
+    rows = arm_rows(totals)
+    for name, row in rows.items():
+        print(f"{name:>24}: {row['tok_s']:6.2f} tok/s  {row['speedup']:5.3f}x K = 0  tau {row['tau']:.2f}")
     ratio = rows["draft, compact"]["tok_s"] / rows["draft, full vocabulary"]["tok_s"]
     print(f"compact over full vocabulary: {ratio:.3f}x")
     result = {

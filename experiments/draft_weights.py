@@ -52,6 +52,38 @@ def draft_steps(drafts: dict[str, torch.nn.Module], steps: int) -> dict[str, flo
     return {name: statistics.median(ts[1:]) for name, ts in times.items()}
 
 
+def new_totals() -> dict:
+    return {"seconds": 0.0, "tokens": 0, "drafted": 0, "accepted": 0, "forwards": 0}
+
+
+def timed_chat(llm: LLM, text: str, params: SamplingParams, totals: dict):
+    """One chat request of `text`, its seconds, tokens, drafts and forwards added to `totals`; its output."""
+    t0 = time.perf_counter()
+    out = llm.chat([{"role": "user", "content": text}], params)[0]
+    totals["seconds"] += time.perf_counter() - t0
+    totals["tokens"] += len(out.token_ids)
+    totals["drafted"] += out.metrics.get("num_drafted", 0)
+    totals["accepted"] += out.metrics.get("num_accepted", 0)
+    totals["forwards"] += out.metrics["num_target_forwards"]
+    return out
+
+
+def arm_rows(totals: dict[str, dict], base_arm: str = "K = 0") -> dict[str, dict]:
+    """Each arm's totals with its tok/s, speedup over `base_arm`, acceptance and tau."""
+    base = totals[base_arm]["tokens"] / totals[base_arm]["seconds"]
+    rows = {}
+    for name, t in totals.items():
+        tok_s = t["tokens"] / t["seconds"]
+        rows[name] = {
+            **t,
+            "tok_s": tok_s,
+            "speedup": tok_s / base,
+            "acceptance": t["accepted"] / max(t["drafted"], 1),
+            "tau": (t["accepted"] + t["forwards"]) / max(t["forwards"], 1),
+        }
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", default="dev", choices=["dev", "eval"])
@@ -72,29 +104,14 @@ def main() -> None:
     for llm in arms.values():
         llm.warm_up()
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
-    totals = {name: {"seconds": 0.0, "tokens": 0, "drafted": 0, "accepted": 0, "forwards": 0} for name in arms}
+    totals = {name: new_totals() for name in arms}
     for p in tqdm(load_prompts("code", a.split), desc="draft weights", unit="prompt"):
         for name, llm in arms.items():
-            t0 = time.perf_counter()
-            out = llm.chat([{"role": "user", "content": p.text}], params)[0]
-            t = totals[name]
-            t["seconds"] += time.perf_counter() - t0
-            t["tokens"] += len(out.token_ids)
-            t["drafted"] += out.metrics.get("num_drafted", 0)
-            t["accepted"] += out.metrics.get("num_accepted", 0)
-            t["forwards"] += out.metrics["num_target_forwards"]
-    base = totals["K = 0"]["tokens"] / totals["K = 0"]["seconds"]
-    rows = {}
-    for name, t in totals.items():
-        tok_s = t["tokens"] / t["seconds"]
-        rows[name] = {
-            **t,
-            "tok_s": tok_s,
-            "speedup": tok_s / base,
-            "acceptance": t["accepted"] / max(t["drafted"], 1),
-            "tau": (t["accepted"] + t["forwards"]) / max(t["forwards"], 1),
-        }
-        print(f"{name:>20}: {tok_s:6.2f} tok/s  {tok_s / base:5.3f}x K = 0  acceptance {rows[name]['acceptance']:.3f}")
+            timed_chat(llm, p.text, params, totals[name])
+    rows = arm_rows(totals)
+    for name, row in rows.items():
+        speed = f"{row['tok_s']:6.2f} tok/s  {row['speedup']:5.3f}x K = 0"
+        print(f"{name:>20}: {speed}  acceptance {row['acceptance']:.3f}")
     steps = draft_steps({n: arms[n].draft_model for n in ("draft, file blocks", "draft, Q4_1")}, a.steps)
     for name, s in steps.items():
         print(f"{name:>20}: draft step {s * 1e3:.2f} ms")
