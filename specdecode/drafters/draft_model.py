@@ -213,12 +213,13 @@ class DraftModelDrafter(DrafterBase):
                 self.cache.set_length(slot, SINK + window)
 
     def _catch_up(
-        self, seqs: list[Sequence], slots: list[int], num_tokens: list[int], width: int
+        self, seqs: list[Sequence], slots: list[int], num_tokens: list[int], width: int | None = None
     ) -> tuple[torch.Tensor, list[int]]:
         """Feed the rows asked to draft what the draft has not seen (the prompt, the pending token, the bonus token
         after a full accept), within one prefill chunk (catch_up.py). Returns the logits after each row's last
-        token [num_seqs, 1, width] (width: the vocabulary, or a compact head's subset) and the drafts each row may
-        make: 0 for rows still catching up."""
+        token [num_seqs, 1, width] (width: a compact head's subset, by default the vocabulary) and the drafts each
+        row may make: 0 for rows still catching up."""
+        width = width or self.model.cfg.vocab_size
         backlogs = self._skip_and_cap(seqs, slots, num_tokens)
         take = share_budget(backlogs, self.prefill_budget)
         self._make_room(slots, [n + k for n, k in zip(take, num_tokens, strict=True)])
