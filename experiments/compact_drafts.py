@@ -17,13 +17,11 @@ import argparse
 
 from tqdm import tqdm
 
-from experiments.draft_weights import arm_rows, new_totals, timed_chat
+from experiments.draft_weights import TARGET, arm_result, arm_rows, new_totals, timed_chat
 from specdecode.bench.code_prompts import load_prompts
-from specdecode.bench.lib import provenance, write_result
+from specdecode.bench.lib import write_result
 from specdecode.config import SamplingParams
 from specdecode.llm import LLM
-
-TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
 def main() -> None:
@@ -60,16 +58,7 @@ def main() -> None:
         print(f"{name:>24}: {row['tok_s']:6.2f} tok/s  {row['speedup']:5.3f}x K = 0  tau {row['tau']:.2f}")
     ratio = rows["draft, compact"]["tok_s"] / rows["draft, full vocabulary"]["tok_s"]
     print(f"compact over full vocabulary: {ratio:.3f}x")
-    result = {
-        **provenance("experiments.compact_drafts", plain.target),
-        "target": TARGET,
-        "split": a.split,
-        "k": a.k,
-        "stop_below": a.stop,
-        "max_tokens": a.max_tokens,
-        "arms": rows,
-        "compact_over_full": ratio,
-    }
+    result = {**arm_result("experiments.compact_drafts", plain.target, a, rows), "compact_over_full": ratio}
     print(f"wrote {write_result(a.out, result)}")
 
 

@@ -84,6 +84,12 @@ def arm_rows(totals: dict[str, dict], base_arm: str = "K = 0") -> dict[str, dict
     return rows
 
 
+def arm_result(command: str, model, a: argparse.Namespace, rows: dict[str, dict]) -> dict:
+    """A run's JSON: provenance, the arms' settings (`a`: split, k, stop, max_tokens) and their rows."""
+    settings = {"split": a.split, "k": a.k, "stop_below": a.stop, "max_tokens": a.max_tokens}
+    return {**provenance(command, model), "target": TARGET, **settings, "arms": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", default="dev", choices=["dev", "eval"])
@@ -116,13 +122,7 @@ def main() -> None:
     for name, s in steps.items():
         print(f"{name:>20}: draft step {s * 1e3:.2f} ms")
     result = {
-        **provenance("experiments.draft_weights", plain.target),
-        "target": TARGET,
-        "split": a.split,
-        "k": a.k,
-        "stop_below": a.stop,
-        "max_tokens": a.max_tokens,
-        "arms": rows,
+        **arm_result("experiments.draft_weights", plain.target, a, rows),
         "draft_step_ms": {name: s * 1e3 for name, s in steps.items()},
     }
     print(f"wrote {write_result(a.out, result)}")

@@ -15,7 +15,7 @@ from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetHead
 from specdecode.llm import LLM
 
-PROMPTS = [[5, 17, 40, 3, 77, 12], [9, 9, 31, 64, 2, 80, 11]]  # ids of the tiny models' 96
+PROMPTS = [[5, 17, 40, 3, 77, 12], [9, 9, 31, 64, 2, 80, 11]]  # token ids below the tiny models' vocabulary of 96
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
