@@ -1,6 +1,6 @@
 """What `goodput` costs in Python per engine step: choose, truncate and observe on a synthetic pair-like batch.
 
-    python -m experiments.goodput_overhead [--batches 1,8] [--steps 40] [--requests 20]
+    python -m experiments.goodput_overhead [--batches 1,8] [--steps 40] [--requests 20] [--cold 64]
         [--out results/goodput_overhead.json]
 
 No model runs: a controller seeded as the Qwen2.5-Coder pair's load probe seeds it (prices of the 2026-11-29 probe
@@ -8,9 +8,12 @@ in results/goodput_replay_2048_s22.json), the target's verify priced by a fixed 
 whose draft model is caught up, drafts accepted with probability 0.7 each. Every `--requests` a fresh controller
 decodes `--steps` steps (bench long-context gives each arm's run a fresh one, so its first steps, where the draft's
 price is refit every step, count as they do there). Reported: microseconds a step in each call, median over the
-requests. Inside the engine the same calls take ~2-3x these (the forward between them leaves the caches cold): on
-the pair at 2,048 tokens, batch 1, ~1.5-2 ms a step of ~33 ms before f33631a. To compare with an older tree, run
-this file with PYTHONPATH set to that tree's checkout.
+requests. Inside the engine the same calls take ~4x these: the forward between them streams ~1 GB of weights through
+the caches and leaves the controller's code and data cold (on the pair at 2,048 tokens, batch 1: choose, truncate and
+observe 1.50 ms a step of ~38 at 498e68f, timers around each call). `--cold MB` reproduces that: before each call a
+buffer of MB megabytes is streamed (one thread), and the cells are timed about as the engine sees them (at 498e68f:
+~1,040 us a step at batch 1 against ~285 warm). To compare with an older tree, run this file with PYTHONPATH set to that
+tree's checkout.
 """
 
 from __future__ import annotations
@@ -48,8 +51,21 @@ def pair_controller() -> GoodputController:
     return ctrl
 
 
-def one_request(batch: int, steps: int, rng: np.random.Generator) -> dict[str, float]:
-    """Microseconds a step in each call, over `steps` steps of a fresh controller."""
+def stream(buffer: torch.Tensor | None) -> None:
+    """Read and write `buffer` [N] once on one thread (the other core stays as idle as the engine's leaves it):
+    what a forward does to the caches before each controller call."""
+    if buffer is None:
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    buffer.add_(1.0)
+    torch.set_num_threads(threads)
+
+
+def one_request(
+    batch: int, steps: int, rng: np.random.Generator, buffer: torch.Tensor | None = None
+) -> dict[str, float]:
+    """Microseconds a step in each call, over `steps` steps of a fresh controller (each call after `stream`)."""
     ctrl = pair_controller()
     seqs = [
         Sequence(f"r{i}", list(range(CONTEXT)), SamplingParams(max_tokens=100_000), max_len=200_000)
@@ -57,10 +73,12 @@ def one_request(batch: int, steps: int, rng: np.random.Generator) -> dict[str, f
     ]
     spent = dict.fromkeys(CALLS, 0.0)
     for _ in range(steps):
+        stream(buffer)
         t0 = time.perf_counter()
         ks = ctrl.choose(seqs, K_MAX)
         t1 = time.perf_counter()
         proposal = Proposal.from_lists([[5] * k for k in ks], max(ks), torch.device("cpu"))
+        stream(buffer)
         t2 = time.perf_counter()
         kept = ctrl.truncate(seqs, proposal).num_tokens.tolist()
         t3 = time.perf_counter()
@@ -68,6 +86,7 @@ def one_request(batch: int, steps: int, rng: np.random.Generator) -> dict[str, f
         stats = StepStats(
             seqs, kept, accepted, 0.05, sum(k + 1 for k in kept), float(CONTEXT), 0.012 * max(kept), 0.035
         )
+        stream(buffer)
         t4 = time.perf_counter()
         ctrl.observe(stats)
         t5 = time.perf_counter()
@@ -81,18 +100,21 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--cold", type=int, default=0, help="MB streamed before each call (0: warm caches)")
     ap.add_argument("--out", default="results/goodput_overhead.json")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
+    buffer = torch.zeros(a.cold * 2**20 // 4) if a.cold else None  # [MB of fp32]
     cells = []
     for batch in (int(b) for b in a.batches.split(",")):
-        runs = [one_request(batch, a.steps, rng) for _ in range(a.requests)]
+        runs = [one_request(batch, a.steps, rng, buffer) for _ in range(a.requests)]
         us = {call: float(np.median([r[call] for r in runs])) for call in CALLS}
         us["total"] = float(np.median([sum(r.values()) for r in runs]))
         cells.append({"batch": batch, "us_per_step": us})
         print(f"batch {batch}: " + ", ".join(f"{call} {v:.0f}" for call, v in us.items()) + " us a step")
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {**provenance(module="experiments.goodput_overhead"), "git": rev, "context": CONTEXT, "cells": cells}
+    out = {**provenance(module="experiments.goodput_overhead"), "git": rev, "context": CONTEXT, "cold_mb": a.cold}
+    out["cells"] = cells
     print(f"wrote {write_result(a.out, out)}")
 
 

@@ -50,16 +50,17 @@ class AcceptanceTracker:
 
     def estimate(self, request_id: str, k: int) -> np.ndarray:
         """[k] conditional acceptance probability of draft positions 1..k."""
-        hits = self.hits.get(request_id)
-        trials = self.trials.get(request_id)
-        out = np.empty(k)
+        # In Python floats (the same IEEE doubles as numpy's scalars, without their per-operation cost)
+        hits, trials = self.hits.get(request_id), self.trials.get(request_id)
+        own = [(0.0, 0.0)] * k if hits is None else list(zip(hits[:k].tolist(), trials[:k].tolist(), strict=True))
+        pool = zip(self.pool_hits[:k].tolist(), self.pool_trials[:k].tolist(), strict=True)
+        out = []
         chain = self.prior_first
-        for j in range(k):  # sequential: each position's prior starts from the previous estimate
-            pooled = (self.pool_hits[j] + self.pool_weight * chain) / (self.pool_trials[j] + self.pool_weight)
-            h, n = (0.0, 0.0) if hits is None else (hits[j], trials[j])
-            out[j] = min(max((h + self.prior_weight * pooled) / (n + self.prior_weight), P_MIN), P_MAX)
-            chain = out[j] * self.prior_decay
-        return out
+        for (ph, pn), (h, n) in zip(pool, own, strict=True):  # sequential: each prior starts from the previous estimate
+            pooled = (ph + self.pool_weight * chain) / (pn + self.pool_weight)
+            out.append(min(max((h + self.prior_weight * pooled) / (n + self.prior_weight), P_MIN), P_MAX))
+            chain = out[-1] * self.prior_decay
+        return np.array(out)
 
     def update(self, request_id: str, num_proposed: int, num_accepted: int, confident: bool | None = None) -> None:
         """A row with k drafts and a accepted: successes at positions 1..a, a failure at a + 1 if a < k; deeper
@@ -94,11 +95,15 @@ class AcceptanceTracker:
         counts shrunk toward the pool's, as `estimate` does, each class of the pool toward the pool's first position.
         A drafter that stops when unsure is right far more often where it goes on (the 0.5B: 0.91 against 0.33 on
         the load probe's text), and which of the two a miss was tells the deeper drafts apart (goodput.py)."""
-        first = (self.pool_hits[0] + self.pool_weight * self.prior_first) / (self.pool_trials[0] + self.pool_weight)
-        pool = self.pool_by_confidence  # [2, 2]
-        pooled = (pool[:, 0] + self.pool_weight * first) / (pool[:, 1] + self.pool_weight)  # [2]
-        own = self.by_confidence.get(request_id, np.zeros((2, 2)))  # [2, 2]
-        return np.clip((own[:, 0] + self.prior_weight * pooled) / (own[:, 1] + self.prior_weight), P_MIN, P_MAX)
+        w, prior = self.pool_weight, self.prior_weight
+        first = (float(self.pool_hits[0]) + w * self.prior_first) / (float(self.pool_trials[0]) + w)
+        split = self.by_confidence.get(request_id)
+        own = [[0.0, 0.0]] * 2 if split is None else split.tolist()  # [2, 2] (hits, tries): sure, unsure
+        out = []
+        for (ph, pn), (h, n) in zip(self.pool_by_confidence.tolist(), own, strict=True):
+            pooled = (ph + w * first) / (pn + w)
+            out.append(min(max((h + prior * pooled) / (n + prior), P_MIN), P_MAX))
+        return np.array(out)  # [2]
 
     def seed_by_confidence(self, rates: tuple[float, float], weight: float) -> None:
         """Start the pool's first drafts by confidence (sure, unsure) at `rates`, worth `weight` drafts each."""

@@ -67,6 +67,7 @@ EXTRA_WIDTHS = 8  # tokens past one a row told apart (more share the last factor
 EXTRA_PRIOR = 1.0  # pseudo-verifies at the calibrated price that the factor of all widths is shrunk toward
 WIDTH_PRIOR = 2.0  # pseudo-verifies at the factor of all widths that each width's own is shrunk toward
 EXTRA_RANGE = (0.05, 10.0)  # the factors' bounds
+FEW_PRICES = 16  # prices asked at once that are computed one at a time in Python floats (`_verify_parts_one`)
 
 
 class ProfileError(ValueError):
@@ -224,10 +225,13 @@ class CostModel:
 
     def predict_tokens(self, num_seqs: int, num_tokens: int, context: float) -> float:
         """Seconds of a verify forward of num_tokens tokens over num_seqs rows."""
-        return self.correction * float(self._verify_price(num_seqs, num_tokens, context))
+        base, extra = self._verify_parts_one(num_seqs, int(num_tokens), context)
+        return self.correction * (base + float(self.extra_scales[_extra_width(int(num_tokens), num_seqs)]) * extra)
 
     def predict_tokens_many(self, num_seqs: int, num_tokens: np.ndarray, context: float) -> np.ndarray:
-        """[N] `predict_tokens` for each of num_tokens [N]."""
+        """[N] `predict_tokens` for each of num_tokens [N] (a few one at a time: `_verify_parts_one`)."""
+        if np.size(num_tokens) <= FEW_PRICES:
+            return np.array([self.predict_tokens(num_seqs, n, context) for n in np.asarray(num_tokens).tolist()])
         return self.correction * self._verify_price(num_seqs, num_tokens, context)
 
     def _verify_parts(self, num_seqs: int, num_tokens, context: float) -> tuple[float, np.ndarray]:
@@ -235,6 +239,21 @@ class CostModel:
         tokens = np.asarray(num_tokens, dtype=float)
         prices = verify_features(num_seqs, np.concatenate([[num_seqs], tokens.ravel()]), context) @ self.verify_coef
         return float(prices[0]), prices[1:].reshape(tokens.shape) - prices[0]
+
+    def _verify_parts_one(self, num_seqs: int, num_tokens: int, context: float) -> tuple[float, float]:
+        """`_verify_parts` for one verify, in Python floats: a step asks a few dozen single prices, and each through
+        numpy's small-array calls cost ~20 us in the engine, where the forward before it has left the caches cold
+        (experiments/goodput_overhead.py --cold)."""
+        coef = self.verify_coef.tolist()
+        kctx = context / 1000.0
+        row = coef[0] + coef[1] * num_seqs + coef[-1] * (num_seqs * context / 1000.0)  # what any verify costs
+
+        def tokens(n: int) -> float:
+            hinges = sum(h * max(n - knee, 0) for h, knee in zip(coef[3:-2], KNEES, strict=True))
+            return coef[2] * n + hinges + coef[-2] * (n * kctx)
+
+        base = tokens(num_seqs)
+        return row + base, tokens(num_tokens) - base
 
     def _verify_price(self, num_seqs: int, num_tokens, context: float) -> np.ndarray:
         """[...] a verify's price before `correction`: a plain step's, plus the tokens past one a row at their
@@ -264,7 +283,11 @@ class CostModel:
         return min(context, self.draft_context_cap) if self.draft_context_cap > 0 else context
 
     def predict_draft(self, num_seqs: int, k: int, context: float = 0.0) -> float:
-        return float(draft_features(num_seqs, k, self.draft_context(context)) @ self.draft_coef)
+        """Seconds of drafting k tokens for each of num_seqs rows (`draft_features` @ draft_coef, in Python floats
+        as `_verify_parts_one`)."""
+        e, f, g, s = self.draft_coef.tolist()
+        kctx = num_seqs * self.draft_context(context) / 1000.0
+        return e * k + f * (k * num_seqs) + g * (num_seqs if k > 0 else 0) + s * (k * kctx)
 
     def predict(self, num_seqs: int, k: int, context: float) -> float:
         """Seconds of a step that drafts K tokens per row and verifies the padded [B, K + 1] block."""
@@ -276,7 +299,9 @@ class CostModel:
         return verify + self.predict_draft_many(num_seqs, ks, context)
 
     def predict_draft_many(self, num_seqs: int, ks: np.ndarray, context: float = 0.0) -> np.ndarray:
-        """[N] `predict_draft` for each K of ks [N]."""
+        """[N] `predict_draft` for each K of ks [N] (a few one at a time, as `predict_tokens_many`)."""
+        if np.size(ks) <= FEW_PRICES:
+            return np.array([self.predict_draft(num_seqs, k, context) for k in np.asarray(ks).tolist()])
         return draft_features(num_seqs, ks, self.draft_context(context)) @ self.draft_coef
 
     def seed_draft(
@@ -306,8 +331,10 @@ class CostModel:
         and, at 8 pseudo-steps against one real step per probe, would have needed ~8 probes' steady steps to
         learn otherwise. The level takes the seed's price to what steps measure, and keeps its shape (the
         attention's price from its two contexts); the median lets no one stalled step set it."""
+        if len(self._seed_ratios) >= SEED_CHECKS or propose_s <= 0:
+            return False
         predicted = float(x @ self._seed_coef)
-        if len(self._seed_ratios) >= SEED_CHECKS or predicted <= 0 or propose_s <= 0:
+        if predicted <= 0:
             return False
         self._seed_ratios.append(float(np.clip(propose_s / predicted, 0.1, 10.0)))
         self.seed_level = float(np.median(self._seed_ratios))
@@ -330,9 +357,9 @@ class CostModel:
         asked to draft (None: every row; a probe in a batch of 8 asks one, and its 15 ms priced as 8 rows' drafts
         once set the whole draft price at 0.43x)."""
         tokens = num_seqs * (k + 1) if num_tokens is None else num_tokens
-        base, extra = self._verify_parts(num_seqs, tokens, context)
-        width = int(_extra_width(tokens, num_seqs))
-        predicted = base + self.extra_scales[width] * float(extra)
+        base, extra = self._verify_parts_one(num_seqs, tokens, context)
+        width = _extra_width(tokens, num_seqs)
+        predicted = base + float(self.extra_scales[width]) * extra
         if predicted > 0 and verify_s > 0:
             self._observe_extra(base, float(extra), verify_s, width)
             ratio = float(np.clip(verify_s / predicted, 0.1, 10.0))  # one stalled step can't wreck the model

@@ -127,11 +127,11 @@ def test_the_stacked_nnls_solves_as_one_subset_at_a_time(features):
 
 def test_the_vector_prices_are_the_scalar_ones():
     """predict_many, predict_tokens_many, predict_draft_many and predict_one_row price each entry as the scalar
-    methods do, at batch 1 and 8, padded and packed."""
+    methods do, at batch 1 and 8, padded and packed; a few prices at once go one at a time through the scalar
+    methods' Python floats, more through the feature matrices (`FEW_PRICES`), and both agree."""
     model = CostModel(TRUE.copy(), draft_coef=np.array([8e-3, 1e-3, 0.5e-3, 2e-3]), correction=1.1)
     model.extra_scales = np.linspace(0.3, 1.2, len(model.extra_scales))
-    ks = np.arange(9)
-    for packed in (False, True):
+    for ks, packed in itertools.product((np.arange(9), np.arange(cost_module.FEW_PRICES * 4)), (False, True)):
         model.packed = packed
         for b, c in ((1, 100.0), (8, 3000.0)):
             np.testing.assert_allclose(model.predict_many(b, ks, c), [model.predict(b, k, c) for k in ks])
