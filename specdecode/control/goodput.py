@@ -648,15 +648,10 @@ class GoodputController(ControllerBase):
         if proposal.confidence is not None and by_confidence:
             return self._truncate_by_confidence(seqs, proposal, np.array(counts))
         context = mean_context(seqs)
-        p = self._estimates(seqs, widest, context)  # [B, widest]
+        p = self._verify_estimates(seqs, widest, context)  # [B, widest]
         drafts = np.array(counts)  # [B]
         paid = self.cost.predict_draft(len(seqs), widest, context)  # seconds this step's drafting took, as priced
         if self.cost.packed:
-            # Each row is kept on its own estimate, so one whose first drafts missed would never be verified
-            # again, nor learn otherwise (SmolLM2, n-gram, 8 rows at 7,900 tokens: half the rows missed their
-            # first draft, sat at 0.25 and were cut for good, where their drafts were right half the time). Rows
-            # of thin evidence are judged `explore` deviations up, as `_explore` judges K = 1.
-            p[:, 0] = np.minimum(p[:, 0] + self._thin_bonus(seqs, p[:, 0], context), 1.0)
             width = self._packed_widths(np.cumprod(p, axis=1), drafts, context, paid)
         else:
             width = self._one_width(np.cumprod(p, axis=1), drafts, context, paid)
@@ -665,6 +660,26 @@ class GoodputController(ControllerBase):
         keep = [max(int(w), 1 if s.request_id in probing else 0) for s, w in zip(seqs, width, strict=True)]
         num = proposal.num_tokens
         return proposal.truncated(torch.tensor(keep, dtype=num.dtype, device=num.device))
+
+    def _verify_estimates(self, seqs: list[Sequence], widest: int, context: float) -> np.ndarray:
+        """[B, widest] the acceptance estimates `truncate` keeps drafts on.
+
+        Where the target runs each row's own tokens, each row is kept on its own estimate, so one whose first drafts
+        missed would never be verified again, nor learn otherwise (SmolLM2, n-gram, 8 rows at 7,900 tokens: half the
+        rows missed their first draft, sat at 0.25 and were cut for good, where their drafts were right half the
+        time): rows of thin evidence are judged `explore` deviations up, as `_explore` judges K = 1. Where drafts
+        are dear, deeper positions of thin evidence are judged up as `choose` judged them when it asked for them
+        (`_deep_optimism`). Judged at their mean here, a deep draft asked for on that optimism was cut once made,
+        never verified, and its evidence stayed thin, so `choose` kept asking for it: on the pair at 16,384 tokens
+        goodput asked 3.54 drafts a step and verified 1.68 where fixed K = 3 verified all 1.81 its drafter made,
+        each cut draft a ~20 ms forward paid for nothing (0.899x the best fixed K,
+        results/long_context_pair_16k_s31.json)."""
+        p = self._estimates(seqs, widest, context)  # [B, widest]
+        if self.cost.packed:
+            p[:, 0] = np.minimum(p[:, 0] + self._thin_bonus(seqs, p[:, 0], context), 1.0)
+        if not self._drafting_is_cheap(len(seqs), widest, context):
+            p = self._deep_optimism(seqs, p)
+        return p
 
     def _would_go_on(self, seqs: list[Sequence], proposal: Proposal) -> dict[str, bool]:
         """For each row that made every draft it was asked for, whether a drafter that stops when unsure would have

@@ -762,3 +762,38 @@ def test_one_miss_at_a_deeper_draft_does_not_hold_k_below_it():
     estimate alone, one miss held K = 1 for 24 of the next 30 steps."""
     assert steps_at_k1_after_a_deep_miss(optimism=True) <= 3
     assert steps_at_k1_after_a_deep_miss(optimism=False) >= 10
+
+
+def verify_estimates(consistent: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(truncate's estimates, choose's reach's per-position estimates) [4] each, for a pair-like row whose second draft
+    missed once (thin evidence there); consistent=False: the fault, truncate's estimates as before 16k's fix (the
+    first position's bonus alone, deeper positions at their mean)."""
+    cost = CostModel.linear(30e-3, 0.0, 6e-3, 0.0)
+    cost.packed = True
+    ctrl = GoodputController(cost=cost, cheap_draft=0.0)
+    ctrl.seed_pair(0.75, 9e-3)
+    if not consistent:
+
+        def before(seqs, widest, context):
+            p = ctrl._estimates(seqs, widest, context)
+            p[:, 0] = np.minimum(p[:, 0] + ctrl._thin_bonus(seqs, p[:, 0], context), 1.0)
+            return p
+
+        ctrl._verify_estimates = before
+    seqs = make_seqs(1)
+    for accepted in (1, 1, 1, 1):
+        ctrl.acceptance.update(seqs[0].request_id, 1, accepted)
+    ctrl.acceptance.update(seqs[0].request_id, 2, 1)  # the second draft rejected once
+    p = ctrl._estimates(seqs, 4, 3.0)  # [1, 4]
+    return ctrl._verify_estimates(seqs, 4, 3.0)[0], ctrl._deep_optimism(seqs, p)[0]
+
+
+def test_truncate_judges_deeper_drafts_as_choose_asked_for_them():
+    """A deeper draft `choose` asked for on thin evidence judged up (`_deep_optimism`) is judged the same way when
+    `truncate` decides whether to verify it: judged at its mean there, it was made and cut, never verified, its
+    evidence stayed thin and choose kept asking (the pair at 16,384 tokens: 3.54 drafts asked a step, 1.68 verified,
+    0.899x the best fixed K; with this, on the dev code text, 0.949x -> 0.984x)."""
+    kept, asked = verify_estimates(consistent=True)
+    assert np.abs(asked[1:] - kept[1:]).max() < 1e-12
+    kept, asked = verify_estimates(consistent=False)  # the same comparison with the fault: well apart
+    assert asked[1] - kept[1] > 0.05
