@@ -45,7 +45,7 @@ from specdecode.control.cost import CostModel, default_cost_model
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_window import SINK
-from specdecode.step.sequence import Sequence
+from specdecode.step.sequence import Sequence, mean_context
 from specdecode.verify.tree_layout import tree_layout
 
 CAUGHT_UP = 8  # tokens a draft model may have left to read of a row that drafted last step (what it accepted)
@@ -59,11 +59,6 @@ SURE_MIN = 4  # the probe's tokens of each confidence (sure, unsure) that may se
 def row_cap(seq: Sequence, k_max: int) -> int:
     """Drafts the engine will allow this row (it clamps K the same way): the context and max_tokens bound it."""
     return max(0, min(k_max, seq.room, seq.params.max_tokens - seq.metrics.num_generated - 1))
-
-
-def mean_context(seqs: list[Sequence]) -> float:
-    """The rows' mean cached tokens (np.mean's value for a few ints, without its ~20 us in the engine)."""
-    return sum(s.num_cached for s in seqs) / len(seqs)
 
 
 def expected_tokens(reach: np.ndarray, caps: np.ndarray) -> np.ndarray:

@@ -33,7 +33,7 @@ from specdecode.engine.logprobs import emitted_logprobs
 from specdecode.models.llama import AttentionMetadata, LlamaModel, packs_rows
 from specdecode.models.ragged import pad_groups, verify_tokens
 from specdecode.step.runner import PAD_SLACK, forward_ragged
-from specdecode.step.sequence import Sequence, Status, TokenLogprob
+from specdecode.step.sequence import Sequence, Status, TokenLogprob, mean_context
 from specdecode.verify.chain import VerifyResult, verify
 from specdecode.verify.logits_adjust import LogitAdjuster, chain_paths, tree_paths
 from specdecode.verify.sampling import SamplingTensors, non_finite_rows, processed_logprobs
@@ -378,7 +378,7 @@ class Engine:
         rows = result.output_token_ids.tolist()
         broken = verified.broken.tolist()  # rows whose own logits were not finite
         t2 = time.perf_counter()  # after the .tolist() syncs, so queued device work is counted
-        context = sum(s.num_cached for s in seqs) / len(seqs)
+        context = mean_context(seqs)
         updates = []
         for b, (seq, row, k, a) in enumerate(zip(seqs, rows, num_proposed, num_accepted, strict=True)):  # commit
             if broken[b]:

@@ -100,3 +100,8 @@ class Sequence:
     def room(self) -> int:
         """Draft tokens that still fit: the step writes K + 1 tokens after the cached ones."""
         return self.max_len - len(self.token_ids)
+
+
+def mean_context(seqs: list[Sequence]) -> float:
+    """The rows' mean cached tokens (np.mean's value for a few ints, without its ~20 us in the engine)."""
+    return sum(s.num_cached for s in seqs) / len(seqs)
