@@ -178,7 +178,10 @@ class CostModel:
     correction: float = 1.0  # measured / predicted verify time, smoothed
     # [EXTRA_WIDTHS + 1] measured / calibrated price of a verify's n tokens past one a row (n = 1..; entry 0
     # unused), at the level `correction` sets (`_observe_extra`)
-    extra_scales: np.ndarray = field(default_factory=lambda: np.ones(EXTRA_WIDTHS + 1))
+    _extra_scales: np.ndarray = field(default_factory=lambda: np.ones(EXTRA_WIDTHS + 1))
+    # Widths (0: the plain level) observed since `extra_scales` was last refit: it is refit when next read
+    # (`extra_scales`), so that steps priced by nobody (goodput holding K = 0: `_quiet`) refit nothing.
+    _extra_pending: set[int] = field(default_factory=set)
     _plain_levels: list[float] = field(default_factory=list)  # [EXTRA_WINDOW] measured / priced plain verifies
     # extra width n -> [EXTRA_WINDOW] (plain price, price of its n tokens past one a row, measured seconds)
     _extra_steps: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)
@@ -199,6 +202,18 @@ class CostModel:
     _seed_coef: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # [D] the seed's own fit
     _seed_ratios: list[float] = field(default_factory=list)  # measured / seeded price of the first drafting steps
     seed_level: float = 1.0
+
+    @property
+    def extra_scales(self) -> np.ndarray:
+        """[EXTRA_WIDTHS + 1] the widths' factors (`_refit_extra`), refit first for the verifies observed since."""
+        if self._extra_pending:
+            self._refit_extra(self._extra_pending)
+            self._extra_pending = set()
+        return self._extra_scales
+
+    @extra_scales.setter
+    def extra_scales(self, scales: np.ndarray) -> None:
+        self._extra_scales, self._extra_pending = scales, set()
 
     # ---- fitting and prediction -----------------------------------------------------------------------
     @classmethod
@@ -359,10 +374,10 @@ class CostModel:
         tokens = num_seqs * (k + 1) if num_tokens is None else num_tokens
         base, extra = self._verify_parts_one(num_seqs, tokens, context)
         width = _extra_width(tokens, num_seqs)
-        predicted = base + float(self.extra_scales[width]) * extra
+        predicted = base + (float(self.extra_scales[width]) * extra if extra else 0.0)  # a plain one needs no refit
         if predicted > 0 and verify_s > 0:
             self._observe_extra(base, float(extra), verify_s, width)
-            ratio = float(np.clip(verify_s / predicted, 0.1, 10.0))  # one stalled step can't wreck the model
+            ratio = min(max(verify_s / predicted, 0.1), 10.0)  # one stalled step can't wreck the model
             self.correction += self.correction_alpha * (ratio - self.correction)
         if learn_draft and k > 0 and propose_s >= 0:
             rows = num_seqs if draft_rows is None else draft_rows
@@ -394,10 +409,10 @@ class CostModel:
             seen = self._extra_steps.get(width, [])
             self._extra_steps[width] = [*seen[-(EXTRA_WINDOW - 1) :], (base, extra, verify_s)]
         if self._plain_levels and self._extra_steps:
-            self._refit_extra(width)
+            self._extra_pending.add(width)
 
-    def _refit_extra(self, width: int) -> None:
-        """`extra_scales` from the windows, after a verify of `width` extra tokens (0: a plain one). The ratios of
+    def _refit_extra(self, widths: set[int]) -> None:
+        """`extra_scales` from the windows, after verifies of `widths` extra tokens (0: a plain one). The ratios of
         all widths (weighted by their price squared: a wider verify's ratio is less noisy) make one factor, shrunk
         toward 1 by EXTRA_PRIOR pseudo-verifies; each width's own weighted median is shrunk toward that by
         WIDTH_PRIOR, and a width never seen takes it. One factor for every width fitted the pair's cheap second
@@ -407,7 +422,7 @@ class CostModel:
         if level != self._extra_level:  # every width's ratios are at the level: all again
             self._extra_level, self._extra_ratios = level, {}
         for w, steps in self._extra_steps.items():
-            if w == width or w not in self._extra_ratios:
+            if w in widths or w not in self._extra_ratios:
                 self._extra_ratios[w] = [(y / level - b) / e for b, e, y in steps]
         weights = {w: [e * e for _, e, _ in steps] for w, steps in self._extra_steps.items()}
         n = sum(map(len, self._extra_ratios.values()))
@@ -417,7 +432,7 @@ class CostModel:
         scales = np.full(EXTRA_WIDTHS + 1, pooled)
         for w, rs in self._extra_ratios.items():
             scales[w] = (len(rs) * weighted_median(rs, weights[w]) + WIDTH_PRIOR * pooled) / (len(rs) + WIDTH_PRIOR)
-        self.extra_scales = np.clip(scales, *EXTRA_RANGE)
+        self._extra_scales = np.clip(scales, *EXTRA_RANGE)
 
     # ---- profiles -------------------------------------------------------------------------------------
     def to_json(self) -> dict:
