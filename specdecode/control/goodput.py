@@ -42,6 +42,7 @@ from specdecode.control.acceptance import P_MAX, AcceptanceTracker
 from specdecode.control.base import ControllerBase, StepStats
 from specdecode.control.continuation import DraftContinuation, width_distributions
 from specdecode.control.cost import CostModel, default_cost_model
+from specdecode.control.one_row_curve import curve_one_row
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
 from specdecode.drafters.draft_window import SINK
@@ -84,9 +85,24 @@ def curve_parts(
     num_seqs, k_max = reach.shape
     go_on = np.ones(k_max) if go_on is None else go_on  # [k_max] (all K made: every batch is its widest row's K)
     after = go_on if go_on_accepted is None else go_on_accepted  # [k_max] or [B, k_max]: going on after a hit
+    prices = cost.predict_many(num_seqs, np.arange(k_max + 1), context)  # [k_max + 1] by width made
+    if num_seqs == 1:  # the same sums in Python floats (control/one_row_curve.py)
+        row_after = after[0] if after.ndim == 2 else after  # [k_max]
+        tokens, seconds = curve_one_row(
+            reach[0].tolist(), int(caps[0]), prices.tolist(), go_on[:k_max].tolist(), row_after[:k_max].tolist()
+        )
+        return np.array(tokens), np.array(seconds)
+    return batch_curve_parts(reach, caps, prices, go_on, after)
+
+
+def batch_curve_parts(
+    reach: np.ndarray, caps: np.ndarray, prices: np.ndarray, go_on: np.ndarray, after: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`curve_parts` for any batch from the step's prices [k_max + 1] by width made: reach [B, k_max], caps [B],
+    go_on [k_max], after [k_max] or [B, k_max]."""
+    k_max = reach.shape[1]
     made = np.cumprod(np.broadcast_to(after[..., :k_max], reach.shape), axis=1)  # [B, k_max]
     tokens = expected_tokens(reach * made, caps).sum(0)  # [k_max + 1]
-    prices = cost.predict_many(num_seqs, np.arange(k_max + 1), context)  # [k_max + 1] by width made
     seconds = width_distributions(go_on, caps, k_max) @ prices  # [k_max + 1] by K asked
     return tokens, seconds
 
