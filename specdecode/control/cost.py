@@ -180,7 +180,7 @@ class CostModel:
     # unused), at the level `correction` sets (`_observe_extra`)
     _extra_scales: np.ndarray = field(default_factory=lambda: np.ones(EXTRA_WIDTHS + 1))
     # Widths (0: the plain level) observed since `extra_scales` was last refit: it is refit when next read
-    # (`extra_scales`), so that steps priced by nobody (goodput holding K = 0: `_quiet`) refit nothing.
+    # (`extra_scales`), so that steps priced by nobody (goodput holding a gate: `_gate_holds`) refit nothing.
     _extra_pending: set[int] = field(default_factory=set)
     _plain_levels: list[float] = field(default_factory=list)  # [EXTRA_WINDOW] measured / priced plain verifies
     # extra width n -> [EXTRA_WINDOW] (plain price, price of its n tokens past one a row, measured seconds)

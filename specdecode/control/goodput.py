@@ -55,8 +55,8 @@ CAUGHT_UP = 8  # tokens a draft model may have left to read of a row that drafte
 SEED_DOUBT = 2.5
 CONTINUATION_SEED = 4.0  # rows the load probe's measure of a drafter's stop is worth (`_seed_continuation`)
 SURE_MIN = 4  # the probe's tokens of each confidence (sure, unsure) that may seed first drafts by confidence
-# Steps a cheap drafter's "no width pays" stands for the same batch before it is priced again (`_quiet`).
-QUIET_STEPS = 8
+# Steps a cheap drafter's gate (ask every draft, or none) stands for the same rows before it is priced again.
+GATE_STEPS = 8
 
 
 def row_cap(seq: Sequence, k_max: int) -> int:
@@ -191,9 +191,11 @@ class GoodputController(ControllerBase):
         self.tree_calibration = ConfidenceCalibration()
         self.tree_verified: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # this step's (confidences, depths)
         self.tree_idle = 0  # steps since a tree was last verified
-        # A cheap drafter's batch that no width paid for: (its rows, k_max), and the steps it has stood (`_quiet`)
-        self.quiet_key: tuple[tuple[str, ...], int] | None = None
-        self.quiet_steps = 0
+        # A cheap drafter's gate (`_gate_holds`): the rows and k_max it was priced for, whether it asks every
+        # draft (open) or none, and the steps it has stood since
+        self.gate_key: tuple[tuple[str, ...], int] | None = None
+        self.gate_open = False
+        self.gate_steps = 0
 
     def seed_pair(
         self,
@@ -326,8 +328,8 @@ class GoodputController(ControllerBase):
             # verifying for a row whose history is poor).
             return caps.tolist()
         key = (tuple(s.request_id for s in seqs), k_max)
-        if self._quiet(key):
-            return self._hold_quiet(self._probe(seqs, [0] * len(seqs), caps.tolist(), context))
+        if self._gate_holds(key):
+            return caps.tolist() if self.gate_open else self._closed(seqs, caps, context)
         p = self._estimates(seqs, k_max, context)  # [B, k_max]
         go_on = self._go_on(seqs, p, k_max)
         cheap = self._drafting_is_cheap(len(seqs), k_max, context)
@@ -341,10 +343,8 @@ class GoodputController(ControllerBase):
             # takes truncate's margin: a width that cannot beat it there is cut after the lookups are paid for
             # (SmolLM2, n-gram, 8 rows at 7,900 tokens: 5 drafts asked a row, 0.02 verified, 0.93x K = 0).
             pays = gain.max() > gain[0] * (1.0 + self.widen_margin) or self._one_row_pays(reach, caps, context)
-            if pays:
-                return caps.tolist()
-            self.quiet_key, self.quiet_steps = key, 0
-            return self._hold_quiet(self._probe(seqs, [0] * len(seqs), caps.tolist(), context))
+            self.gate_key, self.gate_open, self.gate_steps = key, bool(pays), 0
+            return caps.tolist() if pays else self._closed(seqs, caps, context)
         k = self._with_hysteresis(gain, k_max) or self._explore(seqs, p, caps, context)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
         ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]
@@ -357,21 +357,25 @@ class GoodputController(ControllerBase):
         self.asked = {s.request_id: k for s, k in zip(seqs, out, strict=True) if k}
         return out
 
-    def _quiet(self, key: tuple[tuple[str, ...], int]) -> bool:
-        """Whether this step may reuse the last step's "no width pays" for a cheap drafter without pricing it
-        again: the same rows at the same k_max, fewer than QUIET_STEPS steps since it was priced, and no draft
-        in between (a probe's clears it: `_hold_quiet`). Nothing that decides it moves meanwhile but the plain
-        step's price and the context, a token a step; pricing it cost ~0.4 ms a step (choose, in the engine),
-        2-3% of SmolLM2's 16 ms step at 8 rows of 256 tokens, where it said K = 0 on every step but probes."""
-        if self.quiet_key != key or self.quiet_steps >= QUIET_STEPS - 1:
+    def _gate_holds(self, key: tuple[tuple[str, ...], int]) -> bool:
+        """Whether this step may reuse a cheap drafter's last gate (every draft asked where some width pays, else
+        none) without pricing it again: the same rows at the same k_max, fewer than GATE_STEPS steps since it was
+        priced, and, for a closed gate, no draft in between (a probe's ends it: `_closed`). For lookups the gate
+        only decides whether they run: `truncate` judges every draft found from the rows' histories each step, so
+        an open gate held a few steps too long costs lookups it throws away (cheap, by `_drafting_is_cheap`), a
+        closed one a few steps of drafts found late. Pricing it every step cost ~0.3-0.4 ms of choose's Python in
+        the engine: 2-3% of SmolLM2's 16 ms step at 8 rows of 256 tokens (K = 0 on every step but probes), 3-5%
+        of its ~6-9 ms step at batch 1."""
+        if self.gate_key != key or self.gate_steps >= GATE_STEPS - 1:
             return False
-        self.quiet_steps += 1
+        self.gate_steps += 1
         return True
 
-    def _hold_quiet(self, ks: list[int]) -> list[int]:
-        """ks, as `_probe` gave them in a step where no width paid: any draft (a probe) ends the quiet."""
+    def _closed(self, seqs: list[Sequence], caps: np.ndarray, context: float) -> list[int]:
+        """A closed gate's drafts: none but a probe's (`_probe`), whose outcome ends the gate's hold."""
+        ks = self._probe(seqs, [0] * len(seqs), caps.tolist(), context)
         if any(ks):
-            self.quiet_key = None
+            self.gate_key = None
         return ks
 
     def _estimates(self, seqs: list[Sequence], k: int, context: float) -> np.ndarray:
@@ -796,8 +800,8 @@ class GoodputController(ControllerBase):
         # charged to drafting that made the 0.5B's drafts cost 35 ms each against ~8, and goodput stayed at
         # K = 0. What a catch-up costs is the probe's price (_price_probe), paid once, not per drafted token.
         drafting = {s.request_id for s, proposed in zip(stats.seqs, stats.num_proposed, strict=True) if proposed}
-        if drafting:  # drafts were verified: what they taught is priced before K = 0 stands again (`_quiet`)
-            self.quiet_key = None
+        if drafting and not self.gate_open:  # drafts past a closed gate: priced before it stands again
+            self.gate_key = None
         steady = drafting <= self.drafted_last
         self.drafted_last = drafting
         widening, self.widening = self.widening, set()

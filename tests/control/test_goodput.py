@@ -587,42 +587,50 @@ def test_cheap_drafts_are_not_looked_up_when_no_width_can_pay(num_seqs):
         assert not any(map(sum, asked))
 
 
-def steps_until_drafts(join: bool = False, drafted: bool = False, fault: str = "") -> int:
-    """32 rows of a lookup drafter on a compute-bound step where no width pays at the pool's prior: choose asks
-    nothing, and holds that for the same rows without pricing it again (`_quiet`). Then every row's drafts
-    become right 95% of the time, which pays (join: and a 33rd row joins; drafted: and a step verified a draft
-    of row 0). Returns the steps until choose asks for drafts. fault "rows": a hold that ignores which rows it
-    was priced for; "drafted": one that outlives a draft observed."""
+def steps_until_the_gate_moves(
+    open_gate: bool = False, join: bool = False, drafted: bool = False, fault: str = ""
+) -> int:
+    """32 rows of a lookup drafter on a compute-bound step. Closed gate: no width pays at the pool's prior, so
+    choose asks nothing, and holds that for the same rows without pricing it again (`_gate_holds`); then every
+    row's drafts become right 95% of the time, which pays, with no draft observed to say so. Open gate: the other
+    way round (95% at first, then 1%). join: a 33rd row joins then; drafted: a step verifies a draft of row 0
+    then. Returns the steps until choose's answer changes. fault "rows": a hold that ignores which rows it was
+    priced for; "drafted": one that outlives a draft observed past a closed gate."""
     ctrl = GoodputController(cost=CostModel.linear(20e-3, 0.0, 1e-3, 0.0), probe_every=10**6)
     seqs = make_seqs(33)
     batch = seqs[:32]
-    assert ctrl.choose(batch, K_MAX) == [0] * 32
+    if open_gate:
+        ctrl.acceptance.estimate = lambda request_id, n: np.full(n, 0.95)
+    first = ctrl.choose(batch, K_MAX)
+    assert first == ([K_MAX] * 32 if open_gate else [0] * 32)
     if fault == "rows":
-        quiet = ctrl._quiet
-        ctrl._quiet = lambda key: quiet((ctrl.quiet_key[0], key[1]) if ctrl.quiet_key else key)
-    ctrl.acceptance.estimate = lambda request_id, n: np.full(n, 0.95)
+        holds = ctrl._gate_holds
+        ctrl._gate_holds = lambda key: holds((ctrl.gate_key[0], key[1]) if ctrl.gate_key else key)
+    ctrl.acceptance.estimate = lambda request_id, n: np.full(n, 0.01 if open_gate else 0.95)
     if drafted:
-        held = ctrl.quiet_key
+        held = ctrl.gate_key
         ks = [1] + [0] * 31
         ctrl.observe(StepStats(batch, ks, ks, 0.06, 33, 3.0, 0.0, 0.06))
-        ctrl.quiet_key = held if fault == "drafted" else ctrl.quiet_key
+        ctrl.gate_key = held if fault == "drafted" else ctrl.gate_key
     batch = seqs if join else batch
-    for step in range(1, 4 * goodput.QUIET_STEPS):
-        if any(ctrl.choose(batch, K_MAX)):
+    for step in range(1, 4 * goodput.GATE_STEPS):
+        if any(ctrl.choose(batch, K_MAX)) != open_gate:
             return step
-    return 4 * goodput.QUIET_STEPS
+    return 4 * goodput.GATE_STEPS
 
 
-def test_a_batch_held_at_k0_is_priced_again_when_a_row_joins_and_every_few_steps():
-    """A cheap drafter's "no width pays" stands for the same rows QUIET_STEPS steps (pricing it cost ~0.4 ms a
-    step in the engine, 2-3% of SmolLM2's step at 8 rows), then is priced again; a new row, or a draft verified
-    (a probe's), is priced at once. The controls, a hold blind to the rows and one that outlives a draft, keep
-    the batch at K = 0 as long as an unchanged one."""
-    assert steps_until_drafts() == goodput.QUIET_STEPS
-    assert steps_until_drafts(join=True) == 1
-    assert steps_until_drafts(drafted=True) == 1
-    assert steps_until_drafts(join=True, fault="rows") == goodput.QUIET_STEPS
-    assert steps_until_drafts(drafted=True, fault="drafted") == goodput.QUIET_STEPS
+@pytest.mark.parametrize("open_gate", [False, True])
+def test_a_lookup_gate_is_priced_again_when_a_row_joins_and_every_few_steps(open_gate):
+    """A cheap drafter's gate (every draft asked, or none) stands for the same rows GATE_STEPS steps (pricing it
+    cost ~0.3-0.4 ms a step in the engine, 2-5% of SmolLM2's step), then is priced again; a new row, or a draft
+    verified past a closed gate (a probe's), is priced at once. The controls, a hold blind to the rows and one
+    that outlives a draft, hold as long as for unchanged rows."""
+    assert steps_until_the_gate_moves(open_gate) == goodput.GATE_STEPS
+    assert steps_until_the_gate_moves(open_gate, join=True) == 1
+    assert steps_until_the_gate_moves(open_gate, join=True, fault="rows") == goodput.GATE_STEPS
+    if not open_gate:
+        assert steps_until_the_gate_moves(drafted=True) == 1
+        assert steps_until_the_gate_moves(drafted=True, fault="drafted") == goodput.GATE_STEPS
 
 
 def lookups_asked_of_one_good_row(packed: bool) -> int:
