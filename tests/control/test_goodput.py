@@ -866,3 +866,30 @@ def test_a_lookup_gate_judges_thin_first_drafts_as_truncate_does():
     only (SmolLM2's n-gram, 8 rows at 7,900 tokens: K = 0 in every repeat where fixed K = 1 made 1.19x K = 0)."""
     assert lookup_gate_after_one_miss() == [K_MAX] * 8
     assert lookup_gate_after_one_miss(judged_up=False) == [0] * 8
+
+
+def one_row_width_mismatches(fault: bool = False, cases: int = 400) -> int:
+    """Random one-row truncations (reach non-increasing, 0-8 drafts, a random linear verify price and drafting
+    paid): how often the one-row path keeps another width than the batch path. fault: a one-row path that
+    ignores the margin over verifying nothing."""
+    rng = np.random.default_rng(1)
+    wrong = 0
+    for _ in range(cases):
+        cost = CostModel.linear(rng.uniform(5e-3, 30e-3), 0.0, rng.uniform(0.1e-3, 5e-3), 0.0)
+        cost.packed = True
+        ctrl = GoodputController(cost=cost, widen_margin=0.0 if fault else 0.05)
+        widest = int(rng.integers(1, 9))
+        reach = np.cumprod(rng.uniform(0.0, 1.0, widest))[None]  # [1, widest]
+        drafts = np.array([int(rng.integers(0, widest + 1))])
+        paid = float(rng.uniform(0.0, 5e-3))
+        one = ctrl._one_row_width(reach[0].tolist(), int(drafts[0]), 3.0, paid)
+        ctrl.widen_margin = 0.05
+        wrong += one != int(ctrl._packed_widths_batch(reach, drafts, 3.0, paid)[0])
+    return wrong
+
+
+def test_one_rows_width_is_the_batch_width():
+    """The one-row truncation keeps the width the batch path keeps in all 400 cases; the control, without the
+    margin, keeps another in 11."""
+    assert one_row_width_mismatches() == 0
+    assert one_row_width_mismatches(fault=True) >= 5
