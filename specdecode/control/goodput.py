@@ -194,6 +194,7 @@ class GoodputController(ControllerBase):
         # A cheap drafter's gate (`_gate_holds`): the rows and k_max it was priced for, whether it asks every
         # draft (open) or none, and the steps it has stood since
         self.gate_key: tuple[tuple[str, ...], int] | None = None
+        self.gated = True  # whether the drafter may be gated (`bind_drafter`: not a draft model)
         self.gate_open = False
         self.gate_steps = 0
 
@@ -247,6 +248,9 @@ class GoodputController(ControllerBase):
 
     def bind_drafter(self, drafter) -> None:
         self.unread = getattr(drafter, "unread", None)
+        # A drafter with a cache of its own (a draft model: drafters/catch_up.py) is priced every step, its first
+        # drafts at their mean: the lookup gate is for drafters that read nothing (`_gate_holds`, `_reach`).
+        self.gated = not hasattr(drafter, "prefill_budget")
         self.draft_stop_below = float(getattr(drafter, "stop_below", 0.0))
         self._seed_continuation()
 
@@ -328,7 +332,7 @@ class GoodputController(ControllerBase):
             # verifying for a row whose history is poor).
             return caps.tolist()
         key = (tuple(s.request_id for s in seqs), k_max)
-        if self._gate_holds(key):
+        if self.gated and self._gate_holds(key):
             return caps.tolist() if self.gate_open else self._closed(seqs, caps, context)
         p = self._estimates(seqs, k_max, context)  # [B, k_max]
         go_on = self._go_on(seqs, p, k_max)
@@ -343,7 +347,8 @@ class GoodputController(ControllerBase):
             # takes truncate's margin: a width that cannot beat it there is cut after the lookups are paid for
             # (SmolLM2, n-gram, 8 rows at 7,900 tokens: 5 drafts asked a row, 0.02 verified, 0.93x K = 0).
             pays = gain.max() > gain[0] * (1.0 + self.widen_margin) or self._one_row_pays(reach, caps, context)
-            self.gate_key, self.gate_open, self.gate_steps = key, bool(pays), 0
+            if self.gated:
+                self.gate_key, self.gate_open, self.gate_steps = key, bool(pays), 0
             return caps.tolist() if pays else self._closed(seqs, caps, context)
         k = self._with_hysteresis(gain, k_max) or self._explore(seqs, p, caps, context)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
@@ -483,14 +488,15 @@ class GoodputController(ControllerBase):
     def _reach(self, seqs: list[Sequence], p: np.ndarray, cheap: bool, context: float) -> np.ndarray:
         """[B, k] P(drafts 1..j of each row all accepted) as `choose` prices K from p [B, k]: deeper positions of
         thin evidence judged up (`_deep_optimism`) unless the drafts are cheap (lookups: `truncate` judges them);
-        then, where each row keeps its own width (`CostModel.packed`), first drafts of thin evidence judged up as
-        `truncate` judges them (`_verify_estimates`). Judged at their mean here, a lookup gate closed on a few
+        then, for a lookup drafter (`gated`) where each row keeps its own width (`CostModel.packed`), first drafts
+        of thin evidence judged up as `truncate` judges them (`_verify_estimates`). Judged at their mean here, a
+        lookup gate closed on a few
         early misses that truncate would have verified, and a closed gate learns from probes only: SmolLM2's n-gram
         at 8 rows of 7,900 tokens, where fixed K = 1 made 1.19x K = 0 (its drafts right half the time), sat at
         K = 0 in every repeat of a run (0.857x, results/long_context_smollm2_open_gate_s32.json)."""
         if not cheap:
             return np.cumprod(self._deep_optimism(seqs, p), axis=1)
-        if self.cost.packed:
+        if self.cost.packed and self.gated:
             p = p.copy()
             p[:, 0] = np.minimum(p[:, 0] + self._thin_bonus(seqs, p[:, 0], context), 1.0)
         return np.cumprod(p, axis=1)
