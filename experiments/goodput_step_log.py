@@ -39,7 +39,7 @@ def choose(self: g.GoodputController, seqs, k_max: int) -> list[int]:
         caps = np.array([g.row_cap(s, k_max) for s in seqs])  # [B]
         p = self._estimates(seqs, k_max, context)  # [B, k_max]
         go_on = self._go_on(seqs, p, k_max)  # as choose's: (every row [k_max], after a hit [k_max] or [B, k_max])
-        reach = self._reach(seqs, p, self._drafting_is_cheap(len(seqs), k_max, context))  # [B, k_max] as choose's
+        reach = self._reach(seqs, p, self._drafting_is_cheap(len(seqs), k_max, context), context)  # [B, k_max]
         tokens, seconds = g.curve_parts(reach, caps, self.cost, context, *go_on)  # [k_max + 1]
         widths = np.arange(k_max + 1)
         entry |= {
