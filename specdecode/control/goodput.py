@@ -489,17 +489,22 @@ class GoodputController(ControllerBase):
         """[B, k] P(drafts 1..j of each row all accepted) as `choose` prices K from p [B, k]: deeper positions of
         thin evidence judged up (`_deep_optimism`) unless the drafts are cheap (lookups: `truncate` judges them);
         then, for a lookup drafter (`gated`) where each row keeps its own width (`CostModel.packed`), first drafts
-        of thin evidence judged up as `truncate` judges them (`_verify_estimates`). Judged at their mean here, a
-        lookup gate closed on a few
-        early misses that truncate would have verified, and a closed gate learns from probes only: SmolLM2's n-gram
-        at 8 rows of 7,900 tokens, where fixed K = 1 made 1.19x K = 0 (its drafts right half the time), sat at
-        K = 0 in every repeat of a run (0.857x, results/long_context_smollm2_open_gate_s32.json)."""
+        of thin evidence judged up as `truncate` judges them (`_first_judged_up`). Judged at their mean here, a
+        lookup gate closed on a few early misses that truncate would have verified, and a closed gate learns from
+        probes only: SmolLM2's n-gram at 8 rows of 7,900 tokens, where fixed K = 1 made 1.19x K = 0 (its drafts
+        right half the time), sat at K = 0 in every repeat of a run (0.857x,
+        results/long_context_smollm2_open_gate_s32.json)."""
         if not cheap:
             return np.cumprod(self._deep_optimism(seqs, p), axis=1)
         if self.cost.packed and self.gated:
-            p = p.copy()
-            p[:, 0] = np.minimum(p[:, 0] + self._thin_bonus(seqs, p[:, 0], context), 1.0)
+            p = self._first_judged_up(seqs, p.copy(), context)
         return np.cumprod(p, axis=1)
+
+    def _first_judged_up(self, seqs: list[Sequence], p: np.ndarray, context: float) -> np.ndarray:
+        """p [B, k] with each row's first draft of thin evidence judged `explore` deviations up (`_thin_bonus`),
+        in place."""
+        p[:, 0] = np.minimum(p[:, 0] + self._thin_bonus(seqs, p[:, 0], context), 1.0)
+        return p
 
     def _deep_optimism(self, seqs: list[Sequence], p: np.ndarray) -> np.ndarray:
         """p [B, k] with each position past the first that a row has tried a few times only (some but fewer than
@@ -737,7 +742,7 @@ class GoodputController(ControllerBase):
         results/long_context_pair_16k_s31.json)."""
         p = self._estimates(seqs, widest, context)  # [B, widest]
         if self.cost.packed:
-            p[:, 0] = np.minimum(p[:, 0] + self._thin_bonus(seqs, p[:, 0], context), 1.0)
+            p = self._first_judged_up(seqs, p, context)
         if not self._drafting_is_cheap(len(seqs), widest, context):
             p = self._deep_optimism(seqs, p)
         return p
