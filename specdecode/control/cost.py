@@ -187,6 +187,8 @@ class CostModel:
     _extra_steps: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)
     _extra_level: float = 0.0  # the plain level _extra_ratios were computed at
     _extra_ratios: dict[int, list[float]] = field(default_factory=dict)  # width -> its steps' ratios at that level
+    _extra_weights: dict[int, list[float]] = field(default_factory=dict)  # width -> its steps' weights (price^2)
+    _extra_medians: dict[int, float] = field(default_factory=dict)  # width -> weighted median of its ratios
     # Cached tokens a draft model's step reads at most (its window and sink, drafters/draft_window.py; 0: all):
     # the draft's attention stops growing there.
     draft_context_cap: int = 0
@@ -240,13 +242,22 @@ class CostModel:
 
     def predict_tokens(self, num_seqs: int, num_tokens: int, context: float) -> float:
         """Seconds of a verify forward of num_tokens tokens over num_seqs rows."""
-        base, extra = self._verify_parts_one(num_seqs, int(num_tokens), context)
-        return self.correction * (base + float(self.extra_scales[_extra_width(int(num_tokens), num_seqs)]) * extra)
+        return self.predict_tokens_list(num_seqs, [int(num_tokens)], context)[0]
+
+    def predict_tokens_list(self, num_seqs: int, num_tokens: list[int], context: float) -> list[float]:
+        """`predict_tokens` for each of num_tokens, in Python floats, what they share (the coefficients, a plain
+        step's price, the factors) looked up once: a one-row truncate asks up to K_max + 1 of them each step."""
+        scales = self.extra_scales.tolist()  # [EXTRA_WIDTHS + 1] (refit first where verifies were observed since)
+        parts = self._verify_parts_list(num_seqs, num_tokens, context)
+        return [
+            self.correction * (base + scales[_extra_width(n, num_seqs)] * extra)
+            for n, (base, extra) in zip(num_tokens, parts, strict=True)
+        ]
 
     def predict_tokens_many(self, num_seqs: int, num_tokens: np.ndarray, context: float) -> np.ndarray:
-        """[N] `predict_tokens` for each of num_tokens [N] (a few one at a time: `_verify_parts_one`)."""
+        """[N] `predict_tokens` for each of num_tokens [N] (a few in Python floats: `_verify_parts_list`)."""
         if np.size(num_tokens) <= FEW_PRICES:
-            return np.array([self.predict_tokens(num_seqs, n, context) for n in np.asarray(num_tokens).tolist()])
+            return np.array(self.predict_tokens_list(num_seqs, np.asarray(num_tokens).tolist(), context))
         return self.correction * self._verify_price(num_seqs, num_tokens, context)
 
     def _verify_parts(self, num_seqs: int, num_tokens, context: float) -> tuple[float, np.ndarray]:
@@ -259,16 +270,21 @@ class CostModel:
         """`_verify_parts` for one verify, in Python floats: a step asks a few dozen single prices, and each through
         numpy's small-array calls cost ~20 us in the engine, where the forward before it has left the caches cold
         (experiments/goodput_overhead.py --cold)."""
+        return self._verify_parts_list(num_seqs, [num_tokens], context)[0]
+
+    def _verify_parts_list(self, num_seqs: int, num_tokens: list[int], context: float) -> list[tuple[float, float]]:
+        """`_verify_parts_one` for each of num_tokens, the coefficients and a plain step's price computed once."""
         coef = self.verify_coef.tolist()
         kctx = context / 1000.0
         row = coef[0] + coef[1] * num_seqs + coef[-1] * (num_seqs * context / 1000.0)  # what any verify costs
+        hinge_coef = list(zip(coef[3:-2], KNEES, strict=True))
 
         def tokens(n: int) -> float:
-            hinges = sum(h * max(n - knee, 0) for h, knee in zip(coef[3:-2], KNEES, strict=True))
+            hinges = sum(h * max(n - knee, 0) for h, knee in hinge_coef)
             return coef[2] * n + hinges + coef[-2] * (n * kctx)
 
         base = tokens(num_seqs)
-        return row + base, tokens(num_tokens) - base
+        return [(row + base, tokens(n) - base) for n in num_tokens]
 
     def _verify_price(self, num_seqs: int, num_tokens, context: float) -> np.ndarray:
         """[...] a verify's price before `correction`: a plain step's, plus the tokens past one a row at their
@@ -419,19 +435,22 @@ class CostModel:
         token (~0.6 of its price) and underpriced the third and fourth (~0.85): the curve bends there. A width's
         ratios are recomputed only when the level or its own window moved."""
         level = statistics.median(self._plain_levels)
+        if level == self._extra_level and widths <= {0} and self._extra_ratios.keys() == self._extra_steps.keys():
+            return  # only plain verifies since, the level where it was: nothing the factors rest on moved
         if level != self._extra_level:  # every width's ratios are at the level: all again
             self._extra_level, self._extra_ratios = level, {}
         for w, steps in self._extra_steps.items():
             if w in widths or w not in self._extra_ratios:
-                self._extra_ratios[w] = [(y / level - b) / e for b, e, y in steps]
-        weights = {w: [e * e for _, e, _ in steps] for w, steps in self._extra_steps.items()}
+                ratios, weights = [(y / level - b) / e for b, e, y in steps], [e * e for _, e, _ in steps]
+                self._extra_ratios[w] = ratios
+                self._extra_weights[w], self._extra_medians[w] = weights, weighted_median(ratios, weights)
         n = sum(map(len, self._extra_ratios.values()))
         everything = [r for rs in self._extra_ratios.values() for r in rs]
-        pooled = weighted_median(everything, [x for w in self._extra_ratios for x in weights[w]])
+        pooled = weighted_median(everything, [x for w in self._extra_ratios for x in self._extra_weights[w]])
         pooled = (n * pooled + EXTRA_PRIOR) / (n + EXTRA_PRIOR)
         scales = np.full(EXTRA_WIDTHS + 1, pooled)
         for w, rs in self._extra_ratios.items():
-            scales[w] = (len(rs) * weighted_median(rs, weights[w]) + WIDTH_PRIOR * pooled) / (len(rs) + WIDTH_PRIOR)
+            scales[w] = (len(rs) * self._extra_medians[w] + WIDTH_PRIOR * pooled) / (len(rs) + WIDTH_PRIOR)
         self._extra_scales = np.clip(scales, *EXTRA_RANGE)
 
     # ---- profiles -------------------------------------------------------------------------------------

@@ -481,7 +481,7 @@ class GoodputController(ControllerBase):
         var = first * (1 - first) / (evidence + 1.0) * thin  # [B] each thin row's estimate's variance
         if not var.any():
             return np.zeros(len(seqs))
-        budget = self._probe_budget_s(len(seqs), context)
+        budget = 0.0 if self.unread is None else self._probe_budget_s(len(seqs), context)  # `_stop_is_final`'s
         final = [bool(v) and self._stop_is_final(s, budget) for s, v in zip(seqs, var, strict=True)]
         return self._bonus(var) * np.where(final, self.final_explore / self.explore, 1.0)  # [B]
 
@@ -788,10 +788,11 @@ class GoodputController(ControllerBase):
         """`_packed_widths` for a batch of one row: reach [widest] P(drafts 1..j accepted), non-increasing, so the
         n likeliest drafts are its first n. At batch 1 numpy's dozen small-array calls cost ~50 us a step in the
         engine, a step of SmolLM2 being ~6-8 ms (`test_one_rows_width_is_the_batch_width`)."""
+        prices = self.cost.predict_tokens_list(1, list(range(1, drafts + 2)), context)  # [drafts + 1] verifying n
         tokens, rates = 1.0, []
-        for n in range(drafts + 1):
+        for n, price in enumerate(prices):
             tokens += reach[n - 1] if n else 0.0
-            rates.append(tokens / max(paid + self.cost.predict_tokens(1, 1 + n, context), 1e-9))
+            rates.append(tokens / max(paid + price, 1e-9))
         best = max(range(len(rates)), key=rates.__getitem__)  # the first of equal maxima, as np.argmax
         return best if rates[best] >= rates[0] * (1.0 + self.widen_margin) else 0
 

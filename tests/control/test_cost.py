@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
+import statistics
 
 import numpy as np
 import pytest
@@ -219,6 +221,44 @@ def test_one_stalled_step_barely_moves_the_extra_tokens_price(monkeypatch):
     monkeypatch.setattr(cost_module, "weighted_median", lambda v, w: float(np.average(v, weights=w)))
     stalled = observed_at(0.25, 40, stall_at=37).extra_scales
     assert np.abs(stalled - observed_at(0.25, 40).extra_scales).max() > 1.0
+
+
+def refit_whole(model: CostModel) -> np.ndarray:
+    """The factors `model`'s windows give when refit from nothing (no ratios or level kept from earlier refits)."""
+    fresh = copy.deepcopy(model)
+    fresh._extra_level, fresh._extra_ratios = 0.0, {}
+    fresh._refit_extra(set(fresh._extra_steps))
+    return fresh._extra_scales
+
+
+def refit_drift(steps: int = 300) -> float:
+    """The most `extra_scales` differs from `refit_whole` over a stream of plain verifies in runs and verifies of
+    1, 2 and 4 drafts (2% noise), read after every step as `goodput` reads them."""
+    model, truth = pair_like(), truth_at(0.4)
+    rng = np.random.default_rng(1)
+    worst = 0.0
+    for _ in range(steps):
+        k = int(rng.choice([0, 0, 0, 1, 2, 4]))
+        model.observe(1, k, 2048, truth.predict_verify(1, k, 2048) * (1 + 0.02 * rng.standard_normal()), 0.0)
+        if model._plain_levels and model._extra_steps:  # both kinds seen: factors are fitted from here on
+            worst = max(worst, float(np.abs(model.extra_scales - refit_whole(model)).max()))
+    return worst
+
+
+def test_a_refit_is_skipped_only_where_nothing_it_rests_on_moved(monkeypatch):
+    """After plain verifies alone that left the level where it was, `_refit_extra` keeps the factors it has; after
+    every step they equal a refit from nothing, to the bit. Control: a refit that takes the level as unmoved after
+    plain verifies (the skip's condition faulted) leaves stale factors, off by more than 0.01."""
+    assert refit_drift() == 0.0
+    refit = CostModel._refit_extra
+
+    def level_taken_as_unmoved(self: CostModel, widths: set[int]) -> None:
+        if widths <= {0} and self._extra_ratios:
+            self._extra_level = statistics.median(self._plain_levels)
+        refit(self, widths)
+
+    monkeypatch.setattr(CostModel, "_refit_extra", level_taken_as_unmoved)
+    assert refit_drift() > 0.01
 
 
 def test_draft_cost_is_learned_online():
