@@ -147,6 +147,14 @@ def _extra_width(num_tokens, num_seqs: int):
     return np.minimum(np.maximum(np.asarray(num_tokens, dtype=int) - num_seqs, 0), EXTRA_WIDTHS)
 
 
+def _verify_tokens(coef: list[float], kctx: float, n: int) -> float:
+    """What n tokens add to a verify's calibrated price, in Python floats: coef [len(VERIFY_TERMS)] (its per-token
+    terms), kctx the cached tokens / 1000. The hinges summed left to right from 0, as `sum` adds them."""
+    (k0, k1, k2), (h0, h1, h2) = KNEES, coef[3:-2]
+    hinges = 0 + h0 * max(n - k0, 0) + h1 * max(n - k1, 0) + h2 * max(n - k2, 0)
+    return coef[2] * n + hinges + coef[-2] * (n * kctx)
+
+
 def weighted_median(values: list[float], weights: list[float]) -> float:
     """The value at which the weights of the values below it and above it each reach half (the lower where
     they meet exactly)."""
@@ -189,6 +197,9 @@ class CostModel:
     _extra_ratios: dict[int, list[float]] = field(default_factory=dict)  # width -> its steps' ratios at that level
     _extra_weights: dict[int, list[float]] = field(default_factory=dict)  # width -> its steps' weights (price^2)
     _extra_medians: dict[int, float] = field(default_factory=dict)  # width -> weighted median of its ratios
+    # ((rows, context, coefficients), kctx, a verify's fixed price, a plain step's tokens' price) of the last
+    # `_verify_parts_list` call
+    _parts_memo: tuple | None = field(default=None, repr=False, compare=False)
     # Cached tokens a draft model's step reads at most (its window and sink, drafters/draft_window.py; 0: all):
     # the draft's attention stops growing there.
     draft_context_cap: int = 0
@@ -273,18 +284,16 @@ class CostModel:
         return self._verify_parts_list(num_seqs, [num_tokens], context)[0]
 
     def _verify_parts_list(self, num_seqs: int, num_tokens: list[int], context: float) -> list[tuple[float, float]]:
-        """`_verify_parts_one` for each of num_tokens, the coefficients and a plain step's price computed once."""
+        """`_verify_parts_one` for each of num_tokens. What they share (the coefficients, a plain step's price) is
+        kept from the last call at the same rows, context and coefficients: a step asks a dozen prices there."""
         coef = self.verify_coef.tolist()
-        kctx = context / 1000.0
-        row = coef[0] + coef[1] * num_seqs + coef[-1] * (num_seqs * context / 1000.0)  # what any verify costs
-        hinge_coef = list(zip(coef[3:-2], KNEES, strict=True))
-
-        def tokens(n: int) -> float:
-            hinges = sum(h * max(n - knee, 0) for h, knee in hinge_coef)
-            return coef[2] * n + hinges + coef[-2] * (n * kctx)
-
-        base = tokens(num_seqs)
-        return [(row + base, tokens(n) - base) for n in num_tokens]
+        key = (num_seqs, context, coef)
+        if self._parts_memo is None or self._parts_memo[0] != key:
+            kctx = context / 1000.0
+            row = coef[0] + coef[1] * num_seqs + coef[-1] * (num_seqs * context / 1000.0)  # what any verify costs
+            self._parts_memo = (key, kctx, row, _verify_tokens(coef, kctx, num_seqs))
+        _, kctx, row, base = self._parts_memo
+        return [(row + base, _verify_tokens(coef, kctx, n) - base) for n in num_tokens]
 
     def _verify_price(self, num_seqs: int, num_tokens, context: float) -> np.ndarray:
         """[...] a verify's price before `correction`: a plain step's, plus the tokens past one a row at their
