@@ -193,10 +193,9 @@ class CostModel:
     _plain_levels: list[float] = field(default_factory=list)  # [EXTRA_WINDOW] measured / priced plain verifies
     # extra width n -> [EXTRA_WINDOW] (plain price, price of its n tokens past one a row, measured seconds)
     _extra_steps: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)
-    _extra_level: float = 0.0  # the plain level _extra_ratios were computed at
-    _extra_ratios: dict[int, list[float]] = field(default_factory=dict)  # width -> its steps' ratios at that level
-    _extra_weights: dict[int, list[float]] = field(default_factory=dict)  # width -> its steps' weights (price^2)
-    _extra_medians: dict[int, float] = field(default_factory=dict)  # width -> weighted median of its ratios
+    _extra_level: float = 0.0  # the plain level _extra_fits were computed at
+    # width -> (its steps' ratios at that level, their weights (price^2), their weighted median)
+    _extra_fits: dict[int, tuple[list[float], list[float], float]] = field(default_factory=dict)
     # ((rows, context, coefficients), kctx, a verify's fixed price, a plain step's tokens' price) of the last
     # `_verify_parts_list` call
     _parts_memo: tuple | None = field(default=None, repr=False, compare=False)
@@ -444,22 +443,21 @@ class CostModel:
         token (~0.6 of its price) and underpriced the third and fourth (~0.85): the curve bends there. A width's
         ratios are recomputed only when the level or its own window moved."""
         level = statistics.median(self._plain_levels)
-        if level == self._extra_level and widths <= {0} and self._extra_ratios.keys() == self._extra_steps.keys():
+        if level == self._extra_level and widths <= {0} and self._extra_fits.keys() == self._extra_steps.keys():
             return  # only plain verifies since, the level where it was: nothing the factors rest on moved
         if level != self._extra_level:  # every width's ratios are at the level: all again
-            self._extra_level, self._extra_ratios = level, {}
+            self._extra_level, self._extra_fits = level, {}
         for w, steps in self._extra_steps.items():
-            if w in widths or w not in self._extra_ratios:
+            if w in widths or w not in self._extra_fits:
                 ratios, weights = [(y / level - b) / e for b, e, y in steps], [e * e for _, e, _ in steps]
-                self._extra_ratios[w] = ratios
-                self._extra_weights[w], self._extra_medians[w] = weights, weighted_median(ratios, weights)
-        n = sum(map(len, self._extra_ratios.values()))
-        everything = [r for rs in self._extra_ratios.values() for r in rs]
-        pooled = weighted_median(everything, [x for w in self._extra_ratios for x in self._extra_weights[w]])
+                self._extra_fits[w] = (ratios, weights, weighted_median(ratios, weights))
+        fits = self._extra_fits.values()
+        n = sum(len(ratios) for ratios, _, _ in fits)
+        pooled = weighted_median([r for rs, _, _ in fits for r in rs], [x for _, ws, _ in fits for x in ws])
         pooled = (n * pooled + EXTRA_PRIOR) / (n + EXTRA_PRIOR)
         scales = np.full(EXTRA_WIDTHS + 1, pooled)
-        for w, rs in self._extra_ratios.items():
-            scales[w] = (len(rs) * self._extra_medians[w] + WIDTH_PRIOR * pooled) / (len(rs) + WIDTH_PRIOR)
+        for w, (rs, _, median) in self._extra_fits.items():
+            scales[w] = (len(rs) * median + WIDTH_PRIOR * pooled) / (len(rs) + WIDTH_PRIOR)
         self._extra_scales = np.clip(scales, *EXTRA_RANGE)
 
     # ---- profiles -------------------------------------------------------------------------------------

@@ -226,7 +226,7 @@ def test_one_stalled_step_barely_moves_the_extra_tokens_price(monkeypatch):
 def refit_whole(model: CostModel) -> np.ndarray:
     """The factors `model`'s windows give when refit from nothing (no ratios or level kept from earlier refits)."""
     fresh = copy.deepcopy(model)
-    fresh._extra_level, fresh._extra_ratios = 0.0, {}
+    fresh._extra_level, fresh._extra_fits = 0.0, {}
     fresh._refit_extra(set(fresh._extra_steps))
     return fresh._extra_scales
 
@@ -253,7 +253,7 @@ def test_a_refit_is_skipped_only_where_nothing_it_rests_on_moved(monkeypatch):
     refit = CostModel._refit_extra
 
     def level_taken_as_unmoved(self: CostModel, widths: set[int]) -> None:
-        if widths <= {0} and self._extra_ratios:
+        if widths <= {0} and self._extra_fits:
             self._extra_level = statistics.median(self._plain_levels)
         refit(self, widths)
 
