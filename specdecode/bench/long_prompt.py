@@ -11,7 +11,10 @@ prompt arrives; the window "with" lasts until its first token. Reported per budg
   (the --warm-steps steps before it arrived, once every stream has its first token) and while it prefills, and
   their ratio (target <= 3);
 - the long request's time to first token against its prefill alone: the same request on an idle engine with the
-  sweep's largest budget (target <= 1.5).
+  sweep's largest budget (target <= 1.5);
+- the streams started while it prefilled (replacing those that ended) and the longest any of them waited for its
+  first token: a prefill that held new prompts back would leave the streams to run out, and the ratios above
+  would then read an engine with nobody decoding.
 
 On a CPU the prefill is compute-bound, so the budget trades one ratio against the other; the plot shows the
 trade. Writes the JSON to --output (default results/long_prompt.json), the plot beside it (.png).
@@ -53,9 +56,13 @@ class Window:
     """Per-token gaps of the short streams: (step gap / tokens it brought), one sample per token-bearing update."""
 
     tpot_s: list[float] = field(default_factory=list)
+    ttft_s: list[float] = field(default_factory=list)  # first-token waits of the streams that started in it
 
     def p99(self) -> float:
         return float(np.percentile(self.tpot_s, 99)) if self.tpot_s else float("nan")
+
+    def worst_ttft(self) -> float:
+        return max(self.ttft_s, default=float("nan"))
 
 
 CHARS_A_TOKEN = 8  # characters of text read a token asked: prose and code run ~3.5-4.5 a token
@@ -89,13 +96,14 @@ class Scene:
         self.engine = llm.engine
         self.shorts, self.params = shorts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         self.last: dict[str, float] = {}  # stream -> when its last tokens came out
+        self.started: dict[str, float] = {}  # stream -> when it was added, until its first token
         self.ids = 0
 
     def start_short(self, i: int) -> None:
         rid = f"short{i}-{self.ids}"
         self.ids += 1
         self.engine.add_request(rid, self.shorts[i % len(self.shorts)], self.params)
-        self.last[rid] = time.perf_counter()
+        self.last[rid] = self.started[rid] = time.perf_counter()
 
     def step(self, window: Window | None) -> list:
         updates = self.engine.step()
@@ -103,11 +111,16 @@ class Scene:
         for u in updates:
             rid = u.seq.request_id
             if rid.startswith("short") and u.new_token_ids:
-                if window is not None and rid in self.last and u.seq.metrics.num_generated > len(u.new_token_ids):
-                    window.tpot_s.append((now - self.last[rid]) / len(u.new_token_ids))  # not the first token
+                first = u.seq.metrics.num_generated == len(u.new_token_ids)
+                if window is not None and rid in self.last and not first:
+                    window.tpot_s.append((now - self.last[rid]) / len(u.new_token_ids))
+                if window is not None and first and rid in self.started:
+                    window.ttft_s.append(now - self.started[rid])
+                self.started.pop(rid, None)
                 self.last[rid] = now
             if rid.startswith("short") and u.finished:
                 self.last.pop(rid, None)
+                self.started.pop(rid, None)
                 self.start_short(int(rid[5:].split("-")[0]))  # keep the stream count
         return updates
 
@@ -163,6 +176,10 @@ def run_budget(llm, shorts, long_ids, streams: int, warm_steps: int, max_tokens:
         "long_ttft_s": ttft,
         "tokens_without": len(without.tpot_s),
         "tokens_with": len(with_long.tpot_s),
+        # streams that ended while it prefilled were replaced: how long the worst replacement waited for its first
+        # token, and how many there were (a prefill that holds new prompts back leaves the streams to run out)
+        "short_ttft_max_s": with_long.worst_ttft(),
+        "short_starts_with": len(with_long.ttft_s),
     }
 
 
@@ -221,7 +238,8 @@ def run_from_args(a: argparse.Namespace) -> None:
         print(
             f"budget {budget:5d}: p99 TPOT {row['p99_tpot_without_s'] * 1e3:7.1f} -> "
             f"{row['p99_tpot_with_s'] * 1e3:7.1f} ms ({row['tpot_ratio']:.1f}x), "
-            f"long TTFT {row['long_ttft_s']:.2f} s ({row['ttft_ratio']:.2f}x alone)",
+            f"long TTFT {row['long_ttft_s']:.2f} s ({row['ttft_ratio']:.2f}x alone); "
+            f"{row['short_starts_with']} new streams, first token within {row['short_ttft_max_s']:.2f} s",
             flush=True,
         )
     result = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.bench.long_prompt import Scene
+from specdecode.bench.long_prompt import Scene, Window
 from specdecode.llm import LLM
 from tests.bench.conftest import eager_smollm2_ngram
 
@@ -44,3 +44,18 @@ def test_control_two_fixed_steps_leave_streams_prefilling(smollm2):
             scene.step(None)
 
     assert len(prefilling_after(smollm2, two_steps)) >= 4
+
+
+def test_streams_started_in_a_window_report_their_first_token_wait(smollm2):
+    """Streams of 4 tokens end every step or two and are replaced: each replacement's first token is a wait of its
+    own in the window (`ttft_s`), never a gap between tokens (`tpot_s`)."""
+    scene = Scene(smollm2, PROMPTS[:2], max_tokens=4)
+    for i in range(2):
+        scene.start_short(i)
+    scene.settle()
+    window, tokens = Window(), 0
+    for _ in range(20):
+        tokens += sum(len(u.new_token_ids) > 0 for u in scene.step(window) if u.seq.request_id.startswith("short"))
+    scene.clear()
+    assert len(window.ttft_s) >= 4 and all(t > 0 for t in window.ttft_s)
+    assert len(window.tpot_s) + len(window.ttft_s) == tokens  # each token-bearing update counted once

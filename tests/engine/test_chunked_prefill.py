@@ -65,9 +65,16 @@ class Run:
     long request's proposals by position, and each step's target tokens."""
 
     def __init__(
-        self, world: World, method: str, self_draft: bool, budget: int, monkeypatch, fused: bool = True
+        self,
+        world: World,
+        method: str,
+        self_draft: bool,
+        budget: int,
+        monkeypatch,
+        fused: bool = True,
+        max_num_seqs: int = 4,
     ) -> None:
-        self.engine = world.engine(method, "fixed", MAX_LEN, budget, 4, K, self_draft, fused)
+        self.engine = world.engine(method, "fixed", MAX_LEN, budget, max_num_seqs, K, self_draft, fused)
         if fused:  # every chunk rides: the tiny model's weights are few bytes beside its K/V (`_rides`, tested below)
             self.engine._weight_bytes = 1 << 40
         self.chunks: list[tuple[int, int]] = []  # (first position, length) of each chunk of the long prompt
@@ -275,6 +282,42 @@ def test_control_without_the_idle_rule_a_lone_prompt_is_chunked(world, monkeypat
     monkeypatch.setattr(engine_module, "IDLE_PREFILL_TOKENS", 0)
     with pytest.raises(AssertionError, match="a lone prompt was prefilled in 5 chunks"):
         assert_one_piece(lone_prompt_chunks(world, monkeypatch))
+
+
+def steps_to_a_late_prompts_first_token(world, monkeypatch) -> int:
+    """Three short requests decode; the long prompt arrives; a step later (with most of it left to prefill) a
+    short prompt does: the steps until that one's first token. The long prompt still ends its prefill."""
+    run = Run(world, "ngram", False, SMALL, monkeypatch, max_num_seqs=5)  # a free slot for the late prompt
+    engine = run.engine
+    for i, (prompt, params) in enumerate(zip(SHORT, SHORT_PARAMS, strict=True)):
+        engine.add_request(f"s{i}", prompt, params)
+    for _ in range(3):
+        run._step()
+    run._long = engine.add_request("long", LONG, LONG_PARAMS["greedy"])
+    run._step()
+    late = engine.add_request("late", ramp(12, 3), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    steps = 0
+    while late.metrics.num_generated == 0:
+        run._step()
+        steps += 1
+    while engine.has_work():
+        run._step()
+    assert run._long.finish_reason == "length" and sum(n for _, n in run.chunks) == len(LONG) - 1
+    return steps
+
+
+def test_a_short_prompt_does_not_wait_out_a_long_ones_prefill(world, monkeypatch):
+    """The prompts with the fewest tokens left prefill first: the late prompt's 11 tokens go in the next step's
+    chunk and it writes its first token the step after, where oldest-first made it wait out the ~140 tokens the
+    long prompt still had (behind a 16k prompt on the Qwen2.5-Coder 1.5B, ~200 s)."""
+    steps = steps_to_a_late_prompts_first_token(world, monkeypatch)
+    assert steps <= 2, f"the late prompt waited {steps} steps for its first token"
+
+
+def test_control_oldest_first_makes_the_short_prompt_wait(world, monkeypatch):
+    monkeypatch.setattr(engine_module, "sorted", lambda seqs, key=None: list(seqs), raising=False)  # arrival order
+    with pytest.raises(AssertionError, match=r"the late prompt waited [5-9] steps"):
+        test_a_short_prompt_does_not_wait_out_a_long_ones_prefill(world, monkeypatch)
 
 
 def test_the_default_budget_follows_the_device():
