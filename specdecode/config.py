@@ -228,6 +228,14 @@ class SpeculativeConfig:
         help="draft model: a row stops drafting after a draft whose top probability is below this (0 = draft all K; "
         "default: the target's arm, else 0)",
     )
+    draft_lookup: int = setting(
+        0,
+        default=None,
+        type=int,
+        help="draft model: a row whose last N (or more) tokens occurred earlier in its prompt or output takes the "
+        "tokens that followed them there instead of the draft's (prompt lookup: no draft forward; 0 = never; "
+        "default: the target's arm, else 0)",
+    )
     draft_window: int = setting(
         DEFAULT_DRAFT_WINDOW,
         help="draft model: past this many tokens of context it attends to the first 4 and the last N only "
@@ -279,6 +287,8 @@ class SpeculativeConfig:
             raise ConfigError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
         if not 0.0 <= self.draft_stop_below < 1.0:
             raise ConfigError(f"draft_stop_below must be in [0, 1), got {self.draft_stop_below}")
+        if self.draft_lookup < 0:
+            raise ConfigError(f"draft_lookup must be >= 0 (0 = off), got {self.draft_lookup}")
         if self.draft_window < 0:
             raise ConfigError(f"draft_window must be >= 0 (0 = the whole context), got {self.draft_window}")
         if not 1 <= self.ngram_min <= self.ngram_max:

@@ -36,10 +36,11 @@ def sampling_from_args(a: argparse.Namespace) -> SamplingParams:
 
 
 def fill_default_arm(a: argparse.Namespace) -> None:
-    """Set --method, --num-speculative-tokens and --draft-stop-below, where not given, to the target's default arm
-    (arms.py), else to the config's defaults: every command then reads concrete values."""
+    """Set --method, --num-speculative-tokens, --draft-stop-below and --draft-lookup, where not given, to the
+    target's default arm (arms.py), else to the config's defaults: every command then reads concrete values."""
     given = {"method": a.method, "num_speculative_tokens": a.num_speculative_tokens}
-    given["draft_stop_below"] = getattr(a, "draft_stop_below", None)
+    for name in ("draft_stop_below", "draft_lookup"):
+        given[name] = getattr(a, name, None)
     chosen = {k: v for k, v in given.items() if v is not None}
     filled = with_default_arm(a.target, {**chosen, "arithmetic": getattr(a, "arithmetic", None)})
     defaults = {f.name: f.default for f in fields(SpeculativeConfig) if f.name in given}

@@ -74,3 +74,17 @@ def test_a_draft_arm_brings_its_stop_unless_the_user_gives_one(monkeypatch):
     assert with_default_arm("some-target", fast | {"draft_stop_below": 0.5})["draft_stop_below"] == 0.5
     assert "draft_stop_below" not in with_default_arm("some-target", fast | {"method": "draft"})
     assert "draft_stop_below" not in with_default_arm("some-target", {"arithmetic": "exact"})
+
+
+def test_a_draft_arm_brings_its_lookup_unless_the_user_gives_one(monkeypatch):
+    arm = DefaultArm("draft", 4, "results/dev.json", draft_stop_below=0.7, draft_lookup=3)
+    monkeypatch.setitem(arms.FAST_ARMS, "some-target", arm)
+    monkeypatch.delenv("SPECDECODE_ARITHMETIC", raising=False)
+    fast = {"arithmetic": "fast"}
+    assert with_default_arm("some-target", fast)["draft_lookup"] == 3
+    assert with_default_arm("some-target", fast | {"draft_lookup": 0})["draft_lookup"] == 0  # off, as the user said
+    assert "draft_lookup" not in with_default_arm("some-target", fast | {"method": "draft"})
+    a = cli.build_parser().parse_args(cli.route_subcommands(["generate", "--target", "some-target", "hi"]))
+    a.arithmetic = "fast"
+    fill_default_arm(a)
+    assert (a.method, a.draft_lookup, a.draft_stop_below) == ("draft", 3, 0.7)

@@ -50,7 +50,8 @@ def test_each_flag_reaches_its_field(tmp_path):
     corpus.write_bytes(b"")
     values = {
         "method": "suffix", "num_speculative_tokens": 3, "draft": "some-draft", "draft_vocab": "full",
-        "draft_stop_below": 0.4, "draft_window": 64, "draft_arithmetic": "exact", "draft_weights": "file",
+        "draft_stop_below": 0.4, "draft_lookup": 3, "draft_window": 64, "draft_arithmetic": "exact",
+        "draft_weights": "file",
         "ngram_min": 1, "ngram_max": 3,
         "controller": "fixed", "suffix_corpus": (str(corpus),), "suffix_cache_max_tokens": 7,
         "suffix_max_depth": 5, "suffix_spec_factor": 2.0, "suffix_min_prob": 0.3, "suffix_request_spec_factor": 3.0,

@@ -123,6 +123,7 @@ class MethodArm:
     controller: str
     draft: str | None = None  # `draft@SPEC`: this arm's draft (a directory or built-in name); else --draft
     stop_below: float = 0.0  # draft model arms: --draft-stop-below for this arm (0: the command's)
+    lookup: int = 0  # draft model arms: --draft-lookup for this arm
 
 
 def _stop_below(text: str) -> float | None:
@@ -137,7 +138,7 @@ def _stop_below(text: str) -> float | None:
 def method_arms(text: str) -> list[MethodArm]:
     """'ngram:8:goodput,eagle:12,draft@drafts/1l:2,eagle@heads/e:8,draft:6:fixed:0.8' -> MethodArms; K defaults to
     5, the controller to fixed. METHOD@DIR gives a draft model or head drafter (draft, eagle, medusa, mtp) its own
-    weights; a draft arm's fourth field is its --draft-stop-below."""
+    weights; a draft arm's fourth field is its --draft-stop-below, its fifth its --draft-lookup."""
     from specdecode.config import CONTROLLER_NAMES, METHODS
 
     arms = []
@@ -148,15 +149,18 @@ def method_arms(text: str) -> list[MethodArm]:
         else:
             (method, *tail), draft = item.split(":"), None
         k, controller = tail[0] if tail else "5", tail[1] if len(tail) > 1 else "fixed"
-        stop = _stop_below(tail[2]) if len(tail) == 3 and method == "draft" else (0.0 if len(tail) <= 2 else None)
+        draft_fields = len(tail) in (3, 4) and method == "draft"
+        stop = _stop_below(tail[2]) if draft_fields else (0.0 if len(tail) <= 2 else None)
+        lookup = tail[3] if len(tail) == 4 else "0"
         bad_draft = at and (method not in WEIGHTED_METHODS or not draft)
-        if method not in METHODS or not k.isdigit() or controller not in CONTROLLER_NAMES or stop is None or bad_draft:
+        bad = not k.isdigit() or not lookup.isdigit() or stop is None or bad_draft
+        if method not in METHODS or controller not in CONTROLLER_NAMES or bad:
             raise argparse.ArgumentTypeError(
                 f"bad method arm {item!r}: expected method[:K[:controller]] with method in {', '.join(METHODS)}, "
                 f"or METHOD@DIR[:K[:controller]] with METHOD in {', '.join(WEIGHTED_METHODS)}; a draft arm may add "
-                "a fourth field, its --draft-stop-below in [0, 1)"
+                "a fourth field, its --draft-stop-below in [0, 1), and a fifth, its --draft-lookup"
             )
-        arms.append(MethodArm(method, int(k), controller, draft, stop))
+        arms.append(MethodArm(method, int(k), controller, draft, stop, int(lookup)))
     return arms
 
 

@@ -151,6 +151,7 @@ def build_arms(a: argparse.Namespace) -> list[Arm]:
             draft = {"draft": m.draft} if m.draft else {}
             if m.method == "draft":  # its own field, never the default arm's (filled into the command's flags)
                 draft["draft_stop_below"] = m.stop_below
+                draft["draft_lookup"] = m.lookup
             llm = llm_from_args(
                 a,
                 method=m.method,
@@ -180,7 +181,8 @@ def arm_label(spec: SpeculativeConfig, weights: str | None = None) -> str:
     named = weights or (spec.draft if spec.method == "draft" else None)
     name = f"{spec.method}[{draft_name(named)}]" if named else spec.method
     stop = f" stop<{spec.draft_stop_below:g}" if spec.method == "draft" and spec.draft_stop_below else ""
-    return f"{name} K={spec.num_speculative_tokens} {spec.controller}{stop}"
+    lookup = f" lookup>={spec.draft_lookup}" if spec.method == "draft" and spec.draft_lookup else ""
+    return f"{name} K={spec.num_speculative_tokens} {spec.controller}{stop}{lookup}"
 
 
 def hf_arms(a: argparse.Namespace, base, ours: list) -> list[Arm]:

@@ -11,6 +11,7 @@ from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.layer_select import LayerSkipChoice
 from specdecode.drafters.layer_skip import LayerSkipDrafter
+from specdecode.drafters.lookup_first import PromptLookup
 from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.mtp import MtpDrafter
 from specdecode.drafters.ngram import NgramDrafter
@@ -47,6 +48,7 @@ def _draft_model(ctx: DrafterContext) -> Drafter:
         ctx.engine.max_num_batched_tokens,
         stop_below=ctx.spec.draft_stop_below,
         window=ctx.spec.draft_window,
+        lookup=PromptLookup(ctx.spec.draft_lookup, ctx.spec.ngram_max) if ctx.spec.draft_lookup else None,
     )
 
 

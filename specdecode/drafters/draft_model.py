@@ -11,6 +11,7 @@ from specdecode.config import MAX_SPECULATIVE_TOKENS, ConfigError
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.catch_up import share_budget
 from specdecode.drafters.draft_window import SINK, DraftWindow
+from specdecode.drafters.lookup_first import PromptLookup, merge
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
 from specdecode.models.attention import kernel_piece
 from specdecode.models.compiled import load_target
@@ -114,8 +115,10 @@ class DraftModelDrafter(DrafterBase):
         prefill_budget: int = 512,
         stop_below: float = 0.0,
         window: int = 0,
+        lookup: PromptLookup | None = None,
     ) -> None:
         self.model = model
+        self.lookup = lookup  # rows whose own text predicts them draft from it instead (lookup_first.py)
         self.stop_below = stop_below  # a row stops drafting after a draft whose confidence is below this
         # window: recent tokens the draft attends to besides the sink (draft_window.py); 0, or a window whose
         # cache would be no shorter than the whole context, reads everything
@@ -133,14 +136,18 @@ class DraftModelDrafter(DrafterBase):
     def add_sequence(self, seq: Sequence) -> None:
         slot = self.slots[seq.request_id] = self.cache.allocate()  # the prompt is fed by _catch_up, a chunk a step
         self.shift[slot] = 0
+        if self.lookup is not None:
+            self.lookup.add(seq)
 
     def remove_sequence(self, seq: Sequence) -> None:
+        if self.lookup is not None:
+            self.lookup.remove(seq)
         slot = self.slots.pop(seq.request_id, None)
         if slot is not None:
             self.cache.free(slot)
 
     def live_request_ids(self) -> set[str]:
-        return set(self.slots)
+        return set(self.slots) | (set(self.lookup.histories) if self.lookup is not None else set())
 
     def _backlog(self, seq: Sequence, slot: int) -> int:
         """Tokens of seq past what the slot's cache covers (its cached tokens, and those a window skipped)."""
@@ -272,6 +279,15 @@ class DraftModelDrafter(DrafterBase):
                 self.subset_head.compact = False  # the model's other callers (the load probe) see full logits
 
     def _propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors, compact: bool) -> Proposal:
+        if self.lookup is None:
+            return self._propose_model(seqs, num_tokens, st, compact)
+        hits = self.lookup.find(seqs, num_tokens)
+        asked = [0 if hit else k for hit, k in zip(hits, num_tokens, strict=True)]  # the draft model's rows
+        return merge(self._propose_model(seqs, asked, st, compact), hits, self.model.cfg.vocab_size)
+
+    def _propose_model(
+        self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors, compact: bool
+    ) -> Proposal:
         device = self.model.device
         slots = [self.slots[s.request_id] for s in seqs]
         self.commit(seqs)  # drafts of a proposal never committed (the engine retried the step) are forgotten

@@ -20,6 +20,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import specdecode.drafters.draft_model
 import specdecode.engine.engine
 import specdecode.verify.chain
 import specdecode.verify.sampling
@@ -269,6 +270,48 @@ def test_draft_with_a_vocabulary_subset_stays_lossless(models):
     counts, drafted = sampled_joint(llm, SHORT[:1])
     assert_follows(counts, exact_joint(llm, SHORT[:1]))
     assert drafted >= N
+
+
+def lookup_q_uniform(mp: pytest.MonkeyPatch, llm: LLM) -> None:
+    """Fault: lookup drafts reported as drawn from a uniform q instead of one-hot (their source forgotten)."""
+    real = specdecode.drafters.draft_model.merge
+
+    def blurred(model, hits, vocab):
+        proposal = real(model, hits, vocab)
+        for b, hit in enumerate(hits):
+            if hit is not None and proposal.probs is not None:
+                proposal.probs[b] = 1.0 / vocab
+        return proposal
+
+    mp.setattr(specdecode.drafters.draft_model, "merge", blurred)
+
+
+@pytest.mark.parametrize("faulty", [False, True], ids=["intact", "fault"])
+def test_draft_with_prompt_lookup_stays_lossless(models, faulty, monkeypatch):
+    """Requests whose last two tokens recur (REPEATING) take lookup drafts, one-hot q; in the same batches requests
+    on a prompt that recurs nowhere take the draft model's sampled drafts, so the lookup rows' q is spelled out
+    beside theirs. The joint of the lookup rows is still the target's. Control: lookup drafts verified as if drawn
+    from a uniform q."""
+    llm = LLM(**{**make_kwargs(models, "draft"), "draft_lookup": 2})
+    sources = {"lookup": 0, "model": 0}
+    find = llm.engine.drafter.lookup.find
+
+    def counting(seqs, num_tokens):
+        hits = find(seqs, num_tokens)
+        sources["lookup"] += sum(h is not None for h in hits)
+        sources["model"] += sum(h is None and n > 0 for h, n in zip(hits, num_tokens, strict=True))
+        return hits
+
+    llm.engine.drafter.lookup.find = counting
+    if faulty:
+        lookup_q_uniform(monkeypatch, llm)
+    prompts = [REPEATING if i % 2 == 0 else SHORT[:1] for i in range(2 * N)]
+    params = [replace(PARAMS, seed=i if i % 4 == 0 else None) for i in range(2 * N)]
+    counts = torch.zeros(VOCAB, VOCAB)
+    for o in llm.generate(prompts, params)[::2]:
+        counts[o.token_ids[0], o.token_ids[1]] += 1
+    assert_follows(counts, exact_joint(llm, REPEATING), lookup_q_uniform.__name__ if faulty else None)
+    assert sources["lookup"] >= N and sources["model"] >= N, sources
 
 
 def test_draft_that_stops_when_unsure_stays_lossless(models):

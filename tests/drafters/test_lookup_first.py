@@ -1,0 +1,54 @@
+"""Prompt lookup ahead of a draft model (drafters/lookup_first.py): which rows it takes, and how their drafts
+join the draft model's proposal. Losslessness end to end: tests/engine/test_greedy.py, test_distribution.py."""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.config import SamplingParams
+from specdecode.drafters.lookup_first import PromptLookup, merge
+from specdecode.step.proposal import Proposal
+from specdecode.step.sequence import Sequence
+from specdecode.verify.sampling import PAD_TOKEN_ID
+
+VOCAB = 10
+
+
+def seq(rid: str, tokens: list[int]) -> Sequence:
+    return Sequence(rid, tokens, SamplingParams(max_tokens=8), max_len=64)
+
+
+def test_rows_whose_suffix_recurs_take_what_followed_it():
+    lookup = PromptLookup(2, 4)
+    rows = [seq("a", [1, 2, 3, 4, 9, 1, 2, 3]), seq("b", [5, 6, 7, 8]), seq("c", [1, 2, 5, 1, 2])]
+    for s in rows:
+        lookup.add(s)
+    hits = lookup.find(rows, [2, 3, 0])  # c recurs but is asked nothing
+    assert hits[0] == ([4, 9], [1.0, 1.0])  # "1 2 3" recurs: 4 then 9 followed it
+    assert hits[1] is None and hits[2] is None
+    rows[1].token_ids.extend([5, 6])  # now "5 6" recurs: the history follows the committed tokens
+    assert lookup.find(rows[1:2], [4])[0][0] == [7, 8, 5, 6]
+
+
+def test_merge_puts_lookup_drafts_in_their_rows_and_leaves_the_model_rows():
+    model_ids = torch.tensor([[PAD_TOKEN_ID, PAD_TOKEN_ID], [3, 4]])  # row 0 asked nothing of the model
+    q = torch.softmax(torch.randn(2, 2, VOCAB), -1)  # [2, 2, vocab]
+    model = Proposal(model_ids, torch.tensor([0, 2]), q, torch.tensor([[0.0, 0.0], [0.9, 0.6]]))
+    out = merge(model, [([7, 8, 9], [1.0, 0.5, 0.5]), None], VOCAB)
+    assert out.token_ids.tolist() == [[7, 8, 9], [3, 4, PAD_TOKEN_ID]]
+    assert out.num_tokens.tolist() == [3, 2]
+    assert torch.allclose(out.confidence[0], torch.tensor([1.0, 0.5, 0.5]))
+    assert torch.allclose(out.confidence[1, :2], torch.tensor([0.9, 0.6]))
+    assert out.probs[0].argmax(-1).tolist() == [7, 8, 9] and out.probs[0].sum(-1).tolist() == [1.0, 1.0, 1.0]
+    assert torch.equal(out.probs[1, :2], q[1])  # the model's q untouched
+
+
+def test_merge_without_hits_is_the_model_proposal_itself():
+    model = Proposal.from_lists([[1, 2], [3]], 2, "cpu")
+    assert merge(model, [None, None], VOCAB) is model
+
+
+def test_greedy_merge_keeps_one_hot_q_implicit():
+    model = Proposal.from_lists([[], []], 0, "cpu")  # every row found by lookup: the model drafted nothing
+    out = merge(model, [([1], [1.0]), ([2, 3], [1.0, 1.0])], VOCAB)
+    assert out.probs is None and out.token_ids.tolist() == [[1, PAD_TOKEN_ID], [2, 3]]
