@@ -30,6 +30,7 @@ from specdecode.control.base import Controller, StepStats
 from specdecode.detokenize import IncrementalDetokenizer, find_stop, stop_holdback
 from specdecode.drafters.base import Drafter, Proposal
 from specdecode.engine.logprobs import emitted_logprobs
+from specdecode.engine.prefill_price import context_unit, has_int8_linears, token_price
 from specdecode.models.llama import AttentionMetadata, LlamaModel, packs_rows
 from specdecode.models.ragged import pad_groups, verify_tokens
 from specdecode.step.runner import PAD_SLACK, forward_ragged
@@ -147,6 +148,8 @@ class Engine:
         # tensor-parallel workers repeat LlamaModel forwards, not a body whose rows are scored apart.
         self._fused_prefill = config.fused_prefill and isinstance(target, LlamaModel)
         self._weight_bytes = weight_bytes(target) if self._fused_prefill else 0
+        # beside decoding rows a prompt token counts at its price (prefill_price.py); the sharded target: unpriced
+        self._context_unit = context_unit(target.cfg, has_int8_linears(target)) if isinstance(target, LlamaModel) else 0
         drafter.bind_target_cache(self.cache)  # drafters that read the target's own K/V (layer_skip)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -233,7 +236,7 @@ class Engine:
             budget = self.config.max_num_batched_tokens - self._verified_tokens
             if not decoding:  # no stream waits on this step: prompts take the larger of the budget and an idle chunk
                 budget = max(budget, IDLE_PREFILL_TOKENS)
-            self._prefill_chunks(max(budget, MIN_PREFILL_TOKENS))
+            self._prefill_chunks(max(budget, MIN_PREFILL_TOKENS), priced=bool(decoding))
         self._retire_finished()  # after the controller observed the step, so nothing re-creates their state
         return self._failed + updates
 
@@ -294,24 +297,30 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - its drafter state: this request alone
             self._fail(seq, e)
 
-    def _next_chunks(self, budget: int) -> list[Chunk]:
+    def _next_chunks(self, budget: int, priced: bool = True) -> list[Chunk]:
         """The next chunk of prompt[:-1] of each prefilling sequence, at most `budget` tokens in all, the prompts
         with the fewest tokens left first, then the oldest (a chunk may be empty: a prompt with nothing left to
         cache, which `_prefilled` starts decoding). Oldest-first kept a chat that arrived behind a long prompt
         waiting out all of its prefill: behind 16k tokens on the Qwen2.5-Coder 1.5B, ~200 s to its first token,
         and short streams that ended then were not replaced. A short prompt's few chunks delay the long one by
-        as many tokens, and only the slots free for new requests bound how many there are."""
+        as many tokens, and only the slots free for new requests bound how many there are.
+
+        `priced` (requests decode beside the chunks): each token counts at its price after the context cached
+        before its chunk (prefill_price.py), so a long prompt's late chunks are shorter and a step's prefill work
+        stays about level; a chunk still takes one token at least."""
         picked = []
         prefilling = [s for s in self.running if s.status is Status.PREFILLING]
         for seq in sorted(prefilling, key=lambda s: s.num_cached - s.num_prefilled):  # stable: oldest among equals
             if budget <= 0:
                 continue
-            chunk = seq.prompt_ids[seq.num_prefilled : min(seq.num_prefilled + budget, seq.num_cached)]
-            budget -= len(chunk)
+            price = token_price(seq.num_prefilled, self._context_unit) if priced and self._context_unit else 1.0
+            take = max(int(budget / price), 1)
+            chunk = seq.prompt_ids[seq.num_prefilled : min(seq.num_prefilled + take, seq.num_cached)]
+            budget -= len(chunk) * price
             picked.append((seq, chunk))
         return picked
 
-    def _prefill_chunks(self, budget: int) -> None:
+    def _prefill_chunks(self, budget: int, priced: bool) -> None:
         """Cache the next prompt chunks (`_next_chunks`) in forwards of their own. A prompt cut anywhere gives the
         K/V it gives whole: each chunk attends to the cached ones.
 
@@ -319,7 +328,7 @@ class Engine:
         output token, the first included, comes from one verification path. The drafter gets the request
         (add_sequence) once its whole prompt is cached; feature drafters see each chunk's features as it runs.
         """
-        picked = self._next_chunks(budget)
+        picked = self._next_chunks(budget, priced)
         chunks = [(seq, c) for seq, c in picked if c]
         hidden: list[torch.Tensor | None] = [None] * len(chunks)  # [len(chunk), hidden] each, for feature drafters
         for group in pad_groups([len(c) for _, c in chunks], PAD_SLACK):  # chunks of unlike lengths: separate forwards

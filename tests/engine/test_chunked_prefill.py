@@ -233,8 +233,8 @@ def shifted_boundaries(monkeypatch, shift: int) -> None:
     it, +1 skips one), its length and the cache's bookkeeping unchanged: in whichever forward it runs."""
     next_chunks = Engine._next_chunks
 
-    def faulty(self, budget):
-        chunks = next_chunks(self, budget)
+    def faulty(self, budget, *priced):
+        chunks = next_chunks(self, budget, *priced)
         return [
             (seq, seq.prompt_ids[seq.num_prefilled + shift :][: len(chunk)] if seq.num_prefilled else chunk)
             for seq, chunk in chunks
@@ -318,6 +318,44 @@ def test_control_oldest_first_makes_the_short_prompt_wait(world, monkeypatch):
     monkeypatch.setattr(engine_module, "sorted", lambda seqs, key=None: list(seqs), raising=False)  # arrival order
     with pytest.raises(AssertionError, match=r"the late prompt waited [5-9] steps"):
         test_a_short_prompt_does_not_wait_out_a_long_ones_prefill(world, monkeypatch)
+
+
+def long_prompt_chunk_sizes(world, monkeypatch) -> list[int]:
+    run = Run(world, "ngram", False, SMALL, monkeypatch)
+    run.play(LONG_PARAMS["greedy"])
+    return [n for _, n in run.chunks]
+
+
+def test_a_long_prompts_chunks_shrink_as_its_context_grows(world, monkeypatch):
+    """Beside decoding rows a prompt token counts at its price after the context before it (prefill_price.py;
+    this tiny model's attention matches its linears after 288 tokens): the long prompt's chunks get shorter as it
+    is cached, where a budget counted in tokens cut them level."""
+    sizes = long_prompt_chunk_sizes(world, monkeypatch)
+    assert sizes[-2] <= 0.75 * sizes[0], f"chunks of {sizes} tokens"  # the last one is what was left
+
+
+def test_control_unpriced_tokens_cut_level_chunks(world, monkeypatch):
+    monkeypatch.setattr(engine_module, "token_price", lambda context, unit: 1.0)
+    with pytest.raises(AssertionError, match="chunks of"):
+        test_a_long_prompts_chunks_shrink_as_its_context_grows(world, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    ("dims", "int8", "unit"),
+    [
+        ((1536, 8960, 12, 2, 128), True, 4760),  # Qwen2.5-Coder 1.5B, fast: the measured 16k / 2.8 ms point
+        ((576, 1536, 9, 3, 64), False, 3072),  # SmolLM2-135M, exact
+    ],
+)
+def test_the_context_at_which_attention_costs_what_the_linears_do(dims, int8, unit):
+    from specdecode.engine.prefill_price import context_unit, token_price
+
+    hidden, intermediate, heads, kv_heads, head_dim = dims
+    cfg = SimpleNamespace(
+        hidden_size=hidden, intermediate_size=intermediate, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim
+    )
+    assert context_unit(cfg, int8) == pytest.approx(unit, rel=0.01)
+    assert token_price(0, unit) == 1.0 and token_price(2 * unit, unit) == 3.0
 
 
 def test_the_default_budget_follows_the_device():
