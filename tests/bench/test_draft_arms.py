@@ -30,10 +30,17 @@ def test_a_draft_arm_may_stop_when_unsure():
     ]
 
 
+def test_a_draft_arm_may_look_up_its_own_text_first():
+    assert method_arms("draft:4:goodput:0.7:3,draft@d:2:fixed:0.5:0") == [
+        MethodArm("draft", 4, "goodput", None, 0.7, 3),
+        MethodArm("draft", 2, "fixed", "d", 0.5, 0),
+    ]
+
+
 @pytest.mark.parametrize(
     "bad",
     ["ngram@x:2", "suffix@x:2", "draft@:2", "eagle@:2", "draft@d:2:fixed:9", "draft@d:two", "ngram:3:fixed:0.5"]
-    + ["draft:3:fixed:x", "draft:3:fixed:0.5:1"],
+    + ["draft:3:fixed:x", "draft:3:fixed:0.5:x", "draft:3:fixed:0.5:1:2", "ngram:3:fixed:0.5:3"],
 )
 def test_bad_draft_arms_are_refused(bad):
     with pytest.raises(argparse.ArgumentTypeError):
