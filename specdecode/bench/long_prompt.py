@@ -95,15 +95,14 @@ class Scene:
     def __init__(self, llm, shorts: list[list[int]], max_tokens: int) -> None:
         self.engine = llm.engine
         self.shorts, self.params = shorts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        self.last: dict[str, float] = {}  # stream -> when its last tokens came out
-        self.started: dict[str, float] = {}  # stream -> when it was added, until its first token
+        self.last: dict[str, float] = {}  # stream -> when its last tokens came out (when it was added, before any)
         self.ids = 0
 
     def start_short(self, i: int) -> None:
         rid = f"short{i}-{self.ids}"
         self.ids += 1
         self.engine.add_request(rid, self.shorts[i % len(self.shorts)], self.params)
-        self.last[rid] = self.started[rid] = time.perf_counter()
+        self.last[rid] = time.perf_counter()
 
     def step(self, window: Window | None) -> list:
         updates = self.engine.step()
@@ -111,16 +110,14 @@ class Scene:
         for u in updates:
             rid = u.seq.request_id
             if rid.startswith("short") and u.new_token_ids:
-                first = u.seq.metrics.num_generated == len(u.new_token_ids)
-                if window is not None and rid in self.last and not first:
-                    window.tpot_s.append((now - self.last[rid]) / len(u.new_token_ids))
-                if window is not None and first and rid in self.started:
-                    window.ttft_s.append(now - self.started[rid])
-                self.started.pop(rid, None)
+                if window is not None and rid in self.last:
+                    if u.seq.metrics.num_generated == len(u.new_token_ids):  # its first tokens: a wait since added
+                        window.ttft_s.append(now - self.last[rid])
+                    else:
+                        window.tpot_s.append((now - self.last[rid]) / len(u.new_token_ids))
                 self.last[rid] = now
             if rid.startswith("short") and u.finished:
                 self.last.pop(rid, None)
-                self.started.pop(rid, None)
                 self.start_short(int(rid[5:].split("-")[0]))  # keep the stream count
         return updates
 
