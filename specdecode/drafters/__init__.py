@@ -11,7 +11,6 @@ from specdecode.drafters.draft_model import DraftModelDrafter
 from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.layer_select import LayerSkipChoice
 from specdecode.drafters.layer_skip import LayerSkipDrafter
-from specdecode.drafters.lookup_first import PromptLookup
 from specdecode.drafters.medusa import MedusaDrafter
 from specdecode.drafters.mtp import MtpDrafter
 from specdecode.drafters.ngram import NgramDrafter
@@ -38,6 +37,11 @@ class DrafterContext:
     target_name: str = ""  # the name the user gave (a built-in name finds the shipped heads)
 
 
+def lookup_drafter(n_min: int, n_max: int, device: str) -> NgramDrafter | None:
+    """Prompt lookup ahead of a draft model (drafters/lookup_first.py): suffixes of n_min tokens or more; None at 0."""
+    return NgramDrafter(n_min, max(n_min, n_max), device) if n_min else None
+
+
 def _draft_model(ctx: DrafterContext) -> Drafter:
     if ctx.draft is None:
         raise ConfigError("method 'draft' needs a draft model (--draft)")
@@ -48,7 +52,7 @@ def _draft_model(ctx: DrafterContext) -> Drafter:
         ctx.engine.max_num_batched_tokens,
         stop_below=ctx.spec.draft_stop_below,
         window=ctx.spec.draft_window,
-        lookup=PromptLookup(ctx.spec.draft_lookup, ctx.spec.ngram_max) if ctx.spec.draft_lookup else None,
+        lookup=lookup_drafter(ctx.spec.draft_lookup, ctx.spec.ngram_max, ctx.engine.device),
     )
 
 

@@ -11,7 +11,8 @@ from specdecode.config import MAX_SPECULATIVE_TOKENS, ConfigError
 from specdecode.drafters.base import DrafterBase, Proposal
 from specdecode.drafters.catch_up import share_budget
 from specdecode.drafters.draft_window import SINK, DraftWindow
-from specdecode.drafters.lookup_first import PromptLookup, merge
+from specdecode.drafters.lookup_first import merge
+from specdecode.drafters.ngram import NgramDrafter
 from specdecode.drafters.subset_head import VOCAB_FILE, SubsetLMHead, load_subset
 from specdecode.models.attention import kernel_piece
 from specdecode.models.compiled import load_target
@@ -115,7 +116,7 @@ class DraftModelDrafter(DrafterBase):
         prefill_budget: int = 512,
         stop_below: float = 0.0,
         window: int = 0,
-        lookup: PromptLookup | None = None,
+        lookup: NgramDrafter | None = None,
     ) -> None:
         self.model = model
         self.lookup = lookup  # rows whose own text predicts them draft from it instead (lookup_first.py)
@@ -137,17 +138,17 @@ class DraftModelDrafter(DrafterBase):
         slot = self.slots[seq.request_id] = self.cache.allocate()  # the prompt is fed by _catch_up, a chunk a step
         self.shift[slot] = 0
         if self.lookup is not None:
-            self.lookup.add(seq)
+            self.lookup.add_sequence(seq)
 
     def remove_sequence(self, seq: Sequence) -> None:
         if self.lookup is not None:
-            self.lookup.remove(seq)
+            self.lookup.remove_sequence(seq)
         slot = self.slots.pop(seq.request_id, None)
         if slot is not None:
             self.cache.free(slot)
 
     def live_request_ids(self) -> set[str]:
-        return set(self.slots) | (set(self.lookup.histories) if self.lookup is not None else set())
+        return set(self.slots) | (self.lookup.live_request_ids() if self.lookup is not None else set())
 
     def _backlog(self, seq: Sequence, slot: int) -> int:
         """Tokens of seq past what the slot's cache covers (its cached tokens, and those a window skipped)."""
@@ -281,9 +282,9 @@ class DraftModelDrafter(DrafterBase):
     def _propose(self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors, compact: bool) -> Proposal:
         if self.lookup is None:
             return self._propose_model(seqs, num_tokens, st, compact)
-        hits = self.lookup.find(seqs, num_tokens)
-        asked = [0 if hit else k for hit, k in zip(hits, num_tokens, strict=True)]  # the draft model's rows
-        return merge(self._propose_model(seqs, asked, st, compact), hits, self.model.cfg.vocab_size)
+        found = self.lookup.propose(seqs, num_tokens, st)
+        asked = [0 if n else k for n, k in zip(found.num_tokens.tolist(), num_tokens, strict=True)]  # the model's rows
+        return merge(self._propose_model(seqs, asked, st, compact), found, self.model.cfg.vocab_size)
 
     def _propose_model(
         self, seqs: list[Sequence], num_tokens: list[int], st: SamplingTensors, compact: bool

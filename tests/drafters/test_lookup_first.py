@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from specdecode.config import SamplingParams
-from specdecode.drafters.lookup_first import PromptLookup, merge
+from specdecode.drafters import lookup_drafter
+from specdecode.drafters.lookup_first import merge
 from specdecode.step.proposal import Proposal
 from specdecode.step.sequence import Sequence
 from specdecode.verify.sampling import PAD_TOKEN_ID
@@ -19,22 +20,24 @@ def seq(rid: str, tokens: list[int]) -> Sequence:
 
 
 def test_rows_whose_suffix_recurs_take_what_followed_it():
-    lookup = PromptLookup(2, 4)
+    lookup = lookup_drafter(2, 4, "cpu")
     rows = [seq("a", [1, 2, 3, 4, 9, 1, 2, 3]), seq("b", [5, 6, 7, 8]), seq("c", [1, 2, 5, 1, 2])]
     for s in rows:
-        lookup.add(s)
-    hits = lookup.find(rows, [2, 3, 0])  # c recurs but is asked nothing
-    assert hits[0] == ([4, 9], [1.0, 1.0])  # "1 2 3" recurs: 4 then 9 followed it
-    assert hits[1] is None and hits[2] is None
+        lookup.add_sequence(s)
+    found = lookup.propose(rows, [2, 3, 0], None)  # c recurs but is asked nothing
+    assert found.token_ids[0].tolist() == [4, 9] and found.confidence[0].tolist() == [1.0, 1.0]  # "1 2 3" recurs
+    assert found.num_tokens.tolist() == [2, 0, 0]
     rows[1].token_ids.extend([5, 6])  # now "5 6" recurs: the history follows the committed tokens
-    assert lookup.find(rows[1:2], [4])[0][0] == [7, 8, 5, 6]
+    assert lookup.propose(rows[1:2], [4], None).token_ids[0].tolist() == [7, 8, 5, 6]
+    assert lookup_drafter(0, 4, "cpu") is None  # off
 
 
 def test_merge_puts_lookup_drafts_in_their_rows_and_leaves_the_model_rows():
     model_ids = torch.tensor([[PAD_TOKEN_ID, PAD_TOKEN_ID], [3, 4]])  # row 0 asked nothing of the model
     q = torch.softmax(torch.randn(2, 2, VOCAB), -1)  # [2, 2, vocab]
     model = Proposal(model_ids, torch.tensor([0, 2]), q, torch.tensor([[0.0, 0.0], [0.9, 0.6]]))
-    out = merge(model, [([7, 8, 9], [1.0, 0.5, 0.5]), None], VOCAB)
+    lookup = Proposal.from_lists([[7, 8, 9], []], 3, "cpu", [[1.0, 0.5, 0.5], []])
+    out = merge(model, lookup, VOCAB)
     assert out.token_ids.tolist() == [[7, 8, 9], [3, 4, PAD_TOKEN_ID]]
     assert out.num_tokens.tolist() == [3, 2]
     assert torch.allclose(out.confidence[0], torch.tensor([1.0, 0.5, 0.5]))
@@ -45,10 +48,10 @@ def test_merge_puts_lookup_drafts_in_their_rows_and_leaves_the_model_rows():
 
 def test_merge_without_hits_is_the_model_proposal_itself():
     model = Proposal.from_lists([[1, 2], [3]], 2, "cpu")
-    assert merge(model, [None, None], VOCAB) is model
+    assert merge(model, Proposal.from_lists([[], []], 0, "cpu", [[], []]), VOCAB) is model
 
 
 def test_greedy_merge_keeps_one_hot_q_implicit():
     model = Proposal.from_lists([[], []], 0, "cpu")  # every row found by lookup: the model drafted nothing
-    out = merge(model, [([1], [1.0]), ([2, 3], [1.0, 1.0])], VOCAB)
+    out = merge(model, Proposal.from_lists([[1], [2, 3]], 2, "cpu", [[1.0], [1.0, 1.0]]), VOCAB)
     assert out.probs is None and out.token_ids.tolist() == [[1, PAD_TOKEN_ID], [2, 3]]

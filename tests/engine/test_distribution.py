@@ -35,6 +35,7 @@ from specdecode.drafters.subset_head import SubsetLMHead
 from specdecode.step.runner import prefill
 from specdecode.verify.sampling import SamplingTensors, process_logits
 from specdecode.verify.streams import race
+from tests.engine.test_greedy import counting_sources
 from tests.engine.test_head_drafters import write_heads
 from tests.stats import assert_follows, reference_probs
 from tests.tiny import write_tiny_model
@@ -276,10 +277,10 @@ def lookup_q_uniform(mp: pytest.MonkeyPatch, llm: LLM) -> None:
     """Fault: lookup drafts reported as drawn from a uniform q instead of one-hot (their source forgotten)."""
     real = specdecode.drafters.draft_model.merge
 
-    def blurred(model, hits, vocab):
-        proposal = real(model, hits, vocab)
-        for b, hit in enumerate(hits):
-            if hit is not None and proposal.probs is not None:
+    def blurred(model, lookup, vocab):
+        proposal = real(model, lookup, vocab)
+        for b, made in enumerate(lookup.num_tokens.tolist()):
+            if made and proposal.probs is not None:
                 proposal.probs[b] = 1.0 / vocab
         return proposal
 
@@ -294,15 +295,7 @@ def test_draft_with_prompt_lookup_stays_lossless(models, faulty, monkeypatch):
     from a uniform q."""
     llm = LLM(**{**make_kwargs(models, "draft"), "draft_lookup": 2})
     sources = {"lookup": 0, "model": 0}
-    find = llm.engine.drafter.lookup.find
-
-    def counting(seqs, num_tokens):
-        hits = find(seqs, num_tokens)
-        sources["lookup"] += sum(h is not None for h in hits)
-        sources["model"] += sum(h is None and n > 0 for h, n in zip(hits, num_tokens, strict=True))
-        return hits
-
-    llm.engine.drafter.lookup.find = counting
+    llm.engine.drafter.lookup.propose = counting_sources(llm.engine.drafter.lookup.propose, sources)
     if faulty:
         lookup_q_uniform(monkeypatch, llm)
     prompts = [REPEATING if i % 2 == 0 else SHORT[:1] for i in range(2 * N)]

@@ -92,6 +92,20 @@ def test_draft_that_stops_when_unsure_equals_plain_greedy(stop_below, tiny_targe
     assert 0 < drafted < 0.9 * 6 * forwards  # drafts were verified, and rows stopped short of K
 
 
+def counting_sources(propose, sources: dict[str, int]):
+    """The lookup ahead of a draft model's `propose`, counting the rows it drafted for ("lookup") and the rows asked
+    for drafts it found none for, which the draft model then drafts ("model")."""
+
+    def counting(seqs, num_tokens, st):
+        found = propose(seqs, num_tokens, st)
+        made = found.num_tokens.tolist()
+        sources["lookup"] += sum(n > 0 for n in made)
+        sources["model"] += sum(n == 0 and k > 0 for n, k in zip(made, num_tokens, strict=True))
+        return found
+
+    return counting
+
+
 @pytest.mark.parametrize("controller", ["fixed", "goodput"])
 @pytest.mark.parametrize(("k", "batch"), [(3, 1), (8, 4)])
 def test_draft_with_prompt_lookup_equals_plain_greedy(controller, k, batch, tiny_target, tiny_draft, reference):
@@ -99,15 +113,7 @@ def test_draft_with_prompt_lookup_equals_plain_greedy(controller, k, batch, tiny
     draft model reads what lookup rows skipped when it next drafts for them (drafters/lookup_first.py)."""
     llm = make_llm("draft", k, tiny_target, tiny_draft, batch, controller, draft_lookup=2, draft_stop_below=0.3)
     drafter, sources = llm.engine.drafter, {"lookup": 0, "model": 0}
-    find = drafter.lookup.find
-
-    def counting(seqs, num_tokens):
-        hits = find(seqs, num_tokens)
-        sources["lookup"] += sum(h is not None for h in hits)
-        sources["model"] += sum(h is None and n > 0 for h, n in zip(hits, num_tokens, strict=True))
-        return hits
-
-    drafter.lookup.find = counting
+    drafter.lookup.propose = counting_sources(drafter.lookup.propose, sources)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference
     # both sources drafted (goodput soon asks this tiny random draft for nothing: only that it ran is asked of it)
     least = 5 if controller == "fixed" else 1
