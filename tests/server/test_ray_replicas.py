@@ -272,14 +272,18 @@ def client(url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT_S)
 
 
-async def stream_completion(c: openai.AsyncOpenAI, prompt: str, max_tokens: int, **extra) -> tuple[list[str], object]:
-    """The text chunks of one streamed completion and its usage."""
+async def stream_completion(
+    c: openai.AsyncOpenAI, prompt: str, max_tokens: int, first_chunk: asyncio.Event | None = None, **extra
+) -> tuple[list[str], object]:
+    """The text chunks of one streamed completion and its usage; `first_chunk` is set when the first arrives."""
     stream = await c.completions.create(
         model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
         stream_options={"include_usage": True}, **extra,
     )  # fmt: skip
     chunks, usage = [], None
     async for chunk in stream:
+        if first_chunk is not None:
+            first_chunk.set()
         if chunk.choices:
             chunks.append(chunk.choices[0].text)
         if chunk.usage is not None:
@@ -320,15 +324,22 @@ def test_short_requests_avoid_the_replica_busy_with_a_long_one(cluster):
     url, _ = cluster
     before = finished_per_replica(url)
 
-    async def run():
+    async def run() -> tuple[float, float]:
         c = client(url)
-        long = asyncio.create_task(stream_completion(c, "Once upon a time", 400, extra_body={"ignore_eos": True}))
-        while not await asyncio.to_thread(lambda: any(r["running"] for r in health(url)["replicas"])):
-            await asyncio.sleep(0.05)
+        started = asyncio.Event()
+        long = asyncio.create_task(
+            stream_completion(c, "Once upon a time", 400, first_chunk=started, extra_body={"ignore_eos": True})
+        )
+        # Its first chunk, not /health: a probe answer is shared for PROBE_TTL_S, and waiting out a stale one took
+        # most of the long request's ~1.5 s, so that it once ended before the short ones came (they split 3/3).
+        await started.wait()
         await asyncio.gather(*(stream_completion(c, p, 8) for p in PROMPTS[:6]))
-        return await long
+        shorts_done = time.monotonic()
+        await long
+        return shorts_done, time.monotonic()
 
-    asyncio.run(asyncio.wait_for(run(), TIMEOUT_S))
+    shorts_done, long_done = asyncio.run(asyncio.wait_for(run(), TIMEOUT_S))
+    assert long_done > shorts_done  # the premise: the long request was in flight all the while
     after = finished_per_replica(url)
     assert sorted(after[r] - before.get(r, 0) for r in after) == [1, 6]
 
