@@ -185,6 +185,11 @@ class GoodputController(ControllerBase):
         self.read_per_context = 0.0  # what each cached token adds to that (seed_pair's reads)
         self.catch_up_chunk = 0  # tokens a draft model catches up on a step (seed_pair); 0: all at once
         self.unread: Callable[[Sequence], int] | None = None  # tokens of a row its drafter has yet to read
+        # A draft model with a prompt lookup (drafters/lookup_first.py): rows it does not draft for still take the
+        # lookup's drafts, priced on their own history (`_hold`)
+        self.hold_model: Callable[[set[str]], None] | None = None
+        self.held: set[str] = set()  # the rows asked for lookup drafts alone this step
+        self.lookup_acceptance = AcceptanceTracker()  # those rows' lookup drafts: not the model's
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
         self.tree_mode = False
         self.confidence_mode = False  # a chain drafter whose confidences set the width (suffix): same
@@ -248,6 +253,7 @@ class GoodputController(ControllerBase):
 
     def bind_drafter(self, drafter) -> None:
         self.unread = getattr(drafter, "unread", None)
+        self.hold_model = getattr(drafter, "hold_model", None) if getattr(drafter, "lookup", None) else None
         # A drafter with a cache of its own (a draft model: drafters/catch_up.py) is priced every step, its first
         # drafts at their mean: the lookup gate is for drafters that read nothing (`_gate_holds`, `_reach`).
         self.gated = not hasattr(drafter, "prefill_budget")
@@ -322,9 +328,11 @@ class GoodputController(ControllerBase):
 
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1
+        self.held = set()
         if k_max <= 0 or not seqs:
             return [0] * len(seqs)
         caps = np.array([row_cap(s, k_max) for s in seqs])  # [B]
+        room = caps.copy()  # [B] what the engine allows each row, before reading judges any
         context = mean_context(seqs)
         if self.tree_mode or self.confidence_mode:
             # Per-position acceptance means little for trees and frequency-scored chains: their confidences
@@ -360,7 +368,23 @@ class GoodputController(ControllerBase):
         caps[[i for i in unread if not self._probe_affords_reading(seqs[i], len(seqs), context)]] = 0
         out = self._probe(seqs, ks.tolist(), caps.tolist(), context)
         self.asked = {s.request_id: k for s, k in zip(seqs, out, strict=True) if k}
-        return out
+        return self._hold(seqs, out, room)
+
+    def _hold(self, seqs: list[Sequence], ks: list[int], room: np.ndarray) -> list[int]:
+        """ks, with each row the draft model is not asked to draft for (ks 0) asked its room [B] of the lookup's
+        drafts alone, where the drafter has a lookup (`DraftModelDrafter.hold_model`). A lookup costs no forward, and
+        `truncate` verifies what it finds as far as those rows' lookup drafts have paid (`_held_estimates`). Without
+        it, a row whose long prompt the draft model had not read (too dear to read for what its drafts save) got no
+        drafts at all: on the dev RAG and extraction prompts of ~3,000 characters, which copy much of their input,
+        `goodput` decoded as K = 0 where the lookup alone (n-gram, fixed K = 3) made 1.9x (data/dev_long_prompts)."""
+        if self.hold_model is None:
+            return ks
+        for i, s in enumerate(seqs):
+            if ks[i] == 0 and room[i] > 0:
+                ks[i] = int(room[i])
+                self.held.add(s.request_id)
+        self.hold_model(self.held)
+        return ks
 
     def _gate_holds(self, key: tuple[tuple[str, ...], int]) -> bool:
         """Whether this step may reuse a cheap drafter's last gate (every draft asked where some width pays, else
@@ -714,9 +738,11 @@ class GoodputController(ControllerBase):
         if proposal.confidence is not None and by_confidence:
             return self._truncate_by_confidence(seqs, proposal, np.array(counts))
         context = mean_context(seqs)
-        p = self._verify_estimates(seqs, widest, context)  # [B, widest]
+        p = self._held_estimates(seqs, self._verify_estimates(seqs, widest, context))  # [B, widest]
         drafts = np.array(counts)  # [B]
-        paid = self.cost.predict_draft(len(seqs), widest, context)  # seconds this step's drafting took, as priced
+        # seconds this step's drafting took, as priced (a held row's lookup: none)
+        modelled = any(c for s, c in zip(seqs, counts, strict=True) if s.request_id not in self.held)
+        paid = self.cost.predict_draft(len(seqs), widest, context) if modelled else 0.0
         if self.cost.packed:
             width = self._packed_widths(np.cumprod(p, axis=1), drafts, context, paid)
         else:
@@ -745,6 +771,21 @@ class GoodputController(ControllerBase):
             p = self._first_judged_up(seqs, p, context)
         if not self._drafting_is_cheap(len(seqs), widest, context):
             p = self._deep_optimism(seqs, p)
+        return p
+
+    def _held_estimates(self, seqs: list[Sequence], p: np.ndarray) -> np.ndarray:
+        """p [B, widest] with each held row's estimates (`_hold`) from its lookup drafts' own history
+        (`lookup_acceptance`), the first judged `explore` deviations up while that history is thin, as
+        `_first_judged_up` judges a model's: the model's history says nothing of what a lookup finds. In place."""
+        if not self.held:
+            return p
+        for i, s in enumerate(seqs):
+            if s.request_id in self.held:
+                q = self.lookup_acceptance.estimate(s.request_id, p.shape[1])  # [widest]
+                tried = self.lookup_acceptance.evidence(s.request_id)
+                if self.explore > 0 and 0 < tried < self.thin:
+                    q[0] = min(q[0] + self.explore * math.sqrt(q[0] * (1.0 - q[0]) / (tried + 1.0)), 1.0)
+                p[i] = q
         return p
 
     def _would_go_on(self, seqs: list[Sequence], proposal: Proposal) -> dict[str, bool]:
@@ -838,7 +879,9 @@ class GoodputController(ControllerBase):
         # that sat idle first catches up on every token since (a request's first drafts: its whole prompt), and
         # charged to drafting that made the 0.5B's drafts cost 35 ms each against ~8, and goodput stayed at
         # K = 0. What a catch-up costs is the probe's price (_price_probe), paid once, not per drafted token.
-        drafting = {s.request_id for s, proposed in zip(stats.seqs, stats.num_proposed, strict=True) if proposed}
+        held, self.held = self.held, set()  # rows whose drafts were the lookup's alone: not the model's (`_hold`)
+        model_proposed = [0 if s.request_id in held else n for s, n in zip(stats.seqs, stats.num_proposed, strict=True)]
+        drafting = {s.request_id for s, proposed in zip(stats.seqs, model_proposed, strict=True) if proposed}
         if drafting and not self.gate_open:  # drafts past a closed gate: priced before it stands again
             self.gate_key = None
         steady = drafting <= self.drafted_last
@@ -850,6 +893,10 @@ class GoodputController(ControllerBase):
         would_go_on, self.would_go_on = self.would_go_on, {}
         for s, proposed, accepted in zip(stats.seqs, stats.num_proposed, stats.num_accepted, strict=True):
             rid = s.request_id
+            if rid in held:  # the model idled for it: probes still find it silent
+                self.lookup_acceptance.update(rid, proposed, accepted)
+                self.idle[rid] = self.idle.get(rid, 0) + 1
+                continue
             if rid in made:
                 self.continuation.update(asked[rid], min(made[rid], asked[rid]), accepted, would_go_on.get(rid))
             if rid in self.tree_verified and proposed:
@@ -866,7 +913,7 @@ class GoodputController(ControllerBase):
                 self._price_probe(stats)
             # Drafting is priced at the drafts made, before `truncate` cut any: they were all paid for. Priced at
             # the drafts verified, a lookup's time was charged to however many of its drafts truncate kept.
-            drafted = max(max(stats.num_proposed, default=0), max(made.values(), default=0))
+            drafted = max(max(model_proposed, default=0), max(made.values(), default=0))
             # Everything but drafting is charged to verification: commit overhead is per step, like its fixed cost.
             rest = stats.step_time_s - stats.propose_time_s
             context, tokens = stats.mean_context_len, stats.num_verified_tokens
@@ -898,6 +945,8 @@ class GoodputController(ControllerBase):
 
     def forget(self, seq: Sequence) -> None:
         self.acceptance.forget(seq.request_id)
+        self.lookup_acceptance.forget(seq.request_id)
+        self.held.discard(seq.request_id)
         self.tree_verified.pop(seq.request_id, None)
         self.idle.pop(seq.request_id, None)
         self.probing.discard(seq.request_id)
@@ -909,4 +958,5 @@ class GoodputController(ControllerBase):
 
     def live_request_ids(self) -> set[str]:
         live = self.acceptance.request_ids() | set(self.tree_verified) | set(self.idle) | self.probing
+        live |= self.lookup_acceptance.request_ids() | self.held
         return live | self.widening | self.follow_up | set(self.asked) | set(self.made) | set(self.would_go_on)

@@ -120,6 +120,7 @@ class DraftModelDrafter(DrafterBase):
     ) -> None:
         self.model = model
         self.lookup = lookup  # rows whose own text predicts them draft from it instead (lookup_first.py)
+        self.held: set[str] = set()  # rows whose drafts come from the lookup alone this step (`hold_model`)
         self.stop_below = stop_below  # a row stops drafting after a draft whose confidence is below this
         # window: recent tokens the draft attends to besides the sink (draft_window.py); 0, or a window whose
         # cache would be no shorter than the whole context, reads everything
@@ -140,7 +141,17 @@ class DraftModelDrafter(DrafterBase):
         if self.lookup is not None:
             self.lookup.add_sequence(seq)
 
+    def hold_model(self, request_ids: set[str]) -> None:
+        """Until the step's commit, the rows of `request_ids` draft from the lookup alone: the model neither reads nor
+        drafts for them, and a row the lookup finds nothing for has no drafts. A controller holds the rows whose
+        reading would cost the draft model more than its drafts could save (a long prompt it has not read), so that
+        their lookups, free, still run. Needs a lookup."""
+        if self.lookup is None:
+            raise ValueError("hold_model needs a draft model with a prompt lookup")
+        self.held = set(request_ids)
+
     def remove_sequence(self, seq: Sequence) -> None:
+        self.held.discard(seq.request_id)
         if self.lookup is not None:
             self.lookup.remove_sequence(seq)
         slot = self.slots.pop(seq.request_id, None)
@@ -148,7 +159,7 @@ class DraftModelDrafter(DrafterBase):
             self.cache.free(slot)
 
     def live_request_ids(self) -> set[str]:
-        return set(self.slots) | (self.lookup.live_request_ids() if self.lookup is not None else set())
+        return set(self.slots) | self.held | (self.lookup.live_request_ids() if self.lookup is not None else set())
 
     def _backlog(self, seq: Sequence, slot: int) -> int:
         """Tokens of seq past what the slot's cache covers (its cached tokens, and those a window skipped)."""
@@ -162,6 +173,10 @@ class DraftModelDrafter(DrafterBase):
         return backlog if self.window is None else self.window.to_read(self.cache.lengths[slot], backlog)
 
     def commit(self, seqs: list[Sequence]) -> None:
+        self.held = set()  # a hold lasts one step (`hold_model`): a controller that never holds finds none
+        self._keep_verified(seqs)
+
+    def _keep_verified(self, seqs: list[Sequence]) -> None:
         # The draft cached pending + its own drafts; only those the target kept stay valid.
         for s in seqs:
             slot = self.slots[s.request_id]
@@ -283,7 +298,8 @@ class DraftModelDrafter(DrafterBase):
         if self.lookup is None:
             return self._propose_model(seqs, num_tokens, st, compact)
         found = self.lookup.propose(seqs, num_tokens, st)
-        asked = [0 if n else k for n, k in zip(found.num_tokens.tolist(), num_tokens, strict=True)]  # the model's rows
+        hits = found.num_tokens.tolist()  # [num_seqs] the model's rows: no lookup hit, not held
+        asked = [0 if n or s.request_id in self.held else k for s, n, k in zip(seqs, hits, num_tokens, strict=True)]
         return merge(self._propose_model(seqs, asked, st, compact), found, self.model.cfg.vocab_size)
 
     def _propose_model(
@@ -291,7 +307,7 @@ class DraftModelDrafter(DrafterBase):
     ) -> Proposal:
         device = self.model.device
         slots = [self.slots[s.request_id] for s in seqs]
-        self.commit(seqs)  # drafts of a proposal never committed (the engine retried the step) are forgotten
+        self._keep_verified(seqs)  # drafts of a proposal never committed (the engine retried the step) are forgotten
         width = len(self.subset_head.head.subset) if compact else self.model.cfg.vocab_size
         logits, num_tokens = self._catch_up(seqs, slots, num_tokens, width)  # [num_seqs, 1, width]
         k = max(num_tokens, default=0)

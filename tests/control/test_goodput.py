@@ -893,3 +893,78 @@ def test_one_rows_width_is_the_batch_width():
     margin, keeps another in 11."""
     assert one_row_width_mismatches() == 0
     assert one_row_width_mismatches(fault=True) >= 5
+
+
+class LookupDraftStub:
+    """A draft model with a prompt lookup as `goodput` sees it: what it has left to read of each row, the rows it is
+    told to hold to the lookup. lookup=False: the same draft model without one."""
+
+    prefill_budget = 512
+
+    def __init__(self, unread: int, lookup: bool = True) -> None:
+        self.lookup = object() if lookup else None
+        self.to_read = unread
+        self.holds: list[set[str]] = []
+
+    def unread(self, seq: Sequence) -> int:
+        return self.to_read
+
+    def hold_model(self, request_ids: set[str]) -> None:
+        self.holds.append(set(request_ids))
+
+
+def short_answers(n: int) -> list[Sequence]:
+    """Rows of a 128-token answer: too few tokens to earn back 1,000 tokens of reading."""
+    return [Sequence(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=128), max_len=4096) for i in range(n)]
+
+
+def dear_reader(drafter: LookupDraftStub) -> GoodputController:
+    """The pair's `goodput` at batch 1 (right 0.75 of the time, 9 ms a draft), its draft model 5 ms a token to read."""
+    ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
+    ctrl.seed_pair(0.75, 9e-3, draft_read_s=5e-3)
+    ctrl.bind_drafter(drafter)
+    return ctrl
+
+
+@pytest.mark.parametrize("lookup", [True, False])
+def test_a_row_too_dear_to_read_takes_the_lookups_drafts_alone(lookup):
+    """A 1,000-token prompt the draft has not read (5 s of reading for a row that saves far less) is asked no model
+    drafts; with a lookup beside the model it is asked the lookup's, its room of them, and held to the lookup. A row
+    the draft has read drafts from the model as before. Control: the same draft model without a lookup asks nothing
+    of the unread row."""
+    drafter = LookupDraftStub(1000, lookup)
+    ctrl = dear_reader(drafter)
+    seqs = short_answers(1)
+    ks = ctrl.choose(seqs, 4)
+    assert ks == ([4] if lookup else [0])
+    assert drafter.holds == ([{"r0"}] if lookup else [])
+    drafter.to_read = 0  # caught up: the model's drafts pay
+    ks = ctrl.choose(seqs, 4)
+    assert ks[0] > 0 and drafter.holds[-1:] == ([set()] if lookup else [])
+
+
+def test_held_rows_learn_the_lookups_acceptance_and_never_the_drafts_price():
+    """A held row's verified lookup drafts (all rejected here) teach its lookup estimate, not the model's, nor the
+    model's price (its lookups took no forward); `truncate` verifies fewer of them as the misses come in. Control:
+    the same drafts taken as the model's are judged on its history (the load probe's 0.75: all kept), and teach its
+    estimate and, once steady, its price."""
+    import torch
+
+    from specdecode.drafters.base import Proposal
+
+    def step(ctrl: GoodputController, seqs: list[Sequence], held: bool) -> int:
+        ctrl.choose(seqs, 4)
+        if not held:
+            ctrl.held.clear()
+        n = ctrl.truncate(seqs, Proposal.from_lists([[5, 6, 7]], 3, torch.device("cpu"))).num_tokens.tolist()[0]
+        ctrl.observe(StepStats(seqs, [n], [0], 30e-3, n + 1, 3.0, 0.1e-3, 30e-3 - 0.1e-3))
+        return n
+
+    ctrl, seqs = dear_reader(LookupDraftStub(1000)), short_answers(1)
+    price = ctrl.cost.predict_draft(1, 3)
+    kept = [step(ctrl, seqs, held=True) for _ in range(12)]
+    assert kept[0] > kept[-1]
+    assert ctrl.lookup_acceptance.estimate("r0", 1)[0] < 0.1
+    assert not ctrl.acceptance.has_drafted("r0") and ctrl.cost.predict_draft(1, 3) == price
+    assert [step(ctrl, seqs, held=False) for _ in range(2)][0] == 3
+    assert ctrl.acceptance.has_drafted("r0") and ctrl.cost.predict_draft(1, 3) < price / 2

@@ -55,3 +55,26 @@ def test_greedy_merge_keeps_one_hot_q_implicit():
     model = Proposal.from_lists([[], []], 0, "cpu")  # every row found by lookup: the model drafted nothing
     out = merge(model, Proposal.from_lists([[1], [2, 3]], 2, "cpu", [[1.0], [1.0, 1.0]]), VOCAB)
     assert out.probs is None and out.token_ids.tolist() == [[1, PAD_TOKEN_ID], [2, 3]]
+
+
+def test_a_held_row_drafts_from_the_lookup_alone_until_the_commit(tiny_draft):
+    """Held rows (`hold_model`) take the lookup's drafts where it finds some and none elsewhere; the model reads
+    nothing for them. After the step's commit the hold is gone: the row the lookup found nothing for is the model's
+    again, and it reads the row's text. Control: the same step unheld has the model read and draft that row."""
+    from specdecode.drafters.draft_model import DraftModelDrafter
+    from specdecode.engine.engine import sampling_tensors
+    from specdecode.models.llama import load_llama
+
+    drafter = DraftModelDrafter(load_llama(tiny_draft), 2, 256, lookup=lookup_drafter(2, 4, "cpu"))
+    rows = [seq("a", [11, 12, 13, 14, 19, 11, 12, 13]), seq("b", [15, 16, 17, 18])]  # a's "11 12 13" recurs
+    for s in rows:
+        drafter.add_sequence(s)
+    st = sampling_tensors(rows, "cpu", drafter.model.cfg.vocab_size)
+    unread = [drafter.unread(s) for s in rows]
+    drafter.hold_model({"a", "b"})
+    held = drafter.propose(rows, [2, 2], st)
+    assert held.num_tokens.tolist() == [2, 0] and held.token_ids[0].tolist() == [14, 19]
+    assert [drafter.unread(s) for s in rows] == unread  # the model read nothing
+    drafter.commit(rows)
+    unheld = drafter.propose(rows, [2, 2], st)  # the control: b is the model's
+    assert unheld.num_tokens.tolist() == [2, 2] and drafter.unread(rows[1]) == 0

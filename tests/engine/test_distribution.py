@@ -307,6 +307,25 @@ def test_draft_with_prompt_lookup_stays_lossless(models, faulty, monkeypatch):
     assert sources["lookup"] >= N and sources["model"] >= N, sources
 
 
+def test_goodput_holding_rows_to_the_lookup_stays_lossless(models):
+    """`goodput` holds the rows it asks the draft model nothing for to the lookup (`GoodputController._hold`): which
+    rows it holds follows timings and past outcomes, never the drafts, and their drafts are one-hot; the joint of
+    the lookup rows is still the target's."""
+    llm = LLM(**{**make_kwargs(models, "draft"), "draft_lookup": 2, "controller": "goodput"})
+    drafter, holds, sources = llm.engine.drafter, [], {"lookup": 0, "model": 0}
+    hold = drafter.hold_model
+    drafter.hold_model = lambda ids: holds.append(len(ids)) or hold(ids)
+    llm.engine.controller.bind_drafter(drafter)  # binds the counting hold
+    drafter.lookup.propose = counting_sources(drafter.lookup.propose, sources)
+    prompts = [REPEATING if i % 2 == 0 else SHORT[:1] for i in range(2 * N)]
+    params = [replace(PARAMS, seed=i if i % 4 == 0 else None) for i in range(2 * N)]
+    counts = torch.zeros(VOCAB, VOCAB)
+    for o in llm.generate(prompts, params)[::2]:
+        counts[o.token_ids[0], o.token_ids[1]] += 1
+    assert_follows(counts, exact_joint(llm, REPEATING))
+    assert sum(holds) >= N and sources["lookup"] >= N, (sum(holds), sources)
+
+
 def test_draft_that_stops_when_unsure_stays_lossless(models):
     """The draft model stops a row's drafting after a draft whose top probability is below 0.6 (on this tiny
     random draft, often): fewer drafts, and the joint is still the target's."""

@@ -114,10 +114,15 @@ def test_draft_with_prompt_lookup_equals_plain_greedy(controller, k, batch, tiny
     llm = make_llm("draft", k, tiny_target, tiny_draft, batch, controller, draft_lookup=2, draft_stop_below=0.3)
     drafter, sources = llm.engine.drafter, {"lookup": 0, "model": 0}
     drafter.lookup.propose = counting_sources(drafter.lookup.propose, sources)
+    holds, hold = [], drafter.hold_model
+    drafter.hold_model = lambda ids: holds.append(len(ids)) or hold(ids)
+    llm.engine.controller.bind_drafter(drafter)  # binds the counting hold
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference
     # both sources drafted (goodput soon asks this tiny random draft for nothing: only that it ran is asked of it)
     least = 5 if controller == "fixed" else 1
     assert sources["lookup"] >= least and sources["model"] >= least, sources
+    # goodput holds the rows it asks the model nothing for to the lookup (`GoodputController._hold`)
+    assert (sum(holds) > 10) == (controller == "goodput"), sum(holds)
 
 
 def test_goodput_over_a_draft_that_stops_when_unsure_is_lossless_and_told_where_it_stops(
