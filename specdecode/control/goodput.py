@@ -189,6 +189,8 @@ class GoodputController(ControllerBase):
         # lookup's drafts, priced on their own history (`_hold`)
         self.hold_model: Callable[[set[str]], None] | None = None
         self.held: set[str] = set()  # the rows asked for lookup drafts alone this step
+        # (request ids, [B, k] estimates) from the rows' histories this step (`_history_estimates`)
+        self.step_estimates: tuple[tuple[str, ...], np.ndarray] | None = None
         self.lookup_acceptance = AcceptanceTracker()  # those rows' lookup drafts: not the model's
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
         self.tree_mode = False
@@ -329,6 +331,7 @@ class GoodputController(ControllerBase):
     def choose(self, seqs: list[Sequence], k_max: int) -> list[int]:
         self.since_probe += 1
         self.held = set()
+        self.step_estimates = None  # what the last step observed has changed them
         if k_max <= 0 or not seqs:
             return [0] * len(seqs)
         caps = np.array([row_cap(s, k_max) for s in seqs])  # [B]
@@ -414,11 +417,7 @@ class GoodputController(ControllerBase):
         65% of the time dips below the ~0.4 a draft needs within a few dozen: on the pair at 2,048 tokens
         `goodput` drafted 40% of its steps at 64% accepted, then stopped for good, 0.874x the best fixed K
         (results/long_context_pair_b1_s24.json). The forgotten counts still lower the deeper positions, and K."""
-        p = np.stack([self.acceptance.estimate(s.request_id, k) for s in seqs])  # [B, k]
-        if k > 0 and self._by_confidence():
-            sure = self.continuation.estimate(2)[1]  # P(the drafter is sure of a first draft: it goes on)
-            first = np.stack([self.acceptance.first_by_confidence(s.request_id) for s in seqs])  # [B, 2]
-            p[:, 0] = sure * first[:, 0] + (1.0 - sure) * first[:, 1]
+        p = self._history_estimates(seqs, k)  # [B, k]
         if self.unread is None or k == 0:
             return p
         budget = None  # priced once, for the first row it is asked for
@@ -432,6 +431,23 @@ class GoodputController(ControllerBase):
                 budget = self._probe_budget_s(len(seqs), context)
             if self._stop_is_final(s, budget):
                 p[i, 0] = long_run
+        return p
+
+    def _history_estimates(self, seqs: list[Sequence], k: int) -> np.ndarray:
+        """[B, k] each row's estimates from its drafts' history alone (first drafts by confidence where the drafter
+        stops when unsure), kept from `choose` for `truncate` in the same step: nothing they read changes between
+        the two but a probe's `soften`, which drops them. Computed twice a step they were ~80 us of its ~1 ms of
+        Python on the pair at batch 1 (the caches cold after each forward)."""
+        rows = tuple(s.request_id for s in seqs)
+        kept = self.step_estimates
+        if kept is not None and kept[0] == rows and kept[1].shape[1] >= k:
+            return kept[1][:, :k].copy()
+        p = np.stack([self.acceptance.estimate(rid, k) for rid in rows])  # [B, k]
+        if k > 0 and self._by_confidence():
+            sure = self.continuation.estimate(2)[1]  # P(the drafter is sure of a first draft: it goes on)
+            first = np.stack([self.acceptance.first_by_confidence(rid) for rid in rows])  # [B, 2]
+            p[:, 0] = sure * first[:, 0] + (1.0 - sure) * first[:, 1]
+        self.step_estimates = (rows, p.copy())
         return p
 
     def _by_confidence(self) -> bool:
@@ -541,6 +557,13 @@ class GoodputController(ControllerBase):
         of the time and fixed K = 3 decoded 1.11x faster."""
         if self.explore <= 0 or p.shape[1] < 2:
             return p
+        if len(seqs) == 1:  # the same sums in Python floats
+            row = self._deep_optimism_row(seqs[0].request_id, p[0].tolist())
+            return p if row is None else np.array([row])
+        return self._deep_optimism_batch(seqs, p)
+
+    def _deep_optimism_batch(self, seqs: list[Sequence], p: np.ndarray) -> np.ndarray:
+        """`_deep_optimism` for any batch, p [B, k] with k >= 2."""
         evidence = np.stack([self.acceptance.trials_at(s.request_id, p.shape[1]) for s in seqs])  # [B, k]
         thin = (evidence > 0) & (evidence < self.thin)  # [B, k]
         thin[:, 0] = False  # the first position: `_explore`
@@ -549,6 +572,18 @@ class GoodputController(ControllerBase):
         var = p * (1 - p) / (evidence + 1.0) * thin  # [B, k]
         bonus = np.stack([self._bonus(v) if v.any() else v for v in var.T], axis=1)  # [B, k]
         return np.minimum(p + bonus, P_MAX)
+
+    def _deep_optimism_row(self, request_id: str, p: list[float]) -> list[float] | None:
+        """`_deep_optimism` for a batch of one row, p [k] (None: no position is thin, p stands). At batch 1 its dozen
+        small-array calls were ~60 us a call in the engine, twice a step (`test_one_rows_optimism_is_the_batchs`)."""
+        evidence = self.acceptance.trials_at(request_id, len(p)).tolist()  # [k]
+        if not any(0.0 < e < self.thin for e in evidence[1:]):
+            return None
+        out = [min(p[0], P_MAX)]
+        for pj, e in zip(p[1:], evidence[1:], strict=True):
+            var = pj * (1 - pj) / (e + 1.0) if 0.0 < e < self.thin else 0.0
+            out.append(min(pj + (self.explore * var / math.sqrt(var) if var else 0.0), P_MAX))
+        return out
 
     def _probe_budget_s(self, num_seqs: int, context: float) -> float:
         """Seconds a step earns for probes: probe_budget of a plain step's price."""
@@ -644,6 +679,7 @@ class GoodputController(ControllerBase):
                 self.probe_extra_s = 0.0
             self.idle[s.request_id] = 0
             self.acceptance.soften(s.request_id, self.probe_keep)
+            self.step_estimates = None
             self.probing.add(s.request_id)
         return ks
 
@@ -879,6 +915,7 @@ class GoodputController(ControllerBase):
         # that sat idle first catches up on every token since (a request's first drafts: its whole prompt), and
         # charged to drafting that made the 0.5B's drafts cost 35 ms each against ~8, and goodput stayed at
         # K = 0. What a catch-up costs is the probe's price (_price_probe), paid once, not per drafted token.
+        self.step_estimates = None
         held, self.held = self.held, set()  # rows whose drafts were the lookup's alone: not the model's (`_hold`)
         model_proposed = [0 if s.request_id in held else n for s, n in zip(stats.seqs, stats.num_proposed, strict=True)]
         drafting = {s.request_id for s, proposed in zip(stats.seqs, model_proposed, strict=True) if proposed}
@@ -944,6 +981,7 @@ class GoodputController(ControllerBase):
         self.probe_interval = max(self.probe_every, spacing)
 
     def forget(self, seq: Sequence) -> None:
+        self.step_estimates = None
         self.acceptance.forget(seq.request_id)
         self.lookup_acceptance.forget(seq.request_id)
         self.held.discard(seq.request_id)
