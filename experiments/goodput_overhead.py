@@ -36,17 +36,24 @@ from specdecode.step.sequence import Sequence
 CONTEXT = 2048
 K_MAX = 4
 ACCEPT = 0.7
+STOP_BELOW = 0.7  # the pair's default arm stops a row's drafting below this confidence (its confidences judge drafts)
 CALLS = ("choose", "truncate", "observe")
 
 
 def pair_controller() -> GoodputController:
     """`goodput` priced as the pair at load: a target step of ~33 ms plus ~2.5 ms a verified token, the 0.5B's
-    probe (a draft 9.6 ms after 86 tokens, 20.8 after 8,192, 11.6 for 4 rows; reading 2.1 / 3.5 ms a token)."""
+    probe (a draft 9.6 ms after 86 tokens, 20.8 after 8,192, 11.6 for 4 rows; reading 2.1 / 3.5 ms a token), and the
+    default arm's confidence stop, seeded from 64 probe tokens (so first drafts are judged by confidence)."""
     cost = CostModel.linear(30e-3, 1e-3, 2.5e-3, 0.3e-3, 1e-3)
     cost.packed = True
     ctrl = GoodputController(cost=cost)
+    ctrl.draft_stop_below = STOP_BELOW  # as bind_drafter reads it off the default arm's drafter
     steps = ((1, 86, 9.6e-3), (1, 8192, 20.8e-3), (4, 86, 11.6e-3))
-    ctrl.seed_pair(0.75, 9.6e-3, 2.1e-3, catch_up_chunk=2048, steps=steps, reads=((86, 2.1e-3), (2048, 3.5e-3)))
+    confidences = np.linspace(0.2, 1.0, 64)  # [64] the probe's top probabilities: right where sure, mostly
+    ctrl.seed_pair(
+        0.75, 9.6e-3, 2.1e-3, catch_up_chunk=2048, steps=steps, reads=((86, 2.1e-3), (2048, 3.5e-3)),
+        confidences=tuple(confidences.tolist()), agreed=tuple((confidences > 0.45).tolist()),
+    )  # fmt: skip
     ctrl.unread = lambda seq: 1  # caught up: what it accepted last step
     return ctrl
 
