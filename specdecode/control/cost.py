@@ -92,6 +92,21 @@ def draft_features(num_seqs: float, k: float | np.ndarray, context: float = 0.0)
     return out
 
 
+def draft_row(num_seqs: float, k: int, context: float = 0.0) -> list[float]:
+    """`draft_features` of one K in Python floats (the same IEEE products, term for term): a drafting step learns
+    from one row of regressors, and numpy's small-array calls, after a forward has left the caches cold, cost more
+    than the arithmetic."""
+    kf = float(k)
+    return [kf * 1.0, kf * num_seqs, float(num_seqs * (k > 0)), kf * (num_seqs * context / 1000.0)]
+
+
+def decayed_sums(decay: float, xtx: list[list[float]], xty: list[float], x: list[float], y: float) -> tuple:
+    """(decay * xtx + outer(x, x), decay * xty + x * y) in Python floats: numpy's elementwise products and sums, in
+    the same order, without its per-call cost (the online draft regression's update, once a drafting step)."""
+    outer = [[decay * a + xi * xj for a, xj in zip(row, x, strict=True)] for row, xi in zip(xtx, x, strict=True)]
+    return outer, [decay * a + xi * y for a, xi in zip(xty, x, strict=True)]
+
+
 def nnls_gram(gram: np.ndarray, xty: np.ndarray) -> np.ndarray:
     """min ||x w - y|| subject to w >= 0, given gram = x^T x [F, F] and xty = x^T y [F] -> w [F].
 
@@ -179,8 +194,10 @@ class CostModel:
     fingerprint: dict = field(default_factory=dict)  # what the profile was measured on; {} = a prior
     correction_alpha: float = 0.1  # EWMA weight of one measured step in the correction
     draft_decay: float = 0.95  # forgetting factor of the online draft-cost regression
-    # The draft coefficients are refit on each of the first `draft_refit_every` drafting steps, then on every
-    # `draft_refit_every`-th: a refit (NNLS over every subset of the terms) took ~0.3 ms, 1.5% of a 20 ms step.
+    # The draft coefficients are refit on the 1st, 2nd, 4th, ... drafting step up to `draft_refit_every`, then on
+    # every `draft_refit_every`-th (and on each that moves the seed's level: `_check_seed`): a refit (NNLS over every
+    # subset of the terms) took ~0.3 ms, 1.5% of a 20 ms step, and ~0.35 ms in the engine (its caches cold after the
+    # forward), where SmolLM2's step is ~7 ms; refit on each of the first 8, it was ~0.6% of a 64-token request's time.
     draft_refit_every: int = 8
     _draft_seen: int = 0  # drafting steps observed
     correction: float = 1.0  # measured / predicted verify time, smoothed
@@ -205,12 +222,13 @@ class CostModel:
     # The target computes each row's own tokens, not the batch padded to its widest row (models/llama.packs_rows):
     # a verify then costs the rows' draft counts summed (`predict_rows`).
     packed: bool = False
-    _draft_xtx: np.ndarray = field(default_factory=lambda: np.zeros((len(DRAFT_TERMS),) * 2))  # [D, D] X^T X
-    _draft_xty: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # [D] decayed X^T y
+    # The online regression's sums, in Python floats (`decayed_sums`): [D, D] decayed X^T X and [D] decayed X^T y
+    _draft_xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * len(DRAFT_TERMS) for _ in DRAFT_TERMS])
+    _draft_xty: list[float] = field(default_factory=lambda: [0.0] * len(DRAFT_TERMS))
     # The seed (seed_draft) apart: its pseudo-steps decay with the real ones, and its times are scaled by
     # seed_level, the median of measured / seeded price over the first SEED_CHECKS drafting steps (see observe).
-    _seed_xtx: np.ndarray = field(default_factory=lambda: np.zeros((len(DRAFT_TERMS),) * 2))  # [D, D]
-    _seed_xty: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # [D] at the seeded times
+    _seed_xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * len(DRAFT_TERMS) for _ in DRAFT_TERMS])
+    _seed_xty: list[float] = field(default_factory=lambda: [0.0] * len(DRAFT_TERMS))  # at the seeded times
     _seed_coef: np.ndarray = field(default_factory=lambda: np.zeros(len(DRAFT_TERMS)))  # [D] the seed's own fit
     _seed_ratios: list[float] = field(default_factory=list)  # measured / seeded price of the first drafting steps
     seed_level: float = 1.0
@@ -352,18 +370,20 @@ class CostModel:
         replacing it. Seeded at two contexts, the fit prices the draft's attention (per_row_position_kctx) from
         their difference; at two batch sizes, what a row adds to a step (per_row_position) apart from what a step
         costs whatever its rows (per_position: at batch 1 alone the two cannot be told apart)."""
+        seed_xtx, seed_xty = np.array(self._seed_xtx), np.array(self._seed_xty)  # [D, D], [D]
         for k in (1, 4):
             x = draft_features(num_seqs, k, self.draft_context(context))  # [D]
-            self._seed_xtx = self._seed_xtx + weight * np.outer(x, x)
-            self._seed_xty = self._seed_xty + weight * x * seconds_per_draft * k
-        self._seed_coef = nnls_gram(self._seed_xtx, self._seed_xty)
+            seed_xtx = seed_xtx + weight * np.outer(x, x)
+            seed_xty = seed_xty + weight * x * seconds_per_draft * k
+        self._seed_xtx, self._seed_xty = seed_xtx.tolist(), seed_xty.tolist()
+        self._seed_coef = nnls_gram(seed_xtx, seed_xty)
         self._refit_draft()
 
     def _refit_draft(self) -> None:
-        xtx = self._draft_xtx + self._seed_xtx  # [D, D]
-        self.draft_coef = nnls_gram(xtx, self._draft_xty + self.seed_level * self._seed_xty)
+        xtx = np.array(self._draft_xtx) + np.array(self._seed_xtx)  # [D, D]
+        self.draft_coef = nnls_gram(xtx, np.array(self._draft_xty) + self.seed_level * np.array(self._seed_xty))
 
-    def _check_seed(self, x: np.ndarray, propose_s: float) -> bool:
+    def _check_seed(self, x: list[float], propose_s: float) -> bool:
         """Set the seed's level from a drafting step's measured time x -> propose_s, for the first SEED_CHECKS
         such steps; True if it changed. The seed is timed once at load, and a machine busy then (another process
         loading beside it: the 0.5B priced at 30 ms a draft, not 12) priced drafts at 2.5x: `goodput` chose K = 0
@@ -375,8 +395,10 @@ class CostModel:
         predicted = float(x @ self._seed_coef)
         if predicted <= 0:
             return False
-        self._seed_ratios.append(float(np.clip(propose_s / predicted, 0.1, 10.0)))
-        self.seed_level = float(np.median(self._seed_ratios))
+        self._seed_ratios.append(min(max(propose_s / predicted, 0.1), 10.0))
+        # numpy's median, in Python (the middle one, or the mean of the middle two): np.median took ~0.3 ms a call in
+        # the engine, on each of a request's first drafting steps
+        self.seed_level = float(statistics.median(self._seed_ratios))
         return True
 
     # ---- online updates -------------------------------------------------------------------------------
@@ -405,15 +427,16 @@ class CostModel:
             self.correction += self.correction_alpha * (ratio - self.correction)
         if learn_draft and k > 0 and propose_s >= 0:
             rows = num_seqs if draft_rows is None else draft_rows
-            x = draft_features(rows, k, self.draft_context(context))  # [D]
+            x = draft_row(rows, k, self.draft_context(context))  # [D]
             checked = self._check_seed(x, propose_s)
-            self._draft_xtx = self.draft_decay * self._draft_xtx + np.outer(x, x)
-            self._draft_xty = self.draft_decay * self._draft_xty + x * propose_s
-            self._seed_xtx = self.draft_decay * self._seed_xtx
-            self._seed_xty = self.draft_decay * self._seed_xty
+            d = self.draft_decay
+            self._draft_xtx, self._draft_xty = decayed_sums(d, self._draft_xtx, self._draft_xty, x, propose_s)
+            self._seed_xtx = [[d * a for a in row] for row in self._seed_xtx]
+            self._seed_xty = [d * a for a in self._seed_xty]
             self._draft_seen += 1
-            first = self._draft_seen <= self.draft_refit_every
-            if checked or first or self._draft_seen % self.draft_refit_every == 0:
+            seen = self._draft_seen
+            first = seen <= self.draft_refit_every and seen & (seen - 1) == 0  # the 1st, 2nd, 4th, 8th: a power of 2
+            if checked or first or seen % self.draft_refit_every == 0:
                 self._refit_draft()
 
     def _observe_extra(self, base: float, extra: float, verify_s: float, width: int) -> None:

@@ -442,7 +442,10 @@ class GoodputController(ControllerBase):
         kept = self.step_estimates
         if kept is not None and kept[0] == rows and kept[1].shape[1] >= k:
             return kept[1][:, :k].copy()
-        p = np.stack([self.acceptance.estimate(rid, k) for rid in rows])  # [B, k]
+        if len(rows) == 1:  # np.stack's own cost, ~10 us cold, for one row
+            p = self.acceptance.estimate(rows[0], k)[None]  # [1, k]
+        else:
+            p = np.stack([self.acceptance.estimate(rid, k) for rid in rows])  # [B, k]
         if k > 0 and self._by_confidence():
             sure = self.continuation.estimate(2)[1]  # P(the drafter is sure of a first draft: it goes on)
             first = np.stack([self.acceptance.first_by_confidence(rid) for rid in rows])  # [B, 2]
@@ -516,6 +519,12 @@ class GoodputController(ControllerBase):
         One row: its own standard deviation."""
         if self.explore <= 0:
             return np.zeros(len(seqs))
+        if len(seqs) == 1:  # the same sums in Python floats
+            return np.array([self._thin_bonus_row(seqs[0], float(first[0]), context)])
+        return self._thin_bonus_batch(seqs, first, context)
+
+    def _thin_bonus_batch(self, seqs: list[Sequence], first: np.ndarray, context: float) -> np.ndarray:
+        """`_thin_bonus` for any batch, first [B] -> [B]."""
         evidence = np.array([self.acceptance.evidence(s.request_id) for s in seqs])  # [B] drafts tried at 1
         thin = (evidence > 0) & (evidence < self.thin)  # [B] rows whose own few drafts moved their estimate
         var = first * (1 - first) / (evidence + 1.0) * thin  # [B] each thin row's estimate's variance
@@ -524,6 +533,18 @@ class GoodputController(ControllerBase):
         budget = 0.0 if self.unread is None else self._probe_budget_s(len(seqs), context)  # `_stop_is_final`'s
         final = [bool(v) and self._stop_is_final(s, budget) for s, v in zip(seqs, var, strict=True)]
         return self._bonus(var) * np.where(final, self.final_explore / self.explore, 1.0)  # [B]
+
+    def _thin_bonus_row(self, seq: Sequence, first: float, context: float) -> float:
+        """`_thin_bonus` for a batch of one row of first-draft estimate `first`: its own deviation. At batch 1 the
+        batch path's small-array calls were ~60-75 us a call in the engine, once or twice a step
+        (`test_one_rows_thin_bonus_is_the_batchs`)."""
+        evidence = self.acceptance.evidence(seq.request_id)
+        var = first * (1 - first) / (evidence + 1.0) if 0 < evidence < self.thin else 0.0
+        if not var:
+            return 0.0
+        bonus = self.explore * var / math.sqrt(var)
+        budget = 0.0 if self.unread is None else self._probe_budget_s(1, context)
+        return bonus * (self.final_explore / self.explore) if self._stop_is_final(seq, budget) else bonus * 1.0
 
     def _reach(self, seqs: list[Sequence], p: np.ndarray, cheap: bool, context: float) -> np.ndarray:
         """[B, k] P(drafts 1..j of each row all accepted) as `choose` prices K from p [B, k]: deeper positions of

@@ -677,9 +677,10 @@ def test_a_drafter_whose_confidences_set_the_width_is_always_asked(sets_width):
     assert ctrl.choose(seqs, K_MAX) == ([K_MAX] * 32 if sets_width else [0] * 32)
 
 
-def features_without_per_row(draft_features):
-    """The fault: draft_features with its per-row and context terms zeroed (a lookup charged per position)."""
-    return lambda b, k, c=0.0: draft_features(b, k, c) * np.array([1.0, 1.0, 0.0, 0.0])
+def features_without_per_row(draft_row):
+    """The fault: a drafting step's regressors (cost.draft_row) with the per-row and context terms zeroed (a lookup
+    charged per position)."""
+    return lambda b, k, c=0.0: [v * m for v, m in zip(draft_row(b, k, c), [1.0, 1.0, 0.0, 0.0], strict=True)]
 
 
 def lookup_cost_is_cheap_after_short_steps() -> bool:
@@ -695,7 +696,7 @@ def test_a_lookup_cost_per_row_is_not_charged_per_position(monkeypatch):
     """Charged per position instead (the fit without the per-row term), 0.5 ms at K = 2 is 2 ms at K = 8, ~10%
     of a step: the controller then capped n-gram drafts before the lookup and lost the long accepted runs."""
     assert lookup_cost_is_cheap_after_short_steps()
-    monkeypatch.setattr(cost_module, "draft_features", features_without_per_row(cost_module.draft_features))
+    monkeypatch.setattr(cost_module, "draft_row", features_without_per_row(cost_module.draft_row))
     assert not lookup_cost_is_cheap_after_short_steps()
 
 
@@ -712,7 +713,7 @@ def test_a_costly_lookup_is_still_asked_for_every_draft(monkeypatch):
     """Only the cost of the extra positions counts. Control: the same propose times charged per position (a
     draft model's shape) make K_max 16 ms dearer than K = 1, and choose caps it."""
     assert slow_lookup_asks_for_everything()
-    monkeypatch.setattr(cost_module, "draft_features", features_without_per_row(cost_module.draft_features))
+    monkeypatch.setattr(cost_module, "draft_row", features_without_per_row(cost_module.draft_row))
     assert not slow_lookup_asks_for_everything()
 
 
@@ -995,3 +996,33 @@ def test_one_rows_optimism_is_the_batchs():
     high, differs in most."""
     assert one_row_optimism_mismatches() == 0
     assert one_row_optimism_mismatches(fault=True) >= 200
+
+
+def one_row_thin_bonus_mismatches(fault: bool = False, cases: int = 400) -> int:
+    """Random first-draft estimates and evidence of one row, its draft model caught up or not (a stop for good or
+    not): cases where `_thin_bonus`'s one-row path differs from its batch path on the same row. fault: the one-row
+    path's `explore` read 10% high."""
+    rng = np.random.default_rng(2)
+    drafter = LookupDraftStub(0)
+    ctrl = dear_reader(drafter)
+    seqs = make_seqs(1)
+    misses = 0
+    for _ in range(cases):
+        first = np.array([rng.uniform(0.02, 0.98)])  # [1]
+        tried = 0.0 if rng.random() < 0.2 else float(rng.uniform(0.0, 9.0))  # untried, thin or not
+        ctrl.acceptance.trials["r0"] = np.concatenate([[tried], np.zeros(ctrl.acceptance.max_positions - 1)])
+        drafter.to_read = int(rng.choice([0, 100]))  # caught up (a stop may be final) or behind
+        context = float(rng.uniform(0, 8192))
+        batch = ctrl._thin_bonus_batch(seqs, first, context)
+        ctrl.explore = 1.1 if fault else 1.0
+        one = ctrl._thin_bonus(seqs, first, context)
+        ctrl.explore = 1.0
+        misses += not np.array_equal(one, batch)
+    return misses
+
+
+def test_one_rows_thin_bonus_is_the_batchs():
+    """The one-row path gives the batch path's bonus bit for bit in all 400 cases; the control (explore 10% high)
+    differs in the 150 where the row is thin."""
+    assert one_row_thin_bonus_mismatches() == 0
+    assert one_row_thin_bonus_mismatches(fault=True) >= 100
