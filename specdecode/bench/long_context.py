@@ -301,7 +301,10 @@ def verdict(summaries: dict[str, dict], arms: list[ArmSpec], dynamic: str = "goo
     The best of several noisy arms, picked and scored on the same repeats, is biased upward by about one arm's
     noise (the winner's curse: ~5% with this machine's 2 repeats). So with 2 or more repeats the verdict also
     scores the arm a user could have chosen in advance: for each repeat, the fixed arm best on the OTHER repeats,
-    its tok/s on this one (`held_out`); goodput's median against the median of those (`held_out_ratio`)."""
+    its tok/s on this one (`held_out`); goodput's median against the median of those (`held_out_ratio`). And each
+    repeat against itself (`paired_ratio`): the arms of a repeat run back to back, and this machine's speed drifts
+    from repeat to repeat by more than the arms differ (SmolLM2 at 2,048 tokens, 2026-11-30: every arm 115-128 tok/s
+    across five repeats), so the medians of unpaired repeats carry that drift into the ratio."""
     fixed = [a.name for a in arms if a.is_fixed]
     best = max(fixed, key=lambda name: summaries[name]["tokens_per_s"])
     ratio = summaries[dynamic]["tokens_per_s"] / summaries[best]["tokens_per_s"]
@@ -311,12 +314,21 @@ def verdict(summaries: dict[str, dict], arms: list[ArmSpec], dynamic: str = "goo
         chosen = [held_out_best(repeats, fixed, j) for j in range(len(repeats[dynamic]))]
         held_out = float(np.median([repeats[name][j] for j, name in enumerate(chosen)]))
         held_ratio = float(np.median(repeats[dynamic])) / held_out
+        paired = paired_ratio(repeats, chosen, dynamic)
         out |= {
             "held_out_chosen": chosen,
             "held_out_ratio": held_ratio,
             "held_out_met": bool(held_ratio >= TARGET_RATIO),
+            "paired_ratio": paired,
+            "paired_met": bool(paired >= TARGET_RATIO),
         }
     return out
+
+
+def paired_ratio(repeats: dict[str, list[float]], chosen: list[str], dynamic: str = "goodput") -> float:
+    """The median over repeats j of goodput's tok/s over that of chosen[j], the fixed arm chosen on the other repeats,
+    both in repeat j."""
+    return float(np.median([repeats[dynamic][j] / repeats[name][j] for j, name in enumerate(chosen)]))
 
 
 def held_out_best(repeats: dict[str, list[float]], fixed: list[str], j: int) -> str:
@@ -334,6 +346,7 @@ def cell_line(cell: dict, arms: list[ArmSpec]) -> str:
         f"{v['ratio']:.3f}x best fixed ({v['best_fixed']}): "
         + ("met" if v["met"] else "MISS")
         + (f"; {v['held_out_ratio']:.3f}x chosen on the other repeats" if "held_out_ratio" in v else "")
+        + (f", {v['paired_ratio']:.3f}x paired by repeat" if "paired_ratio" in v else "")
         + ("" if cell["lossless"] else "  [the arms' tokens differ: not lossless]")
     )
 
@@ -444,6 +457,7 @@ def run_from_args(a: argparse.Namespace) -> None:
         "skipped": notes,
         "cells": results,
         "all_met": all(c["verdict"]["met"] for c in results),
+        "all_paired_met": all(c["verdict"].get("paired_met", False) for c in results),
     }
     out = write_result(a.output, result)
     title = f"{a.target}, {a.method}: {a.max_tokens} tokens a row after the prompt, {a.texts} text(s)"

@@ -322,3 +322,26 @@ def test_a_row_that_stops_decoding_is_an_error_not_a_hang(smollm2, text, monkeyp
     monkeypatch.setattr(lc, "rewind", lambda engine, seqs: [setattr(s, "metrics", SeqMetrics()) for s in seqs])
     with pytest.raises(RuntimeError, match="stopped decoding"):
         cell(smollm2, text, batch=1, repeats=4)
+
+
+# The machine ran repeat 2 at 1.2x and repeat 3 at 0.8x for every arm, and goodput lost repeat 1 (0.81x there)
+DRIFT = dict(none=[5.0, 6.0, 4.0], fixed_1=[10.0, 12.0, 8.0], fixed_2=[9.0, 10.8, 7.2], goodput=[8.1, 11.8, 7.9])
+
+
+def test_paired_ratio_compares_each_repeat_with_itself():
+    """Each repeat against itself, goodput is 0.983x fixed:1 (the median of 0.81, 0.983, 0.988): met; the medians of
+    its repeats and of fixed:1's, taken apart, put its one lost repeat against fixed:1's middle one (0.81x)."""
+    arms = parse_arms(["none", "fixed:1", "fixed:2", "goodput"], 5, ())
+    v = verdict(repeated(**DRIFT), arms)
+    assert v["held_out_chosen"] == ["fixed:1"] * 3
+    assert v["held_out_ratio"] == pytest.approx(8.1 / 10.0) and not v["held_out_met"]
+    assert v["paired_ratio"] == pytest.approx(11.8 / 12.0) and v["paired_met"]
+
+
+def test_control_repeats_out_of_step_lose_the_pairing():
+    """Negative control: the fixed arms' repeats rotated by one (goodput's repeat j against their repeat j + 1), the
+    same code's paired ratio is 0.79x: a miss."""
+    arms = parse_arms(["none", "fixed:1", "fixed:2", "goodput"], 5, ())
+    rotated = {k: (v[1:] + v[:1] if k != "goodput" else v) for k, v in DRIFT.items()}
+    v = verdict(repeated(**rotated), arms)
+    assert v["paired_ratio"] == pytest.approx(7.9 / 10.0) and not v["paired_met"]
