@@ -42,6 +42,7 @@ from specdecode.control.acceptance import P_MAX, AcceptanceTracker
 from specdecode.control.base import ControllerBase, StepStats
 from specdecode.control.continuation import DraftContinuation, width_distributions
 from specdecode.control.cost import CostModel, default_cost_model
+from specdecode.control.hold_ledger import HoldLedger
 from specdecode.control.one_row_curve import curve_one_row
 from specdecode.control.tree_budget import ConfidenceCalibration, tree_width
 from specdecode.drafters.base import Proposal
@@ -192,6 +193,7 @@ class GoodputController(ControllerBase):
         # (request ids, [B, k] estimates) from the rows' histories this step (`_history_estimates`)
         self.step_estimates: tuple[tuple[str, ...], np.ndarray] | None = None
         self.lookup_acceptance = AcceptanceTracker()  # those rows' lookup drafts: not the model's
+        self.hold_ledger = HoldLedger(probe_every=probe_every)  # whether holding rows has paid (control/hold_ledger.py)
         # Tree drafters: the node budget is set in `truncate` from their confidences (control/tree_budget.py).
         self.tree_mode = False
         self.confidence_mode = False  # a chain drafter whose confidences set the width (suffix): same
@@ -382,10 +384,11 @@ class GoodputController(ControllerBase):
         `goodput` decoded as K = 0 where the lookup alone (n-gram, fixed K = 3) made 1.9x (data/dev_long_prompts)."""
         if self.hold_model is None:
             return ks
-        for i, s in enumerate(seqs):
-            if ks[i] == 0 and room[i] > 0:
+        idle = [i for i, k in enumerate(ks) if k == 0 and room[i] > 0]
+        if idle and self.hold_ledger.holds():  # only while what holding saves covers its lookups (hold_ledger.py)
+            for i in idle:
                 ks[i] = int(room[i])
-                self.held.add(s.request_id)
+                self.held.add(seqs[i].request_id)
         self.hold_model(self.held)
         return ks
 
@@ -961,6 +964,8 @@ class GoodputController(ControllerBase):
                 self.tree_calibration.update(*self.tree_verified[rid], accepted)
             self.idle[rid] = 0 if proposed else self.idle.get(rid, 0) + 1
             self.acceptance.update(rid, proposed, accepted, self._sure_of_first(rid, asked, made, would_go_on))
+        if held:
+            self._record_hold(stats, held, model_proposed, model_asked=bool(asked))
         num_seqs = len(stats.seqs)
         # A step whose forward also cached prompt chunks (fused_prefill) says nothing of a verify's or a probe's
         # price alone: its time is not learned from (a probe in it goes unpriced).
@@ -978,6 +983,19 @@ class GoodputController(ControllerBase):
             # The draft is priced per row asked (a probe asks one; tree and confidence modes ask every row).
             rows = len(asked) or num_seqs
             self.cost.observe(num_seqs, drafted, context, rest, stats.propose_time_s, steady, tokens, rows)
+
+    def _record_hold(self, stats: StepStats, held: set[str], model_proposed: list[int], model_asked: bool) -> None:
+        """What this step's held rows (`_hold`) saved, each accepted draft a plain step's time over its rows, and what
+        verifying their drafts cost; their lookups' time is the step's drafting where the model was asked nothing
+        (control/hold_ledger.py)."""
+        num_seqs, context = len(stats.seqs), stats.mean_context_len
+        rows = [i for i, s in enumerate(stats.seqs) if s.request_id in held]
+        saved = self.cost.predict_verify(num_seqs, 0, context) / num_seqs * sum(stats.num_accepted[i] for i in rows)
+        verify = 0.0
+        if any(stats.num_proposed[i] for i in rows):
+            with_held = self.cost.predict_rows(np.array(stats.num_proposed), context)
+            verify = max(with_held - self.cost.predict_rows(np.array(model_proposed), context), 0.0)
+        self.hold_ledger.record(len(rows), saved, verify, None if model_asked else stats.propose_time_s)
 
     def _sure_of_first(
         self, rid: str, asked: dict[str, int], made: dict[str, int], would_go_on: dict[str, bool]

@@ -962,6 +962,7 @@ def test_held_rows_learn_the_lookups_acceptance_and_never_the_drafts_price():
         return n
 
     ctrl, seqs = dear_reader(LookupDraftStub(1000)), short_answers(1)
+    ctrl.hold_ledger.min_steps = float("inf")  # held throughout, however little it pays (the ledger: its own tests)
     price = ctrl.cost.predict_draft(1, 3)
     kept = [step(ctrl, seqs, held=True) for _ in range(12)]
     assert kept[0] > kept[-1]
@@ -1026,3 +1027,39 @@ def test_one_rows_thin_bonus_is_the_batchs():
     differs in the 150 where the row is thin."""
     assert one_row_thin_bonus_mismatches() == 0
     assert one_row_thin_bonus_mismatches(fault=True) >= 100
+
+
+def steps_holding(found: int, steps: int = 40, monkeypatch=None) -> list[bool]:
+    """8 rows too dear for the draft model to read (each held to the lookup), the drafter's step 2 ms where only
+    lookups ran, each held row's lookup finding `found` drafts a step, all accepted: whether each step held them."""
+    drafter = LookupDraftStub(1000)
+    ctrl = dear_reader(drafter)
+    seqs = short_answers(8)
+    for s in seqs:
+        s.params = SamplingParams(max_tokens=100_000)  # rows that never run out of tokens to write
+    out = []
+    for _ in range(steps):
+        ctrl.choose(seqs, 4)
+        out.append(bool(ctrl.held))
+        n = [found if out[-1] else 0] * 8
+        ctrl.observe(StepStats(seqs, n, n, 40e-3, 8 + sum(n), 256.0, 2e-3 if out[-1] else 0.0, 38e-3))
+    return out
+
+
+def test_rows_are_held_to_the_lookup_only_while_its_drafts_pay_for_it():
+    """Lookups that find nothing for 8 held rows cost the drafter's 2 ms a step and save nothing: after the first
+    steps (too few to judge) `goodput` stops holding the rows and holds them again once every 16 steps, to look.
+    Lookups whose drafts are accepted (one a row a step) save a plain step's share for each, and every step holds.
+    Control: a ledger that counts no cost holds every step of the barren run too."""
+    barren = steps_holding(found=0)
+    assert all(barren[:4]) and sum(barren[4:]) <= 4 and any(barren[20:])
+    assert all(steps_holding(found=1))
+
+
+def test_control_a_hold_ledger_blind_to_cost_holds_for_nothing(monkeypatch):
+    from specdecode.control.hold_ledger import HoldLedger
+
+    real = HoldLedger.record
+    blind = lambda self, rows, saved, verify, propose: real(self, rows, saved, 0.0, 0.0)  # noqa: E731
+    monkeypatch.setattr(HoldLedger, "record", blind)
+    assert all(steps_holding(found=0))

@@ -310,8 +310,11 @@ def test_draft_with_prompt_lookup_stays_lossless(models, faulty, monkeypatch):
 def test_goodput_holding_rows_to_the_lookup_stays_lossless(models):
     """`goodput` holds the rows it asks the draft model nothing for to the lookup (`GoodputController._hold`): which
     rows it holds follows timings and past outcomes, never the drafts, and their drafts are one-hot; the joint of
-    the lookup rows is still the target's."""
+    the lookup rows is still the target's. Held on every step it could be (the ledger that stops holding where the
+    lookups stop paying, control/hold_ledger.py, also goes by past outcomes and timings alone), for enough lookup
+    drafts to judge."""
     llm = LLM(**{**make_kwargs(models, "draft"), "draft_lookup": 2, "controller": "goodput"})
+    llm.engine.controller.hold_ledger.min_steps = float("inf")
     drafter, holds, sources = llm.engine.drafter, [], {"lookup": 0, "model": 0}
     hold = drafter.hold_model
     drafter.hold_model = lambda ids: holds.append(len(ids)) or hold(ids)

@@ -121,8 +121,9 @@ def test_draft_with_prompt_lookup_equals_plain_greedy(controller, k, batch, tiny
     # both sources drafted (goodput soon asks this tiny random draft for nothing: only that it ran is asked of it)
     least = 5 if controller == "fixed" else 1
     assert sources["lookup"] >= least and sources["model"] >= least, sources
-    # goodput holds the rows it asks the model nothing for to the lookup (`GoodputController._hold`)
-    assert (sum(holds) > 10) == (controller == "goodput"), sum(holds)
+    # goodput holds the rows it asks the model nothing for to the lookup (`GoodputController._hold`): on its first
+    # steps, and then while the lookups pay (control/hold_ledger.py; on this tiny random model they soon do not)
+    assert (sum(holds) >= 4) == (controller == "goodput"), sum(holds)
 
 
 def test_goodput_over_a_draft_that_stops_when_unsure_is_lossless_and_told_where_it_stops(
