@@ -1063,3 +1063,31 @@ def test_control_a_hold_ledger_blind_to_cost_holds_for_nothing(monkeypatch):
     blind = lambda self, rows, saved, verify, propose: real(self, rows, saved, 0.0, 0.0)  # noqa: E731
     monkeypatch.setattr(HoldLedger, "record", blind)
     assert all(steps_holding(found=0))
+
+
+def idle_batch_run(standing: bool, steps: int = 64) -> tuple[list[list[int]], int]:
+    """8 rows of the traces' target with a draft model (bound as one: not a lookup) whose drafts are right 10% of the
+    time: a few drafting steps, then K = 0. (each step's K, how many times the batch's estimates were priced)."""
+
+    class DraftModelStub:
+        prefill_budget = 512  # a drafter with a cache of its own: `bind_drafter` does not gate it
+
+    ctrl = GoodputController(cost=step_cost(), cheap_draft=0.0)
+    ctrl.bind_drafter(DraftModelStub())
+    if not standing:
+        ctrl._stand_idle = lambda key, caps: None
+    priced = []
+    estimates = ctrl._estimates
+    ctrl._estimates = lambda *a: priced.append(1) or estimates(*a)
+    ks = run(ctrl, make_seqs(8), [0.1] * 8, steps)
+    return ks, len(priced)
+
+
+def test_a_draft_model_asked_nothing_at_a_batch_is_priced_again_every_eighth_step():
+    """At K = 0 nothing the batch's price reads moves but the cost model's level: a batch of 8 priced once in
+    GATE_STEPS steps once it stands at K = 0 takes the same K in all 64 steps (its first drafting steps included) as
+    one priced every step. Control: the same run without standing idle prices all 64."""
+    standing, priced = idle_batch_run(standing=True)
+    every, priced_every = idle_batch_run(standing=False)
+    assert standing == every and any(map(any, every))  # the same decisions, probes among them
+    assert priced_every >= 64 and priced <= 64 // 8 + 8
