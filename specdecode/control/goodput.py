@@ -348,10 +348,8 @@ class GoodputController(ControllerBase):
         key = (tuple(s.request_id for s in seqs), k_max)
         if self.gated and self._gate_holds(key):
             return caps.tolist() if self.gate_open else self._closed(seqs, caps, context)
-        if not self.gated and len(seqs) > 1 and self._gate_holds(key):  # a draft model asked nothing lately
-            out = self._closed(seqs, np.minimum(caps, self.idle_caps), context)
-            self.asked = {s.request_id: k for s, k in zip(seqs, out, strict=True) if k}
-            return self._hold(seqs, out, room)
+        if self._may_stand_idle(seqs) and self._gate_holds(key):  # a draft model asked nothing lately
+            return self._ask(seqs, self._closed(seqs, np.minimum(caps, self.idle_caps), context), room)
         p = self._estimates(seqs, k_max, context)  # [B, k_max]
         go_on = self._go_on(seqs, p, k_max)
         cheap = self._drafting_is_cheap(len(seqs), k_max, context)
@@ -377,10 +375,18 @@ class GoodputController(ControllerBase):
         ks[unread] = 0
         caps[[i for i in unread if not self._probe_affords_reading(seqs[i], len(seqs), context)]] = 0
         out = self._probe(seqs, ks.tolist(), caps.tolist(), context)
-        self.asked = {s.request_id: k for s, k in zip(seqs, out, strict=True) if k}
-        if not self.gated and len(seqs) > 1 and not any(out):
+        if self._may_stand_idle(seqs) and not any(out):
             self._stand_idle(key, caps)
-        return self._hold(seqs, out, room)
+        return self._ask(seqs, out, room)
+
+    def _ask(self, seqs: list[Sequence], ks: list[int], room: np.ndarray) -> list[int]:
+        """The step's ks: the rows the draft model is asked for (`asked`), then the others held to its lookup."""
+        self.asked = {s.request_id: k for s, k in zip(seqs, ks, strict=True) if k}
+        return self._hold(seqs, ks, room)
+
+    def _may_stand_idle(self, seqs: list[Sequence]) -> bool:
+        """Whether K = 0 may stand for a few steps (`_stand_idle`): a draft model (not a gated lookup), 2+ rows."""
+        return not self.gated and len(seqs) > 1
 
     def _stand_idle(self, key: tuple[tuple[str, ...], int], caps: np.ndarray) -> None:
         """A draft model asked nothing of a batch's rows (`key`) and given no probe: the next GATE_STEPS - 1 steps of
@@ -388,7 +394,9 @@ class GoodputController(ControllerBase):
         rows' caps as priced, a row too dear to read never probed), until the model drafts (`observe`), a probe is
         given or a request ends (`forget`). Where nothing drafts no estimate moves but the cost model's level, and
         pricing the whole batch again each step was most of goodput's work: on the pair at 8 rows of 256 tokens
-        (K = 0 its best arm) ~0.9 ms of choose's numpy in a ~37 ms step, 0.96x K = 0 (2026-11-30). At one row its
+        (K = 0 its best arm) ~0.9 ms of choose's numpy in a ~37 ms step (timed in the engine, 2026-11-30; goodput
+        read 0.96x K = 0 there in two short runs whose files were not kept, 0.980x in results/long_context_pair_b8.json
+        after this). At one row its
         Python-float paths cost a third of that, and a row's reading (`unread`) decides there from step to step."""
         self.gate_key, self.gate_open, self.gate_steps = key, False, 0
         self.idle_caps = caps.copy()
@@ -565,7 +573,7 @@ class GoodputController(ControllerBase):
             return 0.0
         bonus = self.explore * var / math.sqrt(var)
         budget = 0.0 if self.unread is None else self._probe_budget_s(1, context)
-        return bonus * (self.final_explore / self.explore) if self._stop_is_final(seq, budget) else bonus * 1.0
+        return bonus * (self.final_explore / self.explore) if self._stop_is_final(seq, budget) else bonus
 
     def _reach(self, seqs: list[Sequence], p: np.ndarray, cheap: bool, context: float) -> np.ndarray:
         """[B, k] P(drafts 1..j of each row all accepted) as `choose` prices K from p [B, k]: deeper positions of

@@ -4,7 +4,8 @@
 where a row copies its prompt, but not free. Each held row's lookup runs every step, and so does the drafter's step
 around it; on the Qwen2.5-Coder pair at 8 rows of 256 tokens (K = 0 the best arm: a verified token is a row of a
 compute-bound step) holding every row for lookups that found almost nothing (0.03 drafts verified a row a step) made
-`goodput` 0.937x K = 0, where it had asked nothing before (results/long_context_pair_b8.json, 2026-11-30, at 43ab432).
+`goodput` 0.937x K = 0, where it had asked nothing before (the batch-8 `bench long-context` command of
+docs/benchmarks.md at 43ab432, 2026-11-30: its printed 256-token cell; the run was stopped before it wrote its file).
 
 So the ledger keeps, over the last ~10 steps that held rows (decayed sums), what their accepted drafts saved (each
 accepted token a plain step's time over its rows: the step it spares that row) against what they cost (the
