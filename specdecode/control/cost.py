@@ -330,6 +330,12 @@ class CostModel:
         return self.predict_tokens(len(drafts), tokens, context)
 
     @property
+    def plain_measured(self) -> bool:
+        """Whether a plain verify (one token a row) has been observed: without one, `correction` is the wider verifies'
+        level alone, and a plain step's price is the calibration's shape at that level (`_observe_extra`)."""
+        return bool(self._plain_levels)
+
+    @property
     def draft_measured(self) -> bool:
         """Whether a steady drafting step has been learned from (a price seeded at load alone may be a busy
         machine's)."""

@@ -58,6 +58,9 @@ CONTINUATION_SEED = 4.0  # rows the load probe's measure of a drafter's stop is 
 SURE_MIN = 4  # the probe's tokens of each confidence (sure, unsure) that may seed first drafts by confidence
 # Steps a cheap drafter's gate (ask every draft, or none) stands for the same rows before it is priced again.
 GATE_STEPS = 8
+# Steps without a plain verify after which a close choice takes a plain step to price one (`_plain_probe_due`):
+PLAIN_FIRST = 4  # before any was seen
+PLAIN_EVERY = 64  # since the last
 
 
 def row_cap(seq: Sequence, k_max: int) -> int:
@@ -139,6 +142,7 @@ class GoodputController(ControllerBase):
         final_explore: float = 2.0,
         thin: float = 6.0,
         tie_margin: float = 0.01,
+        plain_doubt: float = 0.3,
     ) -> None:
         self.cost = cost if cost is not None else default_cost_model()
         self.acceptance = acceptance if acceptance is not None else AcceptanceTracker()
@@ -207,6 +211,9 @@ class GoodputController(ControllerBase):
         self.gate_open = False
         self.gate_steps = 0
         self.idle_caps = np.zeros(0, dtype=int)  # [B] a standing draft model's caps as priced (`_stand_idle`)
+        # A plain step is given where K = 0 would win were its price this much lower than believed (`_plain_probe_due`)
+        self.plain_doubt = plain_doubt
+        self.since_plain = 0  # steps observed since one verified no drafts
 
     def seed_pair(
         self,
@@ -373,11 +380,36 @@ class GoodputController(ControllerBase):
         # neither drafts nor is probed (a probe would pay the reading too).
         unread = [i for i, s in enumerate(seqs) if not self._worth_catching_up(s, max(k, 1), p[i], len(seqs), context)]
         ks[unread] = 0
+        if ks.any() and gain[k] > gain[0] and self._plain_probe_due(gain, k):
+            return self._plain_probe(seqs)
         caps[[i for i in unread if not self._probe_affords_reading(seqs[i], len(seqs), context)]] = 0
         out = self._probe(seqs, ks.tolist(), caps.tolist(), context)
         if self._may_stand_idle(seqs) and not any(out):
             self._stand_idle(key, caps)
         return self._ask(seqs, out, room)
+
+    def _plain_probe_due(self, gain: np.ndarray, k: int) -> bool:
+        """Whether this step, which would verify K = k drafts a row, should be plain instead: K = 0 would win were a
+        plain step's price `plain_doubt` lower than believed (gain [k_max + 1]), and no plain verify has been seen in
+        the last PLAIN_EVERY steps (PLAIN_FIRST before any). Only plain steps price plain steps (`correction` is one
+        level for every width until both kinds are seen: CostModel._observe_extra), and a controller that drafts
+        from its first step never sees one. On the pair at 8 rows of 8,192 tokens (dev code) a verify of two tokens a
+        row cost 1.6x a plain one (the second query's attention, ~1.4 GFLOP a token there) where the calibration,
+        timed at 64 and 512 cached tokens, priced 1.3x: at the level K = 1's steps set, a plain step looked 120 ms
+        where it took 93, K = 1 looked 2% better than K = 0, and `goodput` drafted every step at 0.78x K = 0; with
+        this step, 0.98x (results/goodput_plain_probe_dev_{before,after}.json). A probe costs at most `plain_doubt`
+        of a step, and only where the choice is that close. Not after a widening probe: its follow-up must draft."""
+        if self.follow_up:
+            return False
+        due = PLAIN_EVERY if self.cost.plain_measured else PLAIN_FIRST
+        return self.since_plain >= due and gain[0] >= gain[k] * (1.0 - self.plain_doubt)
+
+    def _plain_probe(self, seqs: list[Sequence]) -> list[int]:
+        """A step of no drafts: nothing asked of the draft model nor held to its lookup (`_hold`)."""
+        self.asked = {}
+        if self.hold_model is not None:
+            self.hold_model(set())
+        return [0] * len(seqs)
 
     def _ask(self, seqs: list[Sequence], ks: list[int], room: np.ndarray) -> list[int]:
         """The step's ks: the rows the draft model is asked for (`asked`), then the others held to its lookup."""
@@ -993,6 +1025,8 @@ class GoodputController(ControllerBase):
         if held:
             self._record_hold(stats, held, model_proposed, model_asked=bool(asked))
         num_seqs = len(stats.seqs)
+        plain = stats.num_verified_tokens <= num_seqs and not stats.prefill_tokens
+        self.since_plain = 0 if plain else self.since_plain + 1
         # A step whose forward also cached prompt chunks (fused_prefill) says nothing of a verify's or a probe's
         # price alone: its time is not learned from (a probe in it goes unpriced).
         probed = bool(widening) or self.following  # a widening probe's step or its follow-up's

@@ -229,7 +229,9 @@ def pair_drafting_steps(hits: list[bool], final_explore: float) -> list[int]:
     """`drafting_steps` for a draft model priced at load as the pair's (20 ms a draft, 10 ms to read a token it
     fell behind: more than the 1.8 ms a step the probe budget earns) whose backlog is the steps since it last
     drafted: whether it drafted, step by step."""
-    ctrl = GoodputController(cost=CostModel.linear(50e-3, 0.0, 10e-3, 0.0), final_explore=final_explore)
+    # No plain steps (`_plain_probe_due`): a step costs what the model prices, and the trace counts drafting steps.
+    cost = CostModel.linear(50e-3, 0.0, 10e-3, 0.0)
+    ctrl = GoodputController(cost=cost, final_explore=final_explore, plain_doubt=0.0)
     ctrl.seed_pair(0.75, 20e-3, draft_read_s=10e-3)
     backlog = {"r0": 0}
     ctrl.unread = lambda seq: backlog[seq.request_id]
@@ -413,6 +415,39 @@ def test_a_widening_probe_waits_for_what_padding_the_batch_costs(monkeypatch):
     assert first_widening_probe(8) == 21
     monkeypatch.setattr(GoodputController, "_widening_spacing", lambda self, num_seqs, context: 0)
     assert first_widening_probe(8) == 17
+
+
+def drafting_steps_where_plain_is_cheaper_than_priced(plain_doubt: float, steps: int = 100) -> int:
+    """Steps that verified drafts, of `steps`, for 8 rows of a draft model right 80% of the time whose calibration
+    prices a plain verify at 120 ms and one of two tokens a row at 154 (86 ms and 4.25 a token) where they take 93
+    and 150 (36 ms and 7.1 a token: the pair at 8 rows of 8,192 tokens, where the second query's attention costs
+    more than the calibration at short contexts said); drafting 50 ms a step. Truth: K = 0 makes 0.086 tokens a
+    ms, K = 1 0.072; believed: 0.067 and 0.069."""
+    ctrl = GoodputController(cost=CostModel.linear(86e-3, 0.0, 4.25e-3, 0.0), cheap_draft=0.0, plain_doubt=plain_doubt)
+    ctrl.cost.packed = True
+    ctrl.cost.seed_draft(50e-3, num_seqs=8)
+    ctrl.acceptance.seed_pool(0.8, 8.0)
+    truth = CostModel.linear(36e-3, 0.0, 7.1e-3, 0.0)
+    rng = np.random.default_rng(0)
+    seqs, drafting = make_seqs(8), 0
+    for _ in range(steps):
+        ks = ctrl.choose(seqs, 1)
+        accepted = [int(k > 0 and rng.random() < 0.8) for k in ks]
+        propose = 50e-3 if max(ks) else 0.0
+        verify = truth.predict_rows(np.array(ks), 3.0)
+        tokens = 8 + sum(ks)
+        ctrl.observe(StepStats(seqs, ks, accepted, verify + propose, tokens, 3.0, propose, verify))
+        drafting += max(ks) > 0
+    return drafting
+
+
+def test_a_plain_step_is_given_to_price_one_where_the_choice_is_close():
+    """A controller that drafts from its first step never sees a plain verify, and prices it by the calibration's
+    shape at the level its drafting steps set: here K = 1 looks 4% better than K = 0 where it is 16% worse. A plain
+    step after the first few drafting ones measures K = 0, and drafting stops (the steps that draft after it are
+    widening probes and their follow-ups). Control: no plain step (plain_doubt 0), and it drafts every step."""
+    assert drafting_steps_where_plain_is_cheaper_than_priced(0.3) <= 8
+    assert drafting_steps_where_plain_is_cheaper_than_priced(0.0) == 100
 
 
 @pytest.mark.parametrize("k_max", [0, 1])
