@@ -59,7 +59,7 @@ SURE_MIN = 4  # the probe's tokens of each confidence (sure, unsure) that may se
 # Steps a cheap drafter's gate (ask every draft, or none) stands for the same rows before it is priced again.
 GATE_STEPS = 8
 # Steps without a plain verify after which a close choice takes a plain step to price one (`_plain_probe_due`):
-PLAIN_FIRST = 4  # before any was seen
+PLAIN_FIRST = 1  # before any was seen: the step after the first that verified drafts
 PLAIN_EVERY = 64  # since the last
 
 
