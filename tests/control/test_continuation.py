@@ -166,7 +166,8 @@ def k_asked_after_an_unsure_miss(by_confidence: bool, steps: int = 8) -> list[in
     unsure of its first draft (it stops after it, asked for more) and wrong, as the 0.5B is at a response's first
     token; sure and right every time after. by_confidence=False: the fault, first drafts judged alike."""
     cost = lambda: CostModel.linear(20e-3, 4.5e-3, 4e-3, 0.0)  # noqa: E731
-    ctrl = GoodputController(cost=cost(), cheap_draft=0.0)
+    # No plain step (goodput's `_plain_probe_due`, its own test): the trace reads the K chosen at the second step.
+    ctrl = GoodputController(cost=cost(), cheap_draft=0.0, plain_doubt=0.0)
     ctrl.seed_pair(0.75, 11.5e-3, confidences=PROBE_CONFIDENCES, agreed=PROBE_AGREED)
     ctrl.bind_drafter(SimpleNamespace(stop_below=0.7, unread=None))
     if not by_confidence:
