@@ -380,7 +380,7 @@ class GoodputController(ControllerBase):
         # neither drafts nor is probed (a probe would pay the reading too).
         unread = [i for i, s in enumerate(seqs) if not self._worth_catching_up(s, max(k, 1), p[i], len(seqs), context)]
         ks[unread] = 0
-        if ks.any() and gain[k] > gain[0] and self._plain_probe_due(gain, k):
+        if ks.any() and self._plain_probe_due(gain, k):
             return self._plain_probe(seqs)
         caps[[i for i in unread if not self._probe_affords_reading(seqs[i], len(seqs), context)]] = 0
         out = self._probe(seqs, ks.tolist(), caps.tolist(), context)
@@ -399,7 +399,7 @@ class GoodputController(ControllerBase):
         where it took 93, K = 1 looked 2% better than K = 0, and `goodput` drafted every step at 0.78x K = 0; with
         this step, 0.98x (results/goodput_plain_probe_dev_{before,after}.json). A probe costs at most `plain_doubt`
         of a step, and only where the choice is that close. Not after a widening probe: its follow-up must draft."""
-        if self.follow_up:
+        if self.follow_up or gain[k] <= gain[0]:  # K = 0 is already best (k is `_explore`'s): nothing to price
             return False
         due = PLAIN_EVERY if self.cost.plain_measured else PLAIN_FIRST
         return self.since_plain >= due and gain[0] >= gain[k] * (1.0 - self.plain_doubt)
