@@ -32,6 +32,7 @@ from pathlib import Path
 
 from specdecode.config import ConfigError
 from specdecode.llm_args import (
+    add_engine_args,
     add_model_args,
     add_sampling_args,
     configs_from_args,
@@ -84,7 +85,10 @@ def cmd_serve(a: argparse.Namespace) -> None:
 def cmd_calibrate(a: argparse.Namespace) -> None:
     from specdecode.control.calibrate import run as calibrate
 
-    calibrate(a.target, a.device, a.dtype, bool(a.enforce_eager))
+    # The target as `generate` or `serve` would load it with the same flags: a profile is found only by the setup it
+    # was timed on (weights, arithmetic, cache dtype, compiled or eager), and this command once timed the exact
+    # arithmetic whatever the engine served, so `goodput` under the fast one never found what it wrote.
+    calibrate(llm_from_args(a, method="none", num_speculative_tokens=0).target)
 
 
 def cmd_select_layers(a: argparse.Namespace) -> None:
@@ -163,10 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(func=cmd_serve)
 
     cal = sub.add_parser("calibrate", help="time the target on this machine; the goodput controller's cost profile")
-    cal.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
-    cal.add_argument("--device", default="cpu")
-    cal.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    cal.add_argument("--enforce-eager", action="store_true", help="profile the eager step, not the compiled one")
+    add_engine_args(cal)  # the target's flags as the engine takes them (--arithmetic, --enforce-eager, ...)
     cal.set_defaults(func=cmd_calibrate)
 
     sel = sub.add_parser(

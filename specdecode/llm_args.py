@@ -16,6 +16,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_flags(p, SpeculativeConfig, EngineConfig)
 
 
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """--target and the engine's settings alone: how the target is loaded and stepped (a command that runs no
+    speculation: calibrate)."""
+    p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
+    add_flags(p, EngineConfig)
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -50,10 +57,11 @@ def fill_default_arm(a: argparse.Namespace) -> None:
 
 def llm_kwargs(a: argparse.Namespace, **overrides) -> dict:
     """The LLM keyword arguments the model flags describe, by field name; `overrides` replace any of them. A flag
-    left at None where its field has a value (a repeatable flag not given) keeps the field's default."""
+    left at None where its field has a value (a repeatable flag not given) keeps the field's default, as does one the
+    command has no flag for (`add_engine_args`)."""
     kwargs = {"target": a.target}
     for f in cli_fields(SpeculativeConfig, EngineConfig):
-        value = getattr(a, f.name)
+        value = getattr(a, f.name, None)
         if value is not None or f.default is None or f.name == "enforce_eager":  # enforce_eager None: the env var
             kwargs[f.name] = tuple(value) if isinstance(value, list) else value
     return {**kwargs, **overrides}

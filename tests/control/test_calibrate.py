@@ -68,7 +68,7 @@ def test_profile_of_another_model_is_not_used(tiny_target, tiny_draft, cache_dir
     np.testing.assert_array_equal(loaded.verify_coef, default_cost_model().verify_coef)
 
 
-def probes_at_start(tiny_target, monkeypatch, method: str) -> int:
+def probes_at_start(tiny_target, monkeypatch, method: str, **kwargs) -> int:
     """Step-time probes taken while an LLM with the goodput controller starts on a model with no profile."""
     from specdecode.control import calibrate as calibrate_module
     from specdecode.llm import LLM
@@ -76,7 +76,7 @@ def probes_at_start(tiny_target, monkeypatch, method: str) -> int:
     probes = []
     real = calibrate_module.calibrate
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: probes.append(1) or real(*a, **k))
-    LLM(str(tiny_target), method=method, controller="goodput", num_speculative_tokens=2, enforce_eager=True)
+    LLM(str(tiny_target), method=method, controller="goodput", num_speculative_tokens=2, enforce_eager=True, **kwargs)
     return len(probes)
 
 
@@ -107,3 +107,75 @@ def test_a_profile_names_the_kernel_it_timed(tiny_target, tmp_path, monkeypatch)
     changed.write_text(quant_int8.SOURCE.read_text() + "\n// another kernel\n")
     monkeypatch.setattr(quant_int8, "SOURCE", changed)
     assert model_fingerprint(model) != before
+
+
+def test_the_calibrate_command_times_the_target_the_engine_serves(smollm2_tokenizer, tmp_path, cache_dir, monkeypatch):
+    """`specdecode calibrate` with a flag that changes the step (the cache dtype here; the arithmetic likewise) writes
+    the profile `goodput` looks up for an LLM with the same flag, which then takes no probe at load. The command once
+    loaded the target with a few flags of its own (the exact arithmetic, an fp32 cache whatever was asked), and
+    `goodput` under the fast arithmetic never found what it wrote. Control: the same LLM with the cache dtype the
+    command did not time probes at load. A model of 32-dimension heads: the bf16 cache's kernel takes 32, 64, 128."""
+    from specdecode.cli import main
+    from specdecode.models.kv_dtype import bf16_serves
+    from tests.tiny import write_tiny_model
+
+    target = write_tiny_model(tmp_path / "heads32", num_attention_heads=2, num_key_value_heads=1)
+    smollm2_tokenizer.save_pretrained(target)
+    if not bf16_serves(load_llama(target)):
+        pytest.skip("this CPU has no few-queries kernel for a bf16 cache")
+    assert main(["calibrate", "--target", str(target), "--kv-cache-dtype", "bf16", "--enforce-eager"]) == 0
+    assert len(list((cache_dir / "calibration").glob("*.json"))) == 1
+    assert probes_at_start(target, monkeypatch, "ngram", kv_cache_dtype="bf16") == 0
+    assert probes_at_start(target, monkeypatch, "ngram", kv_cache_dtype="fp32") == 1
+
+
+def attention_errors(tiny_target, monkeypatch, seed: int, long: bool) -> np.ndarray:
+    """[4] relative errors of the probe's fit (PROBE, with or without the long-context row) on timings of a known
+    step cost with +-5% noise (a real probe's spread on two cores): a plain step and a second token a row, at 8 rows
+    of 8,192 tokens and at one row of 16,384. The truth has the shape the pair measured: a token's attention at ~1.2x
+    a row's reading of its cache (results/calibrate_long_points.json)."""
+    from specdecode.control import calibrate as calibrate_module
+    from specdecode.control.cost import CostModel
+
+    truth = CostModel(np.array([22e-3, 0.05e-3, 0.3e-3, 1.5e-3, 1.0e-3, 0.0, 0.6e-3, 0.5e-3]))
+    rng = np.random.default_rng(seed)
+
+    def timing(model, cache, rows, tokens, context, repeats):
+        return truth.predict_tokens(rows, rows * tokens, context) * (1.0 + rng.uniform(-0.05, 0.05))
+
+    monkeypatch.setattr(calibrate_module, "time_forward", timing)
+    model = load_llama(tiny_target)
+    points = [(1, t, calibrate_module.LONG_CONTEXT) for t in calibrate_module.PROBE["token_counts"]] if long else []
+    fit = calibrate(model, **calibrate_module.PROBE, points=points)
+    errors = []
+    for rows, context in ((8, 8192), (1, 16384)):
+        plain, two = (truth.predict_tokens(rows, rows * t, context) for t in (1, 2))
+        got_plain, got_two = (fit.predict_tokens(rows, rows * t, context) for t in (1, 2))
+        errors += [got_plain / plain - 1.0, (got_two - got_plain) / (two - plain) - 1.0]
+    return np.abs(np.array(errors))
+
+
+def test_a_row_timed_at_a_long_context_prices_long_contexts(tiny_target, monkeypatch):
+    """With the long-context row every fit over 20 noisy probes prices a plain step and a second token a row within
+    25% at 8 rows of 8,192 tokens and at one row of 16,384. Control: the grid alone (64 and 512 cached tokens, as the
+    probe was) misses by more in some of the same probes (it priced the pair's second token +42 and +86 ms in two
+    probes where it took +54 and +59)."""
+    errors = np.array([attention_errors(tiny_target, monkeypatch, seed, long=True) for seed in range(20)])
+    assert errors.max() <= 0.25, errors.max(0)
+    control = np.array([attention_errors(tiny_target, monkeypatch, seed, long=False) for seed in range(20)])
+    assert control.max() > 0.3, control.max(0)
+
+
+def test_the_long_row_fits_the_models_context(tiny_target):
+    """The long row is at LONG_CONTEXT where the model takes it, else at the longest it takes, and absent where that
+    is no longer than the grid's (the tests' tiny model: 512 positions)."""
+    import dataclasses
+
+    from specdecode.control.calibrate import LONG_CONTEXT, PROBE, long_points
+
+    model = load_llama(tiny_target)
+    assert long_points(model) == []
+    model.cfg = dataclasses.replace(model.cfg, max_position=32768)
+    assert long_points(model) == [(1, t, LONG_CONTEXT) for t in PROBE["token_counts"]]
+    model.cfg = dataclasses.replace(model.cfg, max_position=2048)
+    assert long_points(model) == [(1, t, 2048 - 9) for t in PROBE["token_counts"]]

@@ -1,0 +1,80 @@
+"""Does the load probe price long contexts? The probe's fit (control/calibrate.py PROBE: 64 and 512 cached tokens),
+and the same with one row timed at 4,096 tokens besides, against forwards timed at the contexts `bench
+long-context` runs.
+
+    python -m experiments.calibrate_long_points [--target qwen2.5-coder-1.5b-instruct] [--arithmetic fast]
+        [--out results/calibrate_long_points.json]
+
+Each probe times the grid and the long points once, and both fits are made from its samples; `--probes` such
+probes show how much the fit moves from one to the next. Then each check point (rows, tokens a row, context) is
+timed in a cache of its own and printed beside every fit's predictions. What matters to `goodput` is a plain
+step's price and what a second and third token a row add to it: the columns `plain`, `+1`, `+2`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from specdecode.bench.lib import provenance, write_result
+from specdecode.control.calibrate import PROBE, time_forward
+from specdecode.control.cost import CostModel
+from specdecode.llm import LLM
+
+LONG = [(1, t, 4096) for t in PROBE["token_counts"]]  # (rows, tokens a row, context): one row, a small cache
+CHECKS = [(8, 2048), (8, 8192), (1, 8192), (1, 16384)]  # (rows, context): each timed at 1, 2 and 3 tokens a row
+
+
+def timed(model, rows: int, tokens: int, context: int, repeats: int) -> float:
+    cache = model.new_cache(rows, context + tokens)
+    try:
+        return time_forward(model, cache, rows, tokens, context, repeats)
+    finally:
+        del cache
+
+
+def grid_samples(model, repeats: int) -> list[tuple[int, int, int, float]]:
+    cache = model.new_cache(max(PROBE["batch_sizes"]), max(PROBE["context_lengths"]) + max(PROBE["token_counts"]))
+    return [
+        (b, b * t, c, time_forward(model, cache, b, t, c, repeats))
+        for b in PROBE["batch_sizes"]
+        for t in PROBE["token_counts"]
+        for c in PROBE["context_lengths"]
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--arithmetic", default="fast", choices=["exact", "fast"])
+    ap.add_argument("--repeats", type=int, default=PROBE["repeats"])
+    ap.add_argument("--probes", type=int, default=2, help="probes timed, each fitted both ways (the fit varies)")
+    ap.add_argument("--out", default="results/calibrate_long_points.json")
+    a = ap.parse_args()
+    model = LLM(target=a.target, method="none", arithmetic=a.arithmetic).target
+    fits = {}
+    for i in range(1, a.probes + 1):
+        grid = grid_samples(model, a.repeats)
+        long = [(b, b * t, c, timed(model, b, t, c, a.repeats)) for b, t, c in LONG if c + t <= model.cfg.context_limit]
+        fits |= {f"grid {i}": CostModel.fit(grid), f"grid+long {i}": CostModel.fit(grid + long)}
+    rows = []
+    print(f"{'rows':>4} {'context':>7} {'fit':>12} {'plain ms':>9} {'+1 ms':>7} {'+2 ms':>7}")
+    for b, c in CHECKS:
+        if c + 3 > model.cfg.context_limit:
+            continue
+        plain, two, three = (timed(model, b, t, c, a.repeats) for t in (1, 2, 3))
+        measured = {"plain_ms": plain * 1e3, "plus1_ms": (two - plain) * 1e3, "plus2_ms": (three - two) * 1e3}
+        row = {"rows": b, "context": c, "measured": measured}
+        ms = (plain * 1e3, (two - plain) * 1e3, (three - two) * 1e3)
+        print(f"{b:>4} {c:>7} {'measured':>12} {ms[0]:9.1f} {ms[1]:7.1f} {ms[2]:7.1f}")
+        for name, fit in fits.items():
+            p = [fit.predict_tokens(b, b * t, c) for t in (1, 2, 3)]
+            row[name] = {"plain_ms": p[0] * 1e3, "plus1_ms": (p[1] - p[0]) * 1e3, "plus2_ms": (p[2] - p[1]) * 1e3}
+            print(f"{'':>4} {'':>7} {name:>12} {p[0] * 1e3:9.1f} {(p[1] - p[0]) * 1e3:7.1f} {(p[2] - p[1]) * 1e3:7.1f}")
+        rows.append(row)
+    coef = {name: fit.to_json()["verify"] for name, fit in fits.items()}
+    head = {**provenance("experiments.calibrate_long_points", model), "target": a.target, "arithmetic": a.arithmetic}
+    write_result(a.out, {**head, "checks": rows, "fits": coef})
+
+
+if __name__ == "__main__":
+    main()
