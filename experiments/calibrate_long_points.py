@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 
 from specdecode.bench.lib import provenance, write_result
-from specdecode.control.calibrate import PROBE, time_forward
+from specdecode.control.calibrate import LONG_CONTEXT, LONG_TOKENS, PROBE, time_forward
 from specdecode.control.cost import CostModel
 from specdecode.llm import LLM
 
-LONG = [(1, t, 4096) for t in PROBE["token_counts"]]  # (rows, tokens a row, context): one row, a small cache
+LONG = [(1, t, LONG_CONTEXT) for t in LONG_TOKENS]  # (rows, tokens a row, context): the probe's long row
 CHECKS = [(8, 2048), (8, 8192), (1, 8192), (1, 16384)]  # (rows, context): each timed at 1, 2 and 3 tokens a row
 
 

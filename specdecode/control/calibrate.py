@@ -35,6 +35,11 @@ CONTEXT_LENGTHS = (64, 512)
 # second token a row (+63); with this row, 84 and 97, +57 and +62 (results/calibrate_long_points.json). One row, so
 # that the probe's cache stays small (~120-240 MB for the pair, freed after).
 LONG_CONTEXT = 4096
+# Up to the first knee (cost.KNEES), each twice: the long row prices attention, not the GEMM's bend. Timed at 1, 3, 5
+# and 9 tokens, its attention went into the hinge past 4 tokens (2.03 -> 2.27 ms a token), and `goodput` on the pair
+# at one row of 256 tokens asked 3.65 drafts a step where K = 4 was best (0.947x,
+# results/long_context_pair_b1_3b3f939.json).
+LONG_TOKENS = (1, 1, 4, 4)
 
 
 def model_fingerprint(model: LlamaModel) -> dict:
@@ -97,11 +102,11 @@ def load_profile(model: LlamaModel) -> CostModel:
 PROBE = {"batch_sizes": (1, 4, 8), "token_counts": (1, 3, 5, 9), "context_lengths": (64, 512), "repeats": 2}
 
 
-def long_points(model: LlamaModel, token_counts: Sequence[int] = PROBE["token_counts"]) -> list[tuple[int, int, int]]:
-    """[(rows, tokens a row, context)] one row at LONG_CONTEXT cached tokens (or the longest the model takes), at each
-    of token_counts; none for a model whose longest context is no longer than the grid's."""
-    context = min(LONG_CONTEXT, model.cfg.context_limit - max(token_counts))
-    return [(1, t, context) for t in token_counts] if context > max(CONTEXT_LENGTHS) else []
+def long_points(model: LlamaModel) -> list[tuple[int, int, int]]:
+    """[(rows, tokens a row, context)] one row at LONG_CONTEXT cached tokens (or the longest the model takes) at
+    LONG_TOKENS; none for a model whose longest context is no longer than the grid's."""
+    context = min(LONG_CONTEXT, model.cfg.context_limit - max(LONG_TOKENS))
+    return [(1, t, context) for t in LONG_TOKENS] if context > max(CONTEXT_LENGTHS) else []
 
 
 def profile_or_probe(model: LlamaModel) -> CostModel:
@@ -177,7 +182,7 @@ def run(model: LlamaModel) -> Path:
     """Calibrate the target as the engine steps it (the caller loads it as it would serve it: weights, arithmetic,
     cache dtype, compiled or eager: each is another profile, `model_fingerprint`) and write its profile; returns its
     path."""
-    cost = calibrate(model, points=long_points(model, TOKENS_PER_ROW))
+    cost = calibrate(model, points=long_points(model))
     path = cost.save(profile_path(model))
     terms = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in cost.to_json()["verify"].items())
     print(f"{path}: {terms}")

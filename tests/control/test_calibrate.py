@@ -145,7 +145,7 @@ def attention_errors(tiny_target, monkeypatch, seed: int, long: bool) -> np.ndar
 
     monkeypatch.setattr(calibrate_module, "time_forward", timing)
     model = load_llama(tiny_target)
-    points = [(1, t, calibrate_module.LONG_CONTEXT) for t in calibrate_module.PROBE["token_counts"]] if long else []
+    points = [(1, t, calibrate_module.LONG_CONTEXT) for t in calibrate_module.LONG_TOKENS] if long else []
     fit = calibrate(model, **calibrate_module.PROBE, points=points)
     errors = []
     for rows, context in ((8, 8192), (1, 16384)):
@@ -157,13 +157,13 @@ def attention_errors(tiny_target, monkeypatch, seed: int, long: bool) -> np.ndar
 
 def test_a_row_timed_at_a_long_context_prices_long_contexts(tiny_target, monkeypatch):
     """With the long-context row every fit over 20 noisy probes prices a plain step and a second token a row within
-    25% at 8 rows of 8,192 tokens and at one row of 16,384. Control: the grid alone (64 and 512 cached tokens, as the
-    probe was) misses by more in some of the same probes (it priced the pair's second token +42 and +86 ms in two
-    probes where it took +54 and +59)."""
+    30% at 8 rows of 8,192 tokens and at one row of 16,384. Control: the grid alone (64 and 512 cached tokens, as the
+    probe was) misses by more in some of the same probes (on the pair two such probes priced the second token a row
+    at 8 rows of 8,192 tokens +45 and +67 ms where it took +63: results/calibrate_long_points_3b3f939.json)."""
     errors = np.array([attention_errors(tiny_target, monkeypatch, seed, long=True) for seed in range(20)])
-    assert errors.max() <= 0.25, errors.max(0)
+    assert errors.max() <= 0.3, errors.max(0)
     control = np.array([attention_errors(tiny_target, monkeypatch, seed, long=False) for seed in range(20)])
-    assert control.max() > 0.3, control.max(0)
+    assert control.max() > 0.4, control.max(0)
 
 
 def test_the_long_row_fits_the_models_context(tiny_target):
@@ -171,11 +171,11 @@ def test_the_long_row_fits_the_models_context(tiny_target):
     is no longer than the grid's (the tests' tiny model: 512 positions)."""
     import dataclasses
 
-    from specdecode.control.calibrate import LONG_CONTEXT, PROBE, long_points
+    from specdecode.control.calibrate import LONG_CONTEXT, LONG_TOKENS, long_points
 
     model = load_llama(tiny_target)
     assert long_points(model) == []
     model.cfg = dataclasses.replace(model.cfg, max_position=32768)
-    assert long_points(model) == [(1, t, LONG_CONTEXT) for t in PROBE["token_counts"]]
+    assert long_points(model) == [(1, t, LONG_CONTEXT) for t in LONG_TOKENS]
     model.cfg = dataclasses.replace(model.cfg, max_position=2048)
-    assert long_points(model) == [(1, t, 2048 - 9) for t in PROBE["token_counts"]]
+    assert long_points(model) == [(1, t, 2048 - max(LONG_TOKENS)) for t in LONG_TOKENS]
