@@ -29,17 +29,6 @@ from specdecode.models.quant_rows import QuantLinear
 BATCH_SIZES = (1, 2, 4, 8)
 TOKENS_PER_ROW = (1, 2, 4, 8, 12)  # K + 1
 CONTEXT_LENGTHS = (64, 512)
-# One row at a long context, besides the grid, so that the fit tells a token's attention (per_token_kctx) from each
-# row's reading of its cache (per_seq_kctx): at 64 and 512 cached tokens the two are ~1 ms of a ~25 ms step. Two
-# probes of the pair priced 8 rows of 8,192 tokens at 72 and 77 ms a plain step (it took 96) and +45 and +67 ms a
-# second token a row (+63); with this row, 84 and 97, +57 and +62 (results/calibrate_long_points.json). One row, so
-# that the probe's cache stays small (~120-240 MB for the pair, freed after).
-LONG_CONTEXT = 4096
-# Up to the first knee (cost.KNEES), each twice: the long row prices attention, not the GEMM's bend. Timed at 1, 3, 5
-# and 9 tokens, its attention went into the hinge past 4 tokens (2.03 -> 2.27 ms a token), and `goodput` on the pair
-# at one row of 256 tokens asked 3.65 drafts a step where K = 4 was best (0.947x,
-# results/long_context_pair_b1_3b3f939.json).
-LONG_TOKENS = (1, 1, 4, 4)
 
 
 def model_fingerprint(model: LlamaModel) -> dict:
@@ -95,18 +84,11 @@ def load_profile(model: LlamaModel) -> CostModel:
     return load_or_default(profile_path(model), model_fingerprint(model))
 
 
-# The probe at load when no profile was saved: 24 timings (and `long_points`' 4), a few seconds for a 135M model on
-# two cores. Token counts on both sides of the first knee (cost.KNEES), so the fit sees where the step stops being
-# flat; batch 8, so that each row's cache read is told apart from the tokens' work (on the measured grid the fit's
-# mean error went from 5.6% to 4.3%, and batch 8 at one token from +7% to +2%).
+# The probe at load when no profile was saved: 24 timings, a few seconds for a 135M model on two cores. Token
+# counts on both sides of the first knee (cost.KNEES), so the fit sees where the step stops being flat; batch 8,
+# so that each row's cache read is told apart from the tokens' work (on the measured grid the fit's mean error
+# went from 5.6% to 4.3%, and batch 8 at one token from +7% to +2%).
 PROBE = {"batch_sizes": (1, 4, 8), "token_counts": (1, 3, 5, 9), "context_lengths": (64, 512), "repeats": 2}
-
-
-def long_points(model: LlamaModel) -> list[tuple[int, int, int]]:
-    """[(rows, tokens a row, context)] one row at LONG_CONTEXT cached tokens (or the longest the model takes) at
-    LONG_TOKENS; none for a model whose longest context is no longer than the grid's."""
-    context = min(LONG_CONTEXT, model.cfg.context_limit - max(LONG_TOKENS))
-    return [(1, t, context) for t in LONG_TOKENS] if context > max(CONTEXT_LENGTHS) else []
 
 
 def profile_or_probe(model: LlamaModel) -> CostModel:
@@ -117,7 +99,7 @@ def profile_or_probe(model: LlamaModel) -> CostModel:
     cost = load_profile(model)
     if cost.fingerprint:
         return cost
-    cost = calibrate(model, **PROBE, points=long_points(model))
+    cost = calibrate(model, **PROBE)
     try:
         cost.save(profile_path(model))
     except OSError:  # a read-only cache: the probe still prices this run
@@ -154,10 +136,8 @@ def calibrate(
     token_counts: Sequence[int] = TOKENS_PER_ROW,
     context_lengths: Sequence[int] = CONTEXT_LENGTHS,
     repeats: int = 3,
-    points: Sequence[tuple[int, int, int]] = (),
 ) -> CostModel:
-    """Time the grid, then `points` (rows, tokens a row, context) each in a cache of its own size, and fit.
-    `token_counts` are tokens per row (K + 1); N = B * tokens per row.
+    """Time the grid and fit. `token_counts` are tokens per row (K + 1); N = B * tokens per row.
 
     `device` must be where the model lives (it is a check, not a move: moving weights is the caller's job)."""
     actual = model.device
@@ -170,11 +150,6 @@ def calibrate(
         for t in token_counts
         for c in context_lengths
     ]
-    del cache
-    for b, t, c in points:
-        cache = model.new_cache(b, c + t)  # one at a time
-        samples.append((b, b * t, c, time_forward(model, cache, b, t, c, repeats)))
-        del cache
     return CostModel.fit(samples, model_fingerprint(model))
 
 
@@ -182,7 +157,7 @@ def run(model: LlamaModel) -> Path:
     """Calibrate the target as the engine steps it (the caller loads it as it would serve it: weights, arithmetic,
     cache dtype, compiled or eager: each is another profile, `model_fingerprint`) and write its profile; returns its
     path."""
-    cost = calibrate(model, points=long_points(model))
+    cost = calibrate(model)
     path = cost.save(profile_path(model))
     terms = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in cost.to_json()["verify"].items())
     print(f"{path}: {terms}")

@@ -48,7 +48,7 @@ import numpy as np
 
 from specdecode.models.ragged import verify_tokens
 
-PROFILE_VERSION = 5  # 2: the hinge terms; 3: the per-row cache read; 4, 5: a long row timed (calibrate.py)
+PROFILE_VERSION = 3  # 2: the hinge terms; 3: the per-row cache read
 KNEES = (4, 16, 64)  # tokens per forward past which a hinge term adds its own per-token cost
 VERIFY_TERMS = (
     "intercept",
