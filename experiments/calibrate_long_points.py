@@ -33,11 +33,17 @@ def long_row(tokens: str, model) -> list[tuple[int, int, int]]:
 
 
 def timed(model, rows: int, tokens: int, context: int, repeats: int) -> float:
-    cache = model.new_cache(rows, context + tokens)
-    try:
-        return time_forward(model, cache, rows, tokens, context, repeats)
-    finally:
-        del cache
+    """Median seconds of a [rows, tokens] forward on `context` cached tokens, in a cache of just that size."""
+    return time_forward(model, model.new_cache(rows, context + tokens), rows, tokens, context, repeats)
+
+
+def prices(one: float, two: float, three: float) -> dict[str, float]:
+    """Seconds of 1, 2 and 3 tokens a row -> a plain step's ms and what a second and a third token a row add."""
+    return {"plain_ms": one * 1e3, "plus1_ms": (two - one) * 1e3, "plus2_ms": (three - two) * 1e3}
+
+
+def line(rows: str, context: str, name: str, ms: dict[str, float]) -> str:
+    return f"{rows:>4} {context:>7} {name:>12} {ms['plain_ms']:9.1f} {ms['plus1_ms']:7.1f} {ms['plus2_ms']:7.1f}"
 
 
 def grid_samples(model, repeats: int) -> list[tuple[int, int, int, float]]:
@@ -70,15 +76,11 @@ def main() -> None:
     for b, c in CHECKS:
         if c + 3 > model.cfg.context_limit:
             continue
-        plain, two, three = (timed(model, b, t, c, a.repeats) for t in (1, 2, 3))
-        measured = {"plain_ms": plain * 1e3, "plus1_ms": (two - plain) * 1e3, "plus2_ms": (three - two) * 1e3}
-        row = {"rows": b, "context": c, "measured": measured}
-        ms = (plain * 1e3, (two - plain) * 1e3, (three - two) * 1e3)
-        print(f"{b:>4} {c:>7} {'measured':>12} {ms[0]:9.1f} {ms[1]:7.1f} {ms[2]:7.1f}")
+        row = {"rows": b, "context": c, "measured": prices(*(timed(model, b, t, c, a.repeats) for t in (1, 2, 3)))}
+        print(line(str(b), str(c), "measured", row["measured"]))
         for name, fit in fits.items():
-            p = [fit.predict_tokens(b, b * t, c) for t in (1, 2, 3)]
-            row[name] = {"plain_ms": p[0] * 1e3, "plus1_ms": (p[1] - p[0]) * 1e3, "plus2_ms": (p[2] - p[1]) * 1e3}
-            print(f"{'':>4} {'':>7} {name:>12} {p[0] * 1e3:9.1f} {(p[1] - p[0]) * 1e3:7.1f} {(p[2] - p[1]) * 1e3:7.1f}")
+            row[name] = prices(*(fit.predict_tokens(b, b * t, c) for t in (1, 2, 3)))
+            print(line("", "", name, row[name]))
         rows.append(row)
     coef = {name: fit.to_json()["verify"] for name, fit in fits.items()}
     head = {**provenance("experiments.calibrate_long_points", model), "target": a.target, "arithmetic": a.arithmetic}

@@ -12,15 +12,19 @@ from specdecode.config import EngineConfig, SamplingParams, SpeculativeConfig, a
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """--target, then one flag per speculation and engine setting, from the config fields' metadata."""
-    p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
+    add_target_arg(p)
     add_flags(p, SpeculativeConfig, EngineConfig)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """--target and the engine's settings alone: how the target is loaded and stepped (a command that runs no
     speculation: calibrate)."""
-    p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
+    add_target_arg(p)
     add_flags(p, EngineConfig)
+
+
+def add_target_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="smollm2-135m-instruct", help="HF directory, .gguf file or built-in name")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
