@@ -17,11 +17,14 @@ and autocast) skips all of that: one C++ op (kernels/attention_op.cpp) writes th
 over its own slot up to its own last token with the few-queries kernel (kernels/few_queries_attention.cpp:
 the query heads that share a key head read each key once, and a query's result does not depend on T or on
 the rows beside it). Python's share of a layer was ~100 us of ~135 (cache writes by advanced indexing, the
-rows' lengths read to the host, grouping) at one token.
+rows' lengths read to the host, grouping) at one token. A prompt's chunk of more new tokens takes the same kernel
+a piece of KERNEL_MAX_QUERIES tokens at a time (`_attend_in_pieces`), so a request's tokens never depend on how its
+prompt was chunked or what was batched beside it; SDPA is left to accelerators, training and head sizes the
+kernel lacks.
 
 Under the fast arithmetic the cache is bf16 (models/kv_dtype.py): the op writes each new key rounded to bf16 and
-the kernel's bf16 twin (kernels/few_queries_attention_bf16.cpp) attends, with the same guarantees; SDPA (a
-prefill chunk) reads the bf16 keys widened to fp32.
+the kernel's bf16 twin (kernels/few_queries_attention_bf16.cpp) attends, with the same guarantees; SDPA, where it
+runs, reads the bf16 keys widened to fp32.
 """
 
 from __future__ import annotations
@@ -38,9 +41,12 @@ from specdecode.models.ragged import pad_groups
 # 64-dim layer ~80 ns): a call of its own pays once its rows would read this many padded keys.
 CALL_KEYS = 512
 KEY_SLACK = CALL_KEYS  # rows whose attended lengths differ by more go to separate calls
-KERNEL_MAX_QUERIES = 32  # new tokens per row the few-queries kernel takes (a prefill chunk goes to SDPA)
+KERNEL_MAX_QUERIES = 32  # new tokens per row the few-queries kernel takes in one call (a prefill chunk: in pieces)
 KERNEL_HEAD_DIMS = (16, 32, 64, 128)
 BF16_HEAD_DIMS = (32, 64, 128)  # over a bf16 cache (kernels/few_queries_attention_bf16.cpp)
+# A prefill chunk goes through the kernel too, in pieces (`_attend_in_pieces`); False sends it to SDPA, as before
+# (the batch-invariance tests' control turns it off).
+PREFILL_IN_PIECES = True
 
 
 def attend_eager(
@@ -59,8 +65,11 @@ def attend_eager(
     The op mutates the whole cache, a graph input, rather than a view of it: a compiled graph then writes in
     place (a mutated view of an input came back as a copy, and the writes were lost).
     """
-    if _kernel_serves(q, k, v, cache_k, mask):  # the cache write and attention in one C++ op
+    serves = _kernel_serves(q[:, :KERNEL_MAX_QUERIES], k, v, cache_k, mask)  # all but the number of new tokens
+    if serves and q.shape[1] <= KERNEL_MAX_QUERIES:  # the cache write and attention in one C++ op
         return torch.ops.specdecode.few_queries_attend.default(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask)
+    if serves and PREFILL_IN_PIECES:  # a prompt's chunk: through the same kernel
+        return _attend_in_pieces(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask)
     b, t = q.shape[:2]
     k_cache, v_cache = cache_k[layer], cache_v[layer]  # [slots, kv_heads, len + 1, head_dim] each
     # Advanced indices split by a slice put [num_seqs, T] first: the target is [num_seqs, T, kv_heads, dim].
@@ -101,6 +110,24 @@ for _name in ("attend", "attend_general"):
     _LIB.define(_name + _SCHEMA)
     _LIB.impl(_name, attend_eager, "CompositeExplicitAutograd")
 attend = torch.ops.specdecode.attend.default
+
+
+def _attend_in_pieces(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask) -> torch.Tensor:
+    """`attend_eager` for a chunk of more than KERNEL_MAX_QUERIES new tokens a row (a prompt's prefill), through the
+    few-queries kernel a piece of that many tokens at a time, in order: each piece writes its K/V and attends up to
+    its own tokens. A query's result then never depends on the chunk it came in, nor on the rows beside it, as in a
+    decode or verify step: a request's tokens are the same alone, in any batch and under any token budget. Through
+    SDPA a chunk's keys are padded to its longest row and its last token, and the reduction over them changed with
+    that padding (the 1.5B under fast: a dev code prompt's greedy answer parted at its 33rd token when a prompt 6
+    tokens longer was prefilled beside it). Shapes as attend_eager's; returns [num_seqs, T, heads * head_dim]."""
+    op = torch.ops.specdecode.few_queries_attend.default
+    pieces = []
+    for s in range(0, q.shape[1], KERNEL_MAX_QUERIES):
+        e = s + KERNEL_MAX_QUERIES
+        pieces.append(
+            op(q[:, s:e], k[:, s:e], v[:, s:e], cache_k, cache_v, layer, slots, write_pos[:, s:e], mask[:, :, s:e])
+        )
+    return torch.cat(pieces, dim=1)
 
 
 def attend_fn() -> Callable[..., torch.Tensor]:

@@ -5,6 +5,8 @@ and the attention op sends it only the calls it serves."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -267,3 +269,63 @@ def test_padded_queries_are_not_computed_and_real_ones_are_as_alone():
 def test_control_the_sdpa_path_computes_the_padding(sdpa_path):
     out, real, _ = _padded_batch()
     assert out[~real].abs().min() > 0
+
+
+def _prefill_alone_and_beside() -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """A prompt chunk of 75 new tokens (past the kernel's 32 a call) after 20 cached ones, beside a row of 40 after
+    120, prefilled in one call; the same two rows each in calls of their own, cut at other places (30 + 45, 17 +
+    23); and the first row's token 60 as a one-token step. Returns (the batch's rows, their own calls' rows, the
+    step's query) over real tokens."""
+    gen = torch.Generator().manual_seed(4)
+    slots, starts, num_new = [1, 4], [20, 120], [75, 40]
+    q, k, v, cache_k, cache_v, meta, mask = _inputs(gen, slots, starts, num_new, tree=False)
+    batch = _attend(q, k, v, cache_k, cache_v, meta, mask)  # [2, 75, heads * dim]
+    alone = []
+    for b, cuts in enumerate([(0, 30, 75), (0, 17, 40)]):
+        pieces = []
+        for s, e in itertools.pairwise(cuts):
+            one = AttentionMetadata.build([slots[b]], [starts[b] + s], e - s, "cpu", max_len=MAX_LEN)
+            rows = (q[b : b + 1, s:e], k[b : b + 1, s:e], v[b : b + 1, s:e])
+            pieces.append(_attend(*rows, cache_k, cache_v, one, one.additive_mask(e - s, torch.float32))[0])
+        alone.append(torch.cat(pieces))  # [num_new[b], heads * dim]
+    step = AttentionMetadata.build([1], [80], 1, "cpu", max_len=MAX_LEN)
+    one_token = _attend(
+        q[:1, 60:61], k[:1, 60:61], v[:1, 60:61], cache_k, cache_v, step, step.additive_mask(1, torch.float32)
+    )
+    return [batch[b, :n] for b, n in enumerate(num_new)], alone, one_token[0, 0]
+
+
+@needs_kernel
+def test_a_prefill_chunk_gives_each_query_what_it_gives_in_any_chunk_beside_any_row():
+    """A prompt's prefill goes through the kernel in pieces (attention._attend_in_pieces), so a query's result is
+    bit for bit the same whether its prompt came in one chunk or two, alone or beside a longer row, and as a decode
+    step would compute it: a request's tokens do not depend on the server's load (tests/engine/
+    test_batch_invariance.py). Control: the SDPA path the pieces replace."""
+    batch, alone, one_token = _prefill_alone_and_beside()
+    for got, want in zip(batch, alone, strict=True):
+        assert torch.equal(got, want)
+    assert torch.equal(batch[0][60], one_token)
+
+
+@needs_kernel
+def test_control_a_prefill_chunk_through_sdpa_depends_on_its_chunk_and_neighbours(monkeypatch):
+    monkeypatch.setattr(attention, "PREFILL_IN_PIECES", False)
+    batch, alone, one_token = _prefill_alone_and_beside()
+    assert not all(torch.equal(got, want) for got, want in zip(batch, alone, strict=True))
+    assert not torch.equal(batch[0][60], one_token)
+
+
+@needs_kernel
+def test_a_prefill_chunk_in_pieces_equals_attention_written_out():
+    gen = torch.Generator().manual_seed(5)
+    slots, starts, num_new = [1, 4, 0], [20, 120, 0], [75, 40, 66]
+    q, k, v, cache_k, cache_v, meta, mask = _inputs(gen, slots, starts, num_new, tree=False)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("HEADS", "KV_HEADS", "DIM"):
+            patch.setattr(written_out, name, globals()[name])
+        want, want_k, want_v = written_out.reference(q, k, v, cache_k, cache_v, 1, slots, starts, num_new)
+    out = _attend(q, k, v, cache_k, cache_v, meta, mask)
+    real = meta.write_pos >= 0  # [num_seqs, T]
+    assert (out - want.float())[real].abs().max() < 1e-5
+    assert torch.equal(cache_k[..., :MAX_LEN, :], want_k[..., :MAX_LEN, :])
+    assert not out[~real].any()  # the padding's queries: not computed

@@ -34,7 +34,8 @@ std::atomic<bool> g_attend_kernel{false};
 // Whether a bf16 cache's dot products take `vdpbf16ps` (where the CPU has it; tests turn it off to check the
 // widening path, kernels/few_queries_attention_bf16.cpp).
 std::atomic<bool> g_bf16_dot{few_queries_bf16_dot()};
-constexpr int64_t kMaxQueries = 32;  // models/attention.py's KERNEL_MAX_QUERIES: a longer chunk goes to SDPA
+// models/attention.py's KERNEL_MAX_QUERIES: a longer chunk goes to the Python path, which sends it back in such pieces
+constexpr int64_t kMaxQueries = 32;
 
 bool is_bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
 
