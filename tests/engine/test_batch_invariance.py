@@ -1,8 +1,9 @@
 """A request's greedy tokens and log-probabilities do not depend on the server's load: bit for bit the same alone,
 batched with other prompts of other lengths, and with its prompt cut into chunks by a small token budget, on the
 real SmolLM2 (its Q4_1 file, weights kept quantized, as `LLM("smollm2-135m-instruct")` loads it) in both
-arithmetics, with and without speculation. Dense fp32 weights (a safetensors directory, `--weights fp32`) are not
-covered: oneDNN's GEMM sums a row differently as the number of rows changes.
+arithmetics, with and without speculation, on the eager step the suite runs (tests/conftest.py; the compiled step's
+GEMM is row-invariant too). Dense fp32 weights on the eager step are not covered: oneDNN's GEMM sums a row
+differently as the number of rows changes.
 
 What made them depend on it was a prompt chunk's attention through SDPA, whose keys were padded to the chunk's
 longest row and its last token: the reduction over them changed with that padding (under `fast` the int8 rounding
