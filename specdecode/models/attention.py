@@ -71,10 +71,8 @@ def attend_eager(
     if serves and PREFILL_IN_PIECES:  # a prompt's chunk: through the same kernel
         return _attend_in_pieces(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask)
     b, t = q.shape[:2]
+    _write(k, v, cache_k, cache_v, layer, slots, write_pos)
     k_cache, v_cache = cache_k[layer], cache_v[layer]  # [slots, kv_heads, len + 1, head_dim] each
-    # Advanced indices split by a slice put [num_seqs, T] first: the target is [num_seqs, T, kv_heads, dim].
-    k_cache[slots[:, None], :, write_pos] = k.to(k_cache.dtype)
-    v_cache[slots[:, None], :, write_pos] = v.to(v_cache.dtype)
     kv_len = mask.shape[-1]
     queries = q.transpose(1, 2)  # [num_seqs, heads, T, head_dim]
     if q.device.type != "cpu":  # an accelerator: gather the rows' caches rather than read slots on the host
@@ -113,21 +111,32 @@ attend = torch.ops.specdecode.attend.default
 
 
 def _attend_in_pieces(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask) -> torch.Tensor:
-    """`attend_eager` for a chunk of more than KERNEL_MAX_QUERIES new tokens a row (a prompt's prefill), through the
-    few-queries kernel a piece of that many tokens at a time, in order: each piece writes its K/V and attends up to
-    its own tokens. A query's result then never depends on the chunk it came in, nor on the rows beside it, as in a
-    decode or verify step: a request's tokens are the same alone, in any batch and under any token budget. Through
+    """`attend_eager` for a chunk of more than KERNEL_MAX_QUERIES new tokens a row (a prompt's prefill; a verify of a
+    wide tree), through the few-queries kernel a piece of that many tokens at a time, in order: each piece attends up
+    to its own tokens. A query's result then never depends on the chunk it came in, nor on the rows beside it, as in
+    a decode or verify step: a request's tokens are the same alone, in any batch and under any token budget. Through
     SDPA a chunk's keys are padded to its longest row and its last token, and the reduction over them changed with
     that padding (the 1.5B under fast: a dev code prompt's greedy answer parted at its 33rd token when a prompt 6
-    tokens longer was prefilled beside it). Shapes as attend_eager's; returns [num_seqs, T, heads * head_dim]."""
+    tokens longer was prefilled beside it). Every row's new K/V are written first, as one call writes them: rows
+    of a prompt cut on one slot (the engine's chunk rows) attend to the rows before them whole (each piece writes
+    its own again, the same values). Shapes as attend_eager's; returns [num_seqs, T, heads * head_dim]."""
+    _write(k, v, cache_k, cache_v, layer, slots, write_pos)
     op = torch.ops.specdecode.few_queries_attend.default
     pieces = []
     for s in range(0, q.shape[1], KERNEL_MAX_QUERIES):
         e = s + KERNEL_MAX_QUERIES
-        pieces.append(
-            op(q[:, s:e], k[:, s:e], v[:, s:e], cache_k, cache_v, layer, slots, write_pos[:, s:e], mask[:, :, s:e])
-        )
+        piece = (q[:, s:e], k[:, s:e], v[:, s:e])
+        pieces.append(op(*piece, cache_k, cache_v, layer, slots, write_pos[:, s:e], mask[:, :, s:e]))
     return torch.cat(pieces, dim=1)
+
+
+def _write(k, v, cache_k, cache_v, layer: int, slots: torch.Tensor, write_pos: torch.Tensor) -> None:
+    """The new K/V [num_seqs, T, kv_heads, head_dim] into the layer's cache at each token's position (padding: the
+    scratch column), converted to the cache's dtype (bf16: rounded to nearest even, as the kernel writes it)."""
+    k_cache, v_cache = cache_k[layer], cache_v[layer]  # [slots, kv_heads, len + 1, head_dim] each
+    # Advanced indices split by a slice put [num_seqs, T] first: the target is [num_seqs, T, kv_heads, dim].
+    k_cache[slots[:, None], :, write_pos] = k.to(k_cache.dtype)
+    v_cache[slots[:, None], :, write_pos] = v.to(v_cache.dtype)
 
 
 def attend_fn() -> Callable[..., torch.Tensor]:

@@ -329,3 +329,29 @@ def test_a_prefill_chunk_in_pieces_equals_attention_written_out():
     assert (out - want.float())[real].abs().max() < 1e-5
     assert torch.equal(cache_k[..., :MAX_LEN, :], want_k[..., :MAX_LEN, :])
     assert not out[~real].any()  # the padding's queries: not computed
+
+
+def _rows_on_one_slot_error() -> float:
+    """|op - attention written out| over real tokens for a prompt of 80 new tokens after 10 cached ones, cut into two
+    rows of 40 on the same slot (the engine's chunk rows, as a verify of a wide tree rides them), beside another row:
+    the second row attends to all of the first's K/V, which the pieces of 32 would not have written yet."""
+    gen = torch.Generator().manual_seed(6)
+    slots, starts, num_new = [2, 2, 5], [10, 50, 0], [40, 40, 36]
+    q, k, v, cache_k, cache_v, meta, mask = _inputs(gen, slots, starts, num_new, tree=False)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("HEADS", "KV_HEADS", "DIM"):
+            patch.setattr(written_out, name, globals()[name])
+        want, _, _ = written_out.reference(q, k, v, cache_k, cache_v, 1, slots, starts, num_new)
+    out = _attend(q, k, v, cache_k, cache_v, meta, mask)
+    return (out - want.float())[meta.write_pos >= 0].abs().max().item()
+
+
+@needs_kernel
+def test_rows_of_one_prompt_on_one_slot_see_each_others_keys():
+    assert _rows_on_one_slot_error() < 1e-5
+
+
+@needs_kernel
+def test_control_pieces_without_every_rows_keys_written_first_are_caught(monkeypatch):
+    monkeypatch.setattr(attention, "_write", lambda *a: None)
+    assert _rows_on_one_slot_error() > 0.1
