@@ -315,18 +315,22 @@ def test_control_a_prefill_chunk_through_sdpa_depends_on_its_chunk_and_neighbour
     assert not torch.equal(batch[0][60], one_token)
 
 
-@needs_kernel
-def test_a_prefill_chunk_in_pieces_equals_attention_written_out():
-    gen = torch.Generator().manual_seed(5)
-    slots, starts, num_new = [1, 4, 0], [20, 120, 0], [75, 40, 66]
-    q, k, v, cache_k, cache_v, meta, mask = _inputs(gen, slots, starts, num_new, tree=False)
+def _op_and_written_out(seed: int, slots: list[int], starts: list[int], num_new: list[int]):
+    """(the op's output, attention written out by hand's, its cache of keys, the op's cache of keys, which queries
+    are real [num_seqs, T]) for rows of `num_new` new tokens after `starts` cached ones on `slots`."""
+    q, k, v, cache_k, cache_v, meta, mask = _inputs(torch.Generator().manual_seed(seed), slots, starts, num_new, False)
     with pytest.MonkeyPatch.context() as patch:
         for name in ("HEADS", "KV_HEADS", "DIM"):
             patch.setattr(written_out, name, globals()[name])
-        want, want_k, want_v = written_out.reference(q, k, v, cache_k, cache_v, 1, slots, starts, num_new)
+        want, want_k, _ = written_out.reference(q, k, v, cache_k, cache_v, 1, slots, starts, num_new)
     out = _attend(q, k, v, cache_k, cache_v, meta, mask)
-    real = meta.write_pos >= 0  # [num_seqs, T]
-    assert (out - want.float())[real].abs().max() < 1e-5
+    return out, want.float(), want_k, cache_k, meta.write_pos >= 0
+
+
+@needs_kernel
+def test_a_prefill_chunk_in_pieces_equals_attention_written_out():
+    out, want, want_k, cache_k, real = _op_and_written_out(5, [1, 4, 0], [20, 120, 0], [75, 40, 66])
+    assert (out - want)[real].abs().max() < 1e-5
     assert torch.equal(cache_k[..., :MAX_LEN, :], want_k[..., :MAX_LEN, :])
     assert not out[~real].any()  # the padding's queries: not computed
 
@@ -335,15 +339,8 @@ def _rows_on_one_slot_error() -> float:
     """|op - attention written out| over real tokens for a prompt of 80 new tokens after 10 cached ones, cut into two
     rows of 40 on the same slot (the engine's chunk rows, as a verify of a wide tree rides them), beside another row:
     the second row attends to all of the first's K/V, which the pieces of 32 would not have written yet."""
-    gen = torch.Generator().manual_seed(6)
-    slots, starts, num_new = [2, 2, 5], [10, 50, 0], [40, 40, 36]
-    q, k, v, cache_k, cache_v, meta, mask = _inputs(gen, slots, starts, num_new, tree=False)
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("HEADS", "KV_HEADS", "DIM"):
-            patch.setattr(written_out, name, globals()[name])
-        want, _, _ = written_out.reference(q, k, v, cache_k, cache_v, 1, slots, starts, num_new)
-    out = _attend(q, k, v, cache_k, cache_v, meta, mask)
-    return (out - want.float())[meta.write_pos >= 0].abs().max().item()
+    out, want, _, _, real = _op_and_written_out(6, [2, 2, 5], [10, 50, 0], [40, 40, 36])
+    return (out - want)[real].abs().max().item()
 
 
 @needs_kernel
