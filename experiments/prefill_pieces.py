@@ -50,11 +50,11 @@ def prefill_times(llm: LLM, ids: list[int], lengths: tuple[int, ...], repeats: i
     return out
 
 
-def differing_answers(target: str, arithmetic: str, texts: list[str]) -> dict:
+def differing_answers(loaded: LLM, target: str, arithmetic: str, texts: list[str]) -> dict:
     """{sdpa, pieces}: how many of the prompts' answers (tokens and log-probabilities) differ batched from alone,
-    over the budgets."""
+    over the budgets; every engine shares `loaded`'s target."""
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=1)
-    base = LLM(target=target, arithmetic=arithmetic, method="none", max_num_seqs=len(texts))
+    base = LLM(target=target, arithmetic=arithmetic, method="none", max_num_seqs=len(texts), share_target=loaded)
     out = {}
     for pieces in (False, True):
         attention.PREFILL_IN_PIECES = pieces
@@ -88,8 +88,8 @@ def main() -> None:
         dev = load_prompts("code", "dev")[:8]
         texts = [llm.apply_chat_template([{"role": "user", "content": p.text}]) for p in dev]
         times = prefill_times(llm, ids, lengths, repeats)
+        differ = differing_answers(llm, target, arithmetic, texts)
         llm.close()
-        differ = differing_answers(target, arithmetic, texts)
         print(f"  answers differing batched (of {2 * len(texts)}): SDPA {differ['sdpa']}, pieces {differ['pieces']}")
         rows.append({"target": target, "arithmetic": arithmetic, "prefill": times, "differing_answers": differ})
     out = {**provenance(module="experiments.prefill_pieces"), "cases": rows}

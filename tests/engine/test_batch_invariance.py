@@ -42,8 +42,8 @@ def _differences(arithmetic: str, method: str) -> list[str]:
     if method != "none":
         kwargs["num_speculative_tokens"] = 3
     alone_llm = LLM(target=TARGET, max_num_batched_tokens=2048, **kwargs)
-    texts = [alone_llm.apply_chat_template([{"role": "user", "content": p.text}]) for p in load_prompts("code", "dev")]
-    texts = texts[:PROMPTS]
+    prompts = load_prompts("code", "dev")[:PROMPTS]
+    texts = [alone_llm.apply_chat_template([{"role": "user", "content": p.text}]) for p in prompts]
     alone = _answers(alone_llm, texts, batched=False)
     found = []
     for budget in BUDGETS:
