@@ -370,9 +370,11 @@ class GoodputController(ControllerBase):
             # takes truncate's margin: a width that cannot beat it there is cut after the lookups are paid for
             # (SmolLM2, n-gram, 8 rows at 7,900 tokens: 5 drafts asked a row, 0.02 verified, 0.93x K = 0).
             pays = gain.max() > gain[0] * (1.0 + self.widen_margin) or self._one_row_pays(reach, caps, context)
+            ks = caps.tolist() if pays else self._closed(seqs, caps, context)
             if self.gated:
                 self.gate_key, self.gate_open, self.gate_steps = key, bool(pays), 0
-            return caps.tolist() if pays else self._closed(seqs, caps, context)
+                return ks
+            return self._ask(seqs, ks, room)  # a draft model priced cheap: the rows it skips are held as elsewhere
         k = self._with_hysteresis(gain, k_max) or self._explore(seqs, p, caps, context)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
         ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]

@@ -982,6 +982,36 @@ def test_a_row_too_dear_to_read_takes_the_lookups_drafts_alone(lookup):
     assert ks[0] > 0 and drafter.holds[-1:] == ([set()] if lookup else [])
 
 
+def cheap_draft_steps_held(fault: bool = False) -> list[bool]:
+    """Three steps of four rows under a draft model priced cheap that no width pays for: whether each step held to
+    the lookup every row the model was asked nothing for (and asked it for their room). fault: the step skips the
+    hold."""
+    drafter = LookupDraftStub(0)
+    ctrl = GoodputController(cost=step_cost(), cheap_draft=1e9)  # any extra draft is cheap
+    ctrl.seed_pair(0.01, 9e-3)  # and right once in a hundred: no width pays
+    ctrl.bind_drafter(drafter)
+    if fault:
+        ctrl._hold = lambda seqs, ks, room: ks
+    seqs, held_all = short_answers(4), []
+    for _ in range(3):
+        ks = ctrl.choose(seqs, 4)
+        assert ctrl._drafting_is_cheap(4, 4, 3.0)
+        held = drafter.holds[-1] if len(drafter.holds) == len(held_all) + 1 else set()  # this step's, if any
+        skipped = {s.request_id for s in seqs} - set(ctrl.asked)
+        held_all.append(bool(skipped) and held == skipped and all(k == 4 for k in ks))
+    return held_all
+
+
+def test_a_draft_model_priced_cheap_holds_the_rows_it_asks_nothing():
+    """A draft model whose extra drafts are priced cheap (`_drafting_is_cheap`) is asked like a lookup: every draft
+    where some width pays, else none but probes. The rows it then asks nothing are held to its lookup as on every
+    other path; they were not (the step returned before `_hold`, and left the last step's rows held): a CI run whose
+    calibration priced the tiny test draft cheap held no row in 4,000 requests (2026-12-01). Control: the step
+    skips the hold, as it did."""
+    assert cheap_draft_steps_held() == [True] * 3
+    assert cheap_draft_steps_held(fault=True) == [False] * 3
+
+
 def test_held_rows_learn_the_lookups_acceptance_and_never_the_drafts_price():
     """A held row's verified lookup drafts (all rejected here) teach its lookup estimate, not the model's, nor the
     model's price (its lookups took no forward); `truncate` verifies fewer of them as the misses come in. Control:

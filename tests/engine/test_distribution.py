@@ -15,6 +15,7 @@ reference too and pass (the top-k control below did, with process_logits as the 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -312,9 +313,17 @@ def test_goodput_holding_rows_to_the_lookup_stays_lossless(models):
     rows it holds follows timings and past outcomes, never the drafts, and their drafts are one-hot; the joint of
     the lookup rows is still the target's. Held on every step it could be (the ledger that stops holding where the
     lookups stop paying, control/hold_ledger.py, also goes by past outcomes and timings alone), for enough lookup
-    drafts to judge."""
+    drafts to judge.
+
+    Which rows the model is asked for followed this machine's timings too: a CI run on a busy machine asked it for
+    every row on every step and held none (2026-12-01). So every other step here asks the model nothing, whatever
+    the timings (by step count: still never by the drafts), and no step is a plain probe (`plain_doubt`)."""
     llm = LLM(**{**make_kwargs(models, "draft"), "draft_lookup": 2, "controller": "goodput"})
-    llm.engine.controller.hold_ledger.min_steps = float("inf")
+    controller = llm.engine.controller
+    controller.hold_ledger.min_steps = float("inf")
+    controller.plain_doubt = 0.0
+    ask, steps = controller._ask, itertools.count()
+    controller._ask = lambda seqs, ks, room: ask(seqs, ks if next(steps) % 2 else [0] * len(ks), room)
     drafter, holds, sources = llm.engine.drafter, [], {"lookup": 0, "model": 0}
     hold = drafter.hold_model
     drafter.hold_model = lambda ids: holds.append(len(ids)) or hold(ids)
