@@ -21,7 +21,7 @@ from specdecode.drafters.subset_head import VOCAB_FILE, load_subset
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.drafters.tree_search import TreeShape
 from specdecode.heads import load_heads
-from specdecode.models import packed_linear
+from specdecode.models import fp32_linears
 from specdecode.models.llama import LlamaModel
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"  # shipped heads and layer choices, per target
@@ -74,8 +74,7 @@ def _head_drafter(kind: str):
         device, dtype = ctx.target.device, ctx.target.dtype
         path = _heads_dir(ctx, kind)
         heads, cfg, _ = load_heads(path, ctx.target, device, dtype)
-        if packed_linear.available(device, dtype):
-            packed_linear.pack_linears(heads)
+        fp32_linears.install(heads, device, dtype)
         shape = TreeShape()
         if kind == "eagle":  # an optional vocab.npy beside the head restricts its candidates (a cheaper LM head)
             vocab = path / VOCAB_FILE

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specdecode.config import ConfigError
-from specdecode.models import packed_linear
+from specdecode.models import fp32_linears
 from specdecode.models.llama import LlamaModel
 from specdecode.models.quant_int8 import Int8QuantLinear
 from specdecode.models.quant_rows import QuantLinear
@@ -71,8 +71,7 @@ class SubsetHead:
         head = nn.Linear(weight.shape[1], len(self.subset), bias=False, device=weight.device, dtype=self.dtype)
         head.weight.data.copy_(weight[self.subset])  # [S, hidden]
         holder = nn.Sequential(head.requires_grad_(False))
-        if packed_linear.available(weight.device, self.dtype):  # the same choice as for the target's own linears
-            packed_linear.pack_linears(holder)
+        fp32_linears.install(holder, weight.device, self.dtype)  # as the target's own linears
         self.linear = holder[0]
 
     def small_logits(self, hidden: torch.Tensor) -> torch.Tensor:

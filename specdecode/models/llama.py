@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from specdecode.kv import KVCache
-from specdecode.models import packed_linear
+from specdecode.models import fp32_linears
 from specdecode.models.attention import attend_fn
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -458,10 +458,10 @@ def load_llama(
 ) -> LlamaModel:
     """Build the model from a Hugging Face directory (config.json + *.safetensors).
 
-    inference=True freezes the weights and packs fp32 CPU linears where packing measured faster (see
-    models/packed_linear.py); training wants False. Frozen whatever the packing: the choice is timed at first use,
-    and a busy machine choosing plain F.linear left weights that required grad (`.numpy()` on the head failed,
-    in the suite only).
+    inference=True freezes the weights and gives fp32 CPU linears their inference kernels (the few-rows GEMM,
+    else a packing: models/fp32_linears.py); training wants False. Frozen whatever the kernel: the packing is
+    timed at first use, and a busy machine choosing plain F.linear left weights that required grad (`.numpy()` on
+    the head failed, in the suite only).
     """
     model_dir = Path(model_dir)
     cfg = LlamaConfig.from_dir(model_dir)
@@ -482,6 +482,6 @@ def load_llama(
     model.inv_freq = rope_inv_freq(cfg).to(device)  # stays fp32 whatever the weights' dtype
     if inference:
         model.requires_grad_(False)
-    if inference and packed_linear.available(torch.device(device), dtype):
-        packed_linear.pack_linears(model)
+    if inference:
+        fp32_linears.install(model, torch.device(device), dtype)
     return model

@@ -38,7 +38,7 @@ from safetensors import safe_open
 from torch import nn
 
 from specdecode.config import ConfigError
-from specdecode.models import packed_linear
+from specdecode.models import fp32_linears
 from specdecode.models.llama import LlamaConfig, LlamaModel, UnsupportedModelError, load_llama
 
 LM_HEAD = "lm_head.weight"  # an untied head's name in a Hugging Face checkpoint
@@ -76,7 +76,7 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, bias: torch.Tensor | None, group: dist.ProcessGroup | None) -> None:
         super().__init__()
-        self.linear = linear  # bias-free; packing may replace it (models/packed_linear.py)
+        self.linear = linear  # bias-free; its inference kernel may replace it (models/fp32_linears.py)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)  # [out]
         self.group = group
 
@@ -180,24 +180,22 @@ def load_sharded_llama(
     group: dist.ProcessGroup | None = None,
 ) -> LlamaModel:
     """This rank's shard, on `device`: loaded on the CPU, sliced there (so a GPU never holds the whole model),
-    moved, then packed for MKL/oneDNN like `load_llama` does for fp32 CPU inference."""
+    moved, then given fp32 CPU linears' inference kernels as `load_llama` does."""
     model = shard_llama(load_llama(model_dir, "cpu", dtype, inference=False), rank, world, group)
     model.to(device)  # no dtype: the RoPE table stays fp32
-    if packed_linear.available(torch.device(device), dtype):
-        packed_linear.pack_linears(model)
+    fp32_linears.install(model, torch.device(device), dtype)
     return model.requires_grad_(False)
 
 
 @torch.no_grad()
 def whole_lm_head(shard: LlamaModel, model_dir: str | Path, tied: bool) -> nn.Module:
-    """The unsharded LM head [vocab, hidden] beside a shard, with no collective, packed as `load_llama` packs the
+    """The unsharded LM head [vocab, hidden] beside a shard, with no collective, with the kernel `load_llama` gives the
     single process's: the shard's embedding when the model ties them (it is whole on every rank), else the
     checkpoint's head, read alone and cast to the shard's device and dtype."""
     like = shard.embed.weight  # [vocab, hidden]
     weight = like if tied else _read_tensor(Path(model_dir), LM_HEAD).to(device=like.device, dtype=like.dtype)
     holder = nn.Sequential(_linear(weight))
-    if packed_linear.available(like.device, like.dtype):
-        packed_linear.pack_linears(holder)
+    fp32_linears.install(holder, like.device, like.dtype)
     return holder[0].requires_grad_(False)
 
 
