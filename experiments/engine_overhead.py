@@ -7,6 +7,9 @@ the evaluation prompts), one at a time, 128 greedy tokens each, on the compiled 
 and the time inside the step's body and head calls (timers around the two callables the engine calls), per target
 forward. "other" is the rest: scheduling, sampling tensors, drafting, verification, commit, detokenization, and
 whatever wraps the compiled package's call. The arms take turns within each repeat; medians over the repeats.
+Then, in one more run of each arm, the time per forward inside each named stage of the engine's step (timers around
+them; the verification functions `quarantine` and `verify`, the drafter's `propose`, commit's `_append`, ...), to
+say where "other" goes.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import argparse
 import dataclasses
 import statistics
 import time
+from collections import defaultdict
 
 from specdecode import LLM, SamplingParams
 from specdecode.bench.code_prompts import load_prompts
 from specdecode.bench.lib import provenance, write_result
+from specdecode.engine import engine as engine_module
 
 ARMS = (("fast", "none"), ("exact", "none"), ("fast", "ngram"))
 PARAMS = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
@@ -62,6 +67,43 @@ def one_run(llm: LLM, timer: ForwardTimer, texts: list[str]) -> dict[str, float]
     }
 
 
+STAGES = ("_prefill_chunks", "_append", "_after_commit", "_riding_chunks", "_retire_finished", "_admit")
+
+
+def stage_times(llm: LLM, texts: list[str]) -> dict[str, float]:
+    """us per target forward inside each named stage of the step (one run, the stages wrapped, then unwrapped)."""
+    seconds: dict[str, float] = defaultdict(float)
+    engine, undo = llm.engine, []
+
+    def wrap(owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            seconds[label] += time.perf_counter() - t0
+            return out
+
+        setattr(owner, name, timed)
+        undo.append((owner, name, fn))
+
+    for name in ("sampling_tensors", "quarantine", "verify"):
+        wrap(engine_module, name, name)
+    for name in STAGES:
+        wrap(engine, name, name)
+    for owner, name in ((engine.controller, "choose"), (engine.controller, "truncate"), (engine.controller, "observe")):
+        wrap(owner, name, f"controller.{name}")
+    wrap(engine.drafter, "propose", "drafter.propose")
+    outs = [llm.generate([t], PARAMS)[0] for t in texts]
+    for owner, name, fn in undo:
+        if owner is engine_module:
+            setattr(owner, name, fn)
+        else:
+            delattr(owner, name)  # the instance attribute: the class's method again
+    forwards = sum(o.metrics["num_target_forwards"] for o in outs)
+    return {k: v / forwards * 1e6 for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -84,7 +126,10 @@ def main() -> None:
             f"  {arithmetic:5s} {method:5s}: {med['wall_ms']:.3f} ms a forward, model {med['model_ms']:.3f}, "
             f"other {med['other_ms']:.3f} ({share:.1%})"
         )
-        rows.append({"arithmetic": arithmetic, "method": method, **med, "other_share": share, "repeats": got})
+        stages = stage_times(loaded[(arithmetic, method)][0], texts)
+        print("    us a forward: " + ", ".join(f"{k} {v:.0f}" for k, v in stages.items() if v >= 5))
+        row = {"arithmetic": arithmetic, "method": method, **med, "other_share": share, "repeats": got}
+        rows.append({**row, "stages_us": stages})
     print(f"wrote {write_result(a.output, {**provenance(module='experiments.engine_overhead'), 'arms': rows})}")
 
 
