@@ -230,6 +230,39 @@ def test_greedy_rows_beside_sampled_rows(sampled_q):
     assert out[greedy].tolist() == [[a[0], a[1], -1] for a in argmax[greedy].tolist()]
 
 
+def greedy_cases_that_differ(cases: int = 300) -> int:
+    """Random greedy batches (1-6 rows, K 0-6, ragged draft counts, drafts right for a random prefix then wrong or
+    padded): in how many the all-greedy path (`greedy_verify`, lists) and the race path the same rows take beside a
+    sampled row (tensors; greedy rows' p is one-hot) give other tokens or counts."""
+    g = torch.Generator().manual_seed(11)
+    differ = 0
+    for _ in range(cases):
+        rows, k = int(torch.randint(1, 7, (1,), generator=g)), int(torch.randint(0, 7, (1,), generator=g))
+        logits = torch.randn(rows + 1, k + 1, VOCAB, generator=g)  # [rows + 1, k + 1, vocab]; the last row samples
+        argmax = logits.argmax(-1)  # [rows + 1, k + 1]
+        num = torch.randint(0, k + 1, (rows + 1,), generator=g)  # [rows + 1]
+        right = torch.randint(0, k + 1, (rows + 1, 1), generator=g)  # drafts right before this position
+        position = torch.arange(k)[None]  # [1, k]
+        drafts = torch.where(position < right, argmax[:, :k], (argmax[:, :k] + 1) % VOCAB)
+        drafts = torch.where(position < num[:, None], drafts, PAD_TOKEN_ID)  # [rows + 1, k]
+        greedy = [SamplingParams()] * rows
+        alone = verify(logits[:rows], drafts[:rows], num[:rows], None, SamplingTensors.from_params(greedy, "cpu"))
+        mixed_st = SamplingTensors.from_params([*greedy, SamplingParams(temperature=1.0, seed=1)], "cpu")
+        mixed = verify(logits, drafts, num, None, mixed_st)
+        differ += alone.output_token_ids.tolist() != mixed.output_token_ids[:rows].tolist()
+        differ += alone.num_accepted.tolist() != mixed.num_accepted[:rows].tolist()
+    return differ
+
+
+def test_greedy_verify_equals_the_race_path(monkeypatch):
+    """An all-greedy batch is verified in Python lists (`greedy_verify`): its tokens and counts are the vectorised
+    race path's for the same rows, bit for bit. Control: the lists' path reading one draft fewer per row differs."""
+    assert greedy_cases_that_differ() == 0
+    real = specdecode.verify.chain.greedy_verify
+    monkeypatch.setattr(specdecode.verify.chain, "greedy_verify", lambda y, d, n: real(y, d, (n - 1).clamp(min=0)))
+    assert greedy_cases_that_differ() >= 100  # 396 of 600 comparisons here
+
+
 def test_non_finite_logits_raise():
     logits = torch.zeros(1, 2, VOCAB)
     logits[0, 1, 3] = float("nan")

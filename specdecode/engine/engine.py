@@ -37,7 +37,7 @@ from specdecode.step.runner import PAD_SLACK, forward_ragged
 from specdecode.step.sequence import Sequence, Status, TokenLogprob, mean_context
 from specdecode.verify.chain import VerifyResult, verify
 from specdecode.verify.logits_adjust import LogitAdjuster, chain_paths, tree_paths
-from specdecode.verify.sampling import SamplingTensors, non_finite_rows, processed_logprobs
+from specdecode.verify.sampling import SamplingTensors, non_finite_flags, processed_logprobs
 from specdecode.verify.tree import verify_tree
 from specdecode.verify.tree_layout import tree_layout
 
@@ -80,8 +80,9 @@ def quarantine(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Such a row is one request's failure (its own logit bias, say), not the batch's: the others verify as they
     would have, and the engine fails that request alone. -inf is a token that may not follow (a grammar's mask).
     """
-    broken = non_finite_rows(logits)  # [num_seqs]
-    return (logits.masked_fill(broken[:, None, None], 0.0) if bool(broken.any()) else logits), broken
+    flags = non_finite_flags(logits)
+    broken = torch.tensor(flags, dtype=torch.bool, device=logits.device)  # [num_seqs]
+    return (logits.masked_fill(broken[:, None, None], 0.0) if any(flags) else logits), broken
 
 
 @dataclass
