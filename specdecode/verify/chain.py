@@ -55,12 +55,14 @@ def verify(
     st: SamplingTensors,
 ) -> VerifyResult:
     check_finite(target_logits)
-    if st.all_greedy:  # argmax matching needs no distribution: no one-hot [num_seqs, k + 1, vocab] is built
+    if st.all_greedy and target_logits.device.type == "cpu":  # in lists (an accelerator keeps its tensors)
         return greedy_verify(target_logits.argmax(-1), draft_token_ids, num_draft_tokens)
     k = target_logits.shape[1] - 1
     drafts = draft_token_ids.clamp(min=0)  # [num_seqs, k]
     valid = torch.arange(k, device=drafts.device)[None] < num_draft_tokens[:, None]  # [num_seqs, k]
-    if draft_probs is None or k == 0:
+    if st.all_greedy:  # argmax matching needs no distribution: no one-hot [num_seqs, k + 1, vocab] is built
+        y = target_logits.argmax(-1)  # [num_seqs, k + 1]
+    elif draft_probs is None or k == 0:
         y = target_samples(process_logits(target_logits, st), st)  # [num_seqs, k + 1]
     else:
         p = process_logits(target_logits, st)  # [num_seqs, k + 1, vocab]
