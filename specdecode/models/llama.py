@@ -482,6 +482,5 @@ def load_llama(
     model.inv_freq = rope_inv_freq(cfg).to(device)  # stays fp32 whatever the weights' dtype
     if inference:
         model.requires_grad_(False)
-    if inference:
         fp32_linears.install(model, torch.device(device), dtype)
     return model

@@ -56,11 +56,6 @@ def non_finite_flags(logits: torch.Tensor) -> list[bool]:
     return [not top < math.inf for top in logits.flatten(1).amax(1).tolist()]  # NaN and +inf fail the test
 
 
-def non_finite_rows(logits: torch.Tensor) -> torch.Tensor:
-    """logits [num_seqs, ...] -> [num_seqs] bool: `non_finite_flags` as a tensor on the logits' device."""
-    return torch.tensor(non_finite_flags(logits), dtype=torch.bool, device=logits.device)
-
-
 def check_finite(logits: torch.Tensor) -> None:
     """NaN or +inf logits are a broken model; -inf is a token that may not follow (a grammar's mask)."""
     if logits.numel() and any(non_finite_flags(logits.reshape(1, -1))):
