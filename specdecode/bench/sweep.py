@@ -10,7 +10,10 @@ it takes for every arm to finish `--min-requests` requests (the cheap low levels
 turns round by round, each round on the next prompts. All arms share one loaded target (and draft); each round
 gets its own engine (cache, drafter, controller), freed after it, so memory holds one arm's cache at a time.
 The arms' order rotates from round to round and level to level, so slow drift of a noisy machine does not
-always hit the same arm.
+always hit the same arm. This machine does more than drift: it moves between speeds ~1.5x apart for seconds to
+minutes at a time (experiments/machine_modes.py), so besides each arm's figure pooled over its rounds the report
+gives a dynamic arm's ratio to the best fixed arm as the median of the rounds' paired ratios (more rounds, from
+--min-requests, make it steadier).
 
 Steady state, the figure the targets read, is the stretch of a round after its first request finished and
 before the loop stops replacing them (the drain): the start-up burst, every prompt of the level prefilled at
@@ -163,6 +166,7 @@ def closed_loop(
         run.trees |= s.metrics.trees
         run.accepted += s.metrics.num_accepted
         run.forwards += s.metrics.num_target_forwards
+    run.round_tps = [run.tokens_per_s()]
     return run
 
 

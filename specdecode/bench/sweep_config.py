@@ -103,6 +103,7 @@ class LevelRun:
     steady_tokens: int = 0  # tokens emitted by steady steps: after the first finish, with all C in flight
     steady_seconds: float = 0.0  # wall time of those steps
     prompt_tokens: int = 0  # prompt tokens of the requests run (levels differ in prompts: see interleave)
+    round_tps: list[float] = field(default_factory=list)  # per round, in order: its tokens/s (as `summary`'s)
 
     def merge(self, other: LevelRun) -> LevelRun:
         """Two rounds of one arm at one level as one run: counts add, traces join."""
@@ -118,22 +119,27 @@ class LevelRun:
             "prompt_tokens",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("tpot_s", "step_s", "k_max", "k_mean", "k_chosen", "rows"):
+        for name in ("tpot_s", "step_s", "k_max", "k_mean", "k_chosen", "rows", "round_tps"):
             getattr(self, name).extend(getattr(other, name))
         self.trees |= other.trees
         return self
 
+    def tokens_per_s(self) -> float:
+        """Steady state: the load the level names. The start-up burst and the drain at the end (fewer than C left)
+        are excluded; the drain is in `summary`'s tokens_per_s_all. Continuous traffic has neither, and a drain
+        favours plain decoding, whose requests all finish on the same step. Without a steady stretch, all of it."""
+        if self.steady_seconds:
+            return self.steady_tokens / self.steady_seconds
+        return self.tokens / self.seconds if self.seconds else 0.0  # peers run one request at a time: all steady
+
     def summary(self) -> dict[str, float]:
         tpot = np.array(self.tpot_s) if self.tpot_s else np.array([float("nan")])
-        all_tps = self.tokens / self.seconds if self.seconds else 0.0  # peers run one request at a time: all steady
+        all_tps = self.tokens / self.seconds if self.seconds else 0.0
         return {
             "requests": self.requests,
             "tokens": self.tokens,
             "seconds": self.seconds,
-            # Steady state: the load the level names. The start-up burst and the drain at the end (fewer than C
-            # left) are excluded here; the drain is in tokens_per_s_all. Continuous traffic has neither, and a
-            # drain favours plain decoding, whose requests all finish on the same step.
-            "tokens_per_s": self.steady_tokens / self.steady_seconds if self.steady_seconds else all_tps,
+            "tokens_per_s": self.tokens_per_s(),
             "tokens_per_s_all": all_tps,
             "tpot_p50_ms": float(np.percentile(tpot, 50)) * 1e3,
             "tpot_p99_ms": float(np.percentile(tpot, 99)) * 1e3,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from rich.console import Console
@@ -17,14 +18,28 @@ def figures(runs: dict[str, dict[int, LevelRun]]) -> Figures:
     return {name: {c: run.summary() for c, run in levels.items()} for name, levels in runs.items()}
 
 
-def best_fixed(arms: list[ArmSpec], figs: Figures, c: int) -> str | None:
-    """The fastest fixed K >= 1 at level c: the bar a dynamic controller has to clear."""
-    fixed = [a.name for a in arms if a.controller == "fixed" and a.k > 0]
+def best_fixed(arms: list[ArmSpec], figs: Figures, c: int, counting_none: bool = False) -> str | None:
+    """The fastest fixed K >= 1 at level c (with counting_none, K = 0 too: the issue's bar for `goodput`)."""
+    fixed = [a.name for a in arms if a.is_fixed and (a.k > 0 or counting_none)]
     return max(fixed, key=lambda n: figs[n][c]["tokens_per_s"], default=None)
 
 
-def ratios(arms: list[ArmSpec], figs: Figures, levels: list[int]) -> dict[str, dict[int, dict[str, float | str]]]:
-    """Each dynamic arm's tok/s over the best fixed K and over plain decoding, per level."""
+def paired_ratio(runs: dict[str, dict[int, LevelRun]], arm: str, other: str, c: int) -> float | None:
+    """The median over a level's rounds of arm's tok/s over other's in the same round. The arms take turns a round
+    at a time, and this machine moves between speeds ~1.5x apart for seconds to minutes at a time
+    (experiments/machine_modes.py): pooled over the rounds, one arm's luck in a few long stretches moved a ratio by
+    up to 18% where two arms did the same work (results/sweep_pair_c4_dev_same_work.json); a median of paired
+    rounds keeps a round that fell across a change of speed from setting it. None without rounds to pair."""
+    mine, theirs = runs[arm][c].round_tps, runs[other][c].round_tps
+    pairs = [a / b for a, b in zip(mine, theirs, strict=False) if b > 0]
+    return statistics.median(pairs) if pairs and len(mine) == len(theirs) else None
+
+
+def ratios(
+    arms: list[ArmSpec], figs: Figures, levels: list[int], runs: dict[str, dict[int, LevelRun]] | None = None
+) -> dict[str, dict[int, dict[str, float | str]]]:
+    """Each dynamic arm's tok/s over the best fixed K, over the best fixed K counting K = 0 (pooled over the rounds,
+    and with runs the median of the rounds' paired ratios) and over plain decoding, per level."""
     out: dict[str, dict[int, dict[str, float | str]]] = {}
     for arm in (a for a in arms if not a.is_fixed):
         out[arm.name] = {}
@@ -33,6 +48,11 @@ def ratios(arms: list[ArmSpec], figs: Figures, levels: list[int]) -> dict[str, d
             row: dict[str, float | str] = {}
             if best := best_fixed(arms, figs, c):
                 row |= {"best_fixed": best, "vs_best_fixed": tps / figs[best][c]["tokens_per_s"]}
+            if best := best_fixed(arms, figs, c, counting_none=True):
+                row |= {"best_counting_none": best, "vs_best_counting_none": tps / figs[best][c]["tokens_per_s"]}
+                paired = paired_ratio(runs, arm.name, best, c) if runs else None
+                if paired is not None:
+                    row["paired_vs_best_counting_none"] = paired
             if "none" in figs:
                 row["vs_none"] = tps / figs["none"][c]["tokens_per_s"]
             out[arm.name][c] = row
@@ -64,18 +84,30 @@ def ratio_table(rat: dict[str, dict[int, dict[str, float | str]]], levels: list[
         table.add_column(col, justify="right")
     md = ["### dynamic controllers: tok/s ratio", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name, by_level in rat.items():
-        for vs, key in (("best fixed", "vs_best_fixed"), ("none", "vs_none")):
+        for vs, key, best_key in (
+            ("best fixed", "vs_best_fixed", "best_fixed"),
+            ("best, K = 0 counted", "vs_best_counting_none", "best_counting_none"),
+            ("the same, median of paired rounds", "paired_vs_best_counting_none", "best_counting_none"),
+            ("none", "vs_none", None),
+        ):
             cells = [name, vs]
             for c in levels:
                 r = by_level[c]
-                best = f" ({r['best_fixed']})" if vs == "best fixed" and key in r else ""
-                cells.append(f"{r[key]:.2f}x{best}" if key in r else "")
+                best = f" ({r[best_key]})" if best_key and key in r else ""
+                cells.append(f"{r[key]:.3f}x{best}" if key in r else "")
             table.add_row(*cells)
             md.append("| " + " | ".join(cells) + " |")
     return table, md
 
 
-def render(arms: list[ArmSpec], figs: Figures, peers: Figures, levels: list[int], console: Console) -> str:
+def render(
+    arms: list[ArmSpec],
+    figs: Figures,
+    peers: Figures,
+    levels: list[int],
+    console: Console,
+    runs: dict[str, dict[int, LevelRun]] | None = None,
+) -> str:
     """Print the tables; return them as Markdown."""
     parts = [
         level_table("steady-state tokens/s (sum: across levels)", "tokens_per_s", ".1f", figs, peers, levels, True),
@@ -86,7 +118,7 @@ def render(arms: list[ArmSpec], figs: Figures, peers: Figures, levels: list[int]
         level_table("tau (tokens per target forward)", "mean_accepted_tokens", ".2f", figs, {}, levels, total=False),
         level_table("mean prompt tokens per request", "mean_prompt_tokens", ".0f", figs, {}, levels, total=False),
     ]
-    rat = ratios(arms, figs, levels)
+    rat = ratios(arms, figs, levels, runs)
     if rat:
         parts.append(ratio_table(rat, levels))
     md: list[str] = []
@@ -175,7 +207,7 @@ def report(
     matplotlib.use("Agg")  # files only: no display on a benchmark machine
     levels = cfg.concurrency
     figs, peer_figs = figures(runs), {name: {1: run.summary()} for name, run in peers.items()}
-    md = render(arms, figs, peer_figs, levels, console)
+    md = render(arms, figs, peer_figs, levels, console, runs)
     payload = {
         **meta,
         "concurrency": levels,
@@ -186,7 +218,8 @@ def report(
         "arms": {a.name: {"controller": a.controller, "k": a.k} for a in arms},
         "results": figs,
         "peers": peer_figs,
-        "ratios": ratios(arms, figs, levels),
+        "ratios": ratios(arms, figs, levels, runs),
+        "round_tokens_per_s": {name: {c: run.round_tps for c, run in by_c.items()} for name, by_c in runs.items()},
         "sum_tokens_per_s": {name: sum(r["tokens_per_s"] for r in row.values()) for name, row in figs.items()},
         "k_traces": k_traces(runs),
     }

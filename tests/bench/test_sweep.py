@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from itertools import cycle
 
 import pytest
@@ -20,7 +21,8 @@ from specdecode.bench.sweep import (
     parse_arms,
     run_sweep,
 )
-from specdecode.bench.sweep_report import report
+from specdecode.bench.sweep_config import LevelRun
+from specdecode.bench.sweep_report import figures, paired_ratio, ratios, report
 from specdecode.cli import build_parser
 from specdecode.config import ConfigError, SamplingParams
 from specdecode.control import make_controller
@@ -54,7 +56,14 @@ def test_files_written(swept):
     assert data.keys() >= {"command", "machine", "date", "concurrency", "results", "k_traces", "sum_tokens_per_s"}
     assert data["concurrency"] == LEVELS
     assert set(data["results"]) == {"none", "fixed:2", "heuristic"}
-    assert data["ratios"]["heuristic"]["2"].keys() == {"best_fixed", "vs_best_fixed", "vs_none"}
+    assert data["ratios"]["heuristic"]["2"].keys() == {
+        "best_fixed",
+        "vs_best_fixed",
+        "best_counting_none",
+        "vs_best_counting_none",
+        "paired_vs_best_counting_none",
+        "vs_none",
+    }
     for levels in data["results"].values():
         assert set(levels) == {"1", "2"}
         for fig in levels.values():
@@ -188,6 +197,37 @@ def test_levels_run_in_rounds_the_arms_taking_turns(tiny_target, monkeypatch):
     # Three rounds of four requests, each round on the next prompts of the cycle: twelve in all, each prompt 4x.
     assert runs["none"][1].requests == runs["fixed:2"][1].requests == 12
     assert runs["none"][1].prompt_tokens == 4 * sum(len(p) for p in PROMPTS)
+    # Each round's own tok/s is kept, in order, for the paired ratio (sweep_report.paired_ratio).
+    assert len(runs["none"][1].round_tps) == len(runs["fixed:2"][1].round_tps) == 3
+    assert all(t > 0 for t in runs["none"][1].round_tps)
+
+
+def rounds_of(tps: list[float]) -> LevelRun:
+    """A level's run with only the figures the ratios read: each round 100 tokens at tps tokens/s."""
+    run = LevelRun(0.0, 0, 0, [], [])
+    for t in tps:
+        one = LevelRun(100 / t, 100, 1, [], [], steady_tokens=100, steady_seconds=100 / t)
+        run = run.merge(replace(one, round_tps=[t]))
+    return run
+
+
+def test_paired_rounds_keep_a_change_of_machine_speed_from_setting_the_ratio():
+    """Two arms doing the same work, a round each in turn, on a machine that ran 1.5x faster for a while: the rounds
+    in which goodput ran fast are not the ones in which K = 0 did, except where both did. The paired median reads
+    1.00x; pooled over the rounds (the figure before), the same data read 1.07x, through the same check."""
+    goodput = [40.0, 60.0, 60.0, 60.0, 40.0, 40.0]  # the fast stretch began before goodput's second round
+    plain = [40.0, 40.0, 60.0, 60.0, 40.0, 40.0]  # ... and after K = 0's second round
+    arms = [ArmSpec("none", "fixed", 0), ArmSpec("goodput", "goodput", 4)]
+    runs = {"none": {8: rounds_of(plain)}, "goodput": {8: rounds_of(goodput)}}
+    figs = figures(runs)
+    row = ratios(arms, figs, [8], runs)["goodput"][8]
+    assert row["best_counting_none"] == "none"
+    assert row["paired_vs_best_counting_none"] == pytest.approx(1.0)
+    # The control: the pooled ratio of the same rounds, through the same check, is off by 7%.
+    with pytest.raises(AssertionError):
+        assert row["vs_best_counting_none"] == pytest.approx(1.0, abs=0.05)
+    assert paired_ratio(runs, "goodput", "none", 8) == pytest.approx(1.0)
+    assert paired_ratio({"a": {1: rounds_of([1.0])}, "b": {1: rounds_of([1.0, 2.0])}}, "a", "b", 1) is None
 
 
 def finishes_per_step(tiny_target, stagger: bool) -> tuple[list[int], int]:
