@@ -5,10 +5,12 @@
 The 1.5B of the Qwen2.5-Coder pair (fast arithmetic, K = 0) decodes one dev code prompt, 48 greedy tokens, again and
 again in one process; each request's decoding speed (the tokens after the first over the time after it) is logged
 with the time it ended. The same code on the same input: what moves is the machine. On the 2-core AMD EPYC
-(2026-12-01) it moved between ~40 and ~60 tok/s, staying at each for seconds to minutes, with nothing else
-running and no steal time reported in /proc/stat: a benchmark whose arms run one after another for longer than a
-few seconds can land them in different speeds, so arms must take turns often (a prompt at a time, a short round at
-a time) and a ratio is a median over many turns, not one long stretch each.
+(2026-12-01) two runs of this command ~40 minutes apart read medians of 40.5 tok/s (150 s, 10th-90th percentile
+38.1-42.2; its file replaced by the next) and 60.8 (240 s, 58.0-62.6: results/machine_modes.json), and a scratch run
+of the same loop moved between ~40 and ~60 five times in 180 s, staying at each for 2 to 136 s, with nothing else
+running, no steal time reported in /proc/stat and the same huge pages under the weights either way. A benchmark
+whose arms run one after another for longer than a few seconds can land them in different speeds, so arms must
+take turns often (a prompt at a time, a short round at a time) and a ratio is best a median over many turns.
 """
 
 from __future__ import annotations
