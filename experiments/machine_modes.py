@@ -7,7 +7,7 @@ again in one process; each request's decoding speed (the tokens after the first 
 with the time it ended. The same code on the same input: what moves is the machine. On the 2-core AMD EPYC
 (2026-12-01) two runs of this command ~40 minutes apart read medians of 40.5 tok/s (150 s, 10th-90th percentile
 38.1-42.2; its file replaced by the next) and 60.8 (240 s, 58.0-62.6: results/machine_modes.json), and a scratch run
-of the same loop moved between ~40 and ~60 five times in 180 s, staying at each for 2 to 136 s, with nothing else
+of the same loop moved between ~40 and ~60 four times in 180 s, staying at each for 2 to 136 s, with nothing else
 running, no steal time reported in /proc/stat and the same huge pages under the weights either way. A benchmark
 whose arms run one after another for longer than a few seconds can land them in different speeds, so arms must
 take turns often (a prompt at a time, a short round at a time) and a ratio is best a median over many turns.
