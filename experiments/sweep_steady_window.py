@@ -16,14 +16,13 @@ while its rows verified drafts, and ran after the window), so the window's token
 from __future__ import annotations
 
 import argparse
-import time
-from dataclasses import replace
 from itertools import cycle, islice
 
 from specdecode.bench.lib import provenance, write_result
-from specdecode.bench.sweep import build_engine, encode_prompts, max_len_for, staggered
+from specdecode.bench.sweep import NullBar, build_engine, closed_loop, encode_prompts, max_len_for
 from specdecode.bench.sweep_config import ArmSpec
 from specdecode.config import SamplingParams
+from specdecode.control import StepStats
 from specdecode.llm import LLM
 
 C, N, MAX_TOKENS, K = 8, 16, 64, 3
@@ -31,26 +30,10 @@ ARMS = (ArmSpec("none", "fixed", 0), ArmSpec("fixed:3", "fixed", K))
 
 
 def one_round(base: LLM, arm: ArmSpec, prompts: list[list[int]], r: int, max_len: int) -> list[dict]:
-    """One closed-loop round of `arm` (as bench/sweep.py's closed_loop, staggered), every step logged."""
-    engine = build_engine(base, arm, C, max_len)
-    todo, seqs, steps = islice(cycle(prompts), r * N, None), [], []
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    """One round of `arm` through the sweep's own closed loop (staggered), every step logged."""
+    steps: list[dict] = []
 
-    def submit() -> None:
-        i = len(seqs)
-        own = replace(params, max_tokens=staggered(MAX_TOKENS, i, C)) if i < C else params
-        seqs.append(engine.add_request(f"round-{r}-{i}", next(todo), own))
-
-    for _ in range(C):
-        submit()
-    replacing = False
-    while engine.has_work():
-        before = engine.last_step
-        steady = replacing and len(engine.running) + len(engine.waiting) == C
-        t0 = time.perf_counter()
-        updates = engine.step()
-        seconds = time.perf_counter() - t0
-        stats = engine.last_step if engine.last_step is not before else None
+    def log(steady: bool, seconds: float, updates: list, stats: StepStats | None) -> None:
         steps.append(
             {
                 "steady": steady,
@@ -60,10 +43,10 @@ def one_round(base: LLM, arm: ArmSpec, prompts: list[list[int]], r: int, max_len
                 "prefill_tokens": stats.prefill_tokens if stats else 0,
             }
         )
-        for u in updates:
-            if u.finished and len(seqs) < N:
-                submit()
-                replacing = True
+
+    engine = build_engine(base, arm, C, max_len)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    closed_loop(engine, islice(cycle(prompts), r * N, None), C, N, params, NullBar(), stagger=True, on_step=log)
     return steps
 
 

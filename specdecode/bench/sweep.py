@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import cycle, islice
 from pathlib import Path
@@ -110,10 +110,13 @@ def closed_loop(
     params: SamplingParams,
     bar,
     stagger: bool = False,
+    on_step: Callable[[bool, float, list, StepStats | None], None] | None = None,
 ) -> LevelRun:
     """Keep `concurrency` requests in the engine until `num_requests` are done; time and trace every step.
 
-    stagger: the first `concurrency` requests ask for 1/C, 2/C, ... of params.max_tokens (see `staggered`)."""
+    stagger: the first `concurrency` requests ask for 1/C, 2/C, ... of params.max_tokens (see `staggered`).
+    on_step: called after every step with whether it was steady, its seconds, its updates and its StepStats (None
+    for a step that decoded nothing): what experiments/sweep_steady_window.py logs."""
     recorder = engine.controller
     assert isinstance(recorder, RecordingController), "build engines with build_engine"
     seqs: list[Sequence] = []
@@ -143,6 +146,8 @@ def closed_loop(
         if steady:
             run.steady_seconds += now - s0
             run.steady_tokens += sum(len(u.new_token_ids) for u in updates)
+        if on_step is not None:
+            on_step(steady, now - s0, updates, engine.last_step if engine.last_step is not before else None)
         if engine.last_step is not before:  # a decode step ran (prefill-only steps propose nothing)
             ks = engine.last_step.num_proposed
             run.k_max.append(max(ks))

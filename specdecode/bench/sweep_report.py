@@ -101,14 +101,13 @@ def ratio_table(rat: dict[str, dict[int, dict[str, float | str]]], levels: list[
 
 
 def render(
-    arms: list[ArmSpec],
     figs: Figures,
     peers: Figures,
     levels: list[int],
     console: Console,
-    runs: dict[str, dict[int, LevelRun]] | None = None,
+    rat: dict[str, dict[int, dict[str, float | str]]],
 ) -> str:
-    """Print the tables; return them as Markdown."""
+    """Print the tables (rat: `ratios`); return them as Markdown."""
     parts = [
         level_table("steady-state tokens/s (sum: across levels)", "tokens_per_s", ".1f", figs, peers, levels, True),
         level_table("tokens/s with the drain", "tokens_per_s_all", ".1f", figs, {}, levels, total=True),
@@ -118,7 +117,6 @@ def render(
         level_table("tau (tokens per target forward)", "mean_accepted_tokens", ".2f", figs, {}, levels, total=False),
         level_table("mean prompt tokens per request", "mean_prompt_tokens", ".0f", figs, {}, levels, total=False),
     ]
-    rat = ratios(arms, figs, levels, runs)
     if rat:
         parts.append(ratio_table(rat, levels))
     md: list[str] = []
@@ -207,7 +205,8 @@ def report(
     matplotlib.use("Agg")  # files only: no display on a benchmark machine
     levels = cfg.concurrency
     figs, peer_figs = figures(runs), {name: {1: run.summary()} for name, run in peers.items()}
-    md = render(arms, figs, peer_figs, levels, console, runs)
+    rat = ratios(arms, figs, levels, runs)
+    md = render(figs, peer_figs, levels, console, rat)
     payload = {
         **meta,
         "concurrency": levels,
@@ -218,7 +217,7 @@ def report(
         "arms": {a.name: {"controller": a.controller, "k": a.k} for a in arms},
         "results": figs,
         "peers": peer_figs,
-        "ratios": ratios(arms, figs, levels, runs),
+        "ratios": rat,
         "round_tokens_per_s": {name: {c: run.round_tps for c, run in by_c.items()} for name, by_c in runs.items()},
         "sum_tokens_per_s": {name: sum(r["tokens_per_s"] for r in row.values()) for name, row in figs.items()},
         "k_traces": k_traces(runs),

@@ -202,6 +202,20 @@ def test_levels_run_in_rounds_the_arms_taking_turns(tiny_target, monkeypatch):
     assert all(t > 0 for t in runs["none"][1].round_tps)
 
 
+def test_on_step_sees_every_step_and_the_steady_window(tiny_target):
+    """closed_loop's on_step (experiments/sweep_steady_window.py logs through it) is called once per step, with the
+    steady flag and seconds that the run's own steady figures sum."""
+    base = LLM(str(tiny_target), method="ngram", num_speculative_tokens=2, max_num_seqs=1, max_model_len=64)
+    engine = build_engine(base, ArmSpec("fixed:2", "fixed", 2), 2, 64)
+    log = []
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    run = closed_loop(engine, cycle(PROMPTS), 2, 6, params, NullBar(), True, lambda *step: log.append(step))
+    assert len(log) == len(run.step_s)
+    assert sum(seconds for steady, seconds, _, _ in log if steady) == pytest.approx(run.steady_seconds)
+    assert sum(len(u.new_token_ids) for steady, _, ups, _ in log if steady for u in ups) == run.steady_tokens
+    assert any(steady for steady, *_ in log) and any(stats is not None for *_, stats in log)
+
+
 def rounds_of(tps: list[float]) -> LevelRun:
     """A level's run with only the figures the ratios read: each round 100 tokens at tps tokens/s."""
     run = LevelRun(0.0, 0, 0, [], [])
