@@ -121,6 +121,9 @@ def require(target: str) -> Path:
     return path
 
 
+NO_REPACK = "--no-repack"  # ggml's extra weight buffers (AMX tiles, repacked CPU layouts) off
+
+
 def common_args(gguf: Path, prompt_file: Path, max_tokens: int, threads: int, n_ctx: int) -> list[str]:
     return [
         "-m", str(gguf), "-f", str(prompt_file), "-n", str(max_tokens), "-c", str(n_ctx),
@@ -146,6 +149,16 @@ class NativeArm:
         return self.timing(text, max_tokens).sample()
 
     def timing(self, text: str, max_tokens: int) -> NativeTiming:
+        code, log = self._run(text, max_tokens)
+        if code < 0 and NO_REPACK not in self.extra:
+            self._repack_off(-code)
+            code, log = self._run(text, max_tokens)
+        if code != 0:
+            raise RuntimeError(f"{self.name}: {self.binary.name} exited {code}: {log[-2000:]}")
+        return parse_speculative(log) if self.speculative else parse_completion(log)
+
+    def _run(self, text: str, max_tokens: int) -> tuple[int, str]:
+        """The tool on `text`: its exit status (negative: the signal that killed it) and its output."""
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
             f.write(text + "\n")  # `-f` drops the file's last newline: this one, so the text's own stays
             f.flush()
@@ -157,10 +170,16 @@ class NativeArm:
                 errors="replace",
                 timeout=3600,
             )
-        log = proc.stdout + proc.stderr
-        if proc.returncode != 0:
-            raise RuntimeError(f"{self.name}: {self.binary.name} exited {proc.returncode}: {log[-2000:]}")
-        return parse_speculative(log) if self.speculative else parse_completion(log)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    def _repack_off(self, signal: int) -> None:
+        """The tool died of `signal`: from now on it runs with ggml's weight repacking off, as its users on such a
+        CPU do, and the arm's note says so. This llama.cpp's AMX matmul (a repacked buffer) segfaults on an
+        Intel Xeon with AMX (seen 2026-12-05: llama-completion, and llama-bench on prompts, 2 threads)."""
+        print(f"{self.name}: {self.binary.name} died of signal {signal}; running it with {NO_REPACK} from now on",
+              file=sys.stderr)  # fmt: skip
+        self.extra = [*self.extra, NO_REPACK]
+        self.note = f"{self.note}; {NO_REPACK} (with repacking the tool died of signal {signal} on this CPU)"
 
 
 def _ks(ours: list, method: str, default: int) -> list[int]:

@@ -119,3 +119,35 @@ def test_draft_arms_take_the_targets_default_draft_when_it_has_a_gguf():
     # SmolLM2's shipped draft has no GGUF of its own: no native draft arm, and no error.
     assert draft_ggufs(Namespace(target=TARGET, draft=None), []) == []
     assert draft_ggufs(Namespace(target=TARGET, draft=pair), []) == [pair]
+
+
+def fake_tool(path: Path, body: str) -> Path:
+    """An executable standing in for a llama.cpp tool: `body` is its shell script."""
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+# Dies of SIGSEGV, as this llama.cpp's AMX matmul does on some Xeons, unless weight repacking is off; then prints
+# the real tool's output captured in the fixture.
+CRASHES_WITH_REPACK = f"""
+for a in "$@"; do [ "$a" = "--no-repack" ] && exec cat "{FIXTURES / "completion_smollm2.txt"}"; done
+kill -SEGV $$
+"""
+
+
+def test_a_tool_killed_by_a_signal_is_rerun_with_repacking_off(tmp_path, capsys):
+    arm = NativeArm("plain", fake_tool(tmp_path / "llama-completion", CRASHES_WITH_REPACK), tmp_path, [], "n", 512)
+    assert arm.timing("hi", 16).tokens == 16  # the fixture's figures, from the rerun
+    assert "died of signal 11" in capsys.readouterr().err
+    assert arm.extra == ["--no-repack"] and "--no-repack" in arm.note  # later requests run so, and say so
+    assert arm.timing("hi", 16).tokens == 16 and capsys.readouterr().err == ""  # no second crash, no second line
+
+
+@pytest.mark.parametrize("body", ["kill -SEGV $$", "echo failed >&2; exit 1"])
+def test_a_tool_that_still_fails_raises_with_its_status(tmp_path, body):
+    # Control: a tool that dies with repacking off too, or fails without a signal (no rerun), is an error.
+    arm = NativeArm("plain", fake_tool(tmp_path / "llama-completion", body), tmp_path, [], "n", 512)
+    with pytest.raises(RuntimeError, match="exited (-11|1)"):
+        arm.timing("hi", 16)
+    assert arm.extra == (["--no-repack"] if "SEGV" in body else [])
