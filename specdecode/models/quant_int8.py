@@ -79,6 +79,14 @@ def set_fault(mode: int) -> None:
     ctypes.CDLL(str(library())).specdecode_quant_int8_fault(int(mode))
 
 
+def prefetch_distance(nbytes: int = -1) -> int:
+    """The vector paths' prefetch distance in bytes, by the CPU's vendor (8 KiB; 2 KiB on Intel: the kernel's
+    header); `nbytes` >= 0 sets it (rounded down to a line) for this process, for experiments."""
+    fn = ctypes.CDLL(str(library())).specdecode_quant_int8_prefetch
+    fn.argtypes, fn.restype = [ctypes.c_int64], ctypes.c_int64
+    return int(fn(nbytes))
+
+
 def quant_int8_linear(
     x: torch.Tensor,
     blocks: torch.Tensor,

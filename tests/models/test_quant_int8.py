@@ -24,6 +24,7 @@ from specdecode.models.quant_int8 import (
     FAULT_SHARED,
     PORTABLE,
     Int8QuantLinear,
+    prefetch_distance,
     quant_int8_linear,
 )
 from specdecode.models.quant_rows import QuantLinear
@@ -219,6 +220,27 @@ def test_control_a_misread_sub_block_scale_is_caught(qtype, fault):
     fault(FAULT_SCALE)
     for path in quant_int8.paths():
         assert mismatches(qtype, path) > 0, f"path {path}"
+
+
+@pytest.fixture
+def prefetch():
+    """Sets the prefetch distance for one test and always puts back the CPU's own."""
+    chosen = prefetch_distance()
+    yield prefetch_distance
+    prefetch_distance(chosen)
+
+
+def test_prefetch_distance_is_the_cpus_and_changes_no_bit(prefetch):
+    # Chosen from the CPU's vendor (cpuid), as /proc/cpuinfo names it: 2 KiB on Intel, 8 KiB elsewhere on x86.
+    vendor = next((ln.split(":")[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("vendor_id")), None)
+    if vendor is not None and quant_int8.paths() != [PORTABLE]:
+        assert prefetch() == (2048 if vendor == "GenuineIntel" else 8192)
+    assert prefetch(100) == 64 and prefetch() == 64  # set, to whole lines
+    for distance in (0, 64, 8192, 1 << 20):  # a prefetch only asks for bytes: the arithmetic cannot move
+        prefetch(distance)
+        for qtype in (Q.Q4_K, Q.Q6_K, Q.Q4_1):
+            for path in quant_int8.paths():
+                assert mismatches(qtype, path) == 0, f"{distance} bytes, path {path}"  # control: the scale fault
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

@@ -46,6 +46,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(SPECDECODE_PORTABLE_ONLY)
 #define QUANT_INT8_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define QUANT_INT8_X86 0
@@ -62,6 +63,19 @@ constexpr int kChunk = 64;  // an activation row's quants are padded to a multip
 // every activation block with one scale shared by all the rows of the call (the largest amax among them).
 constexpr int kFaultScale = 1, kFaultShared = 2, kFaultSub = 5;
 int g_fault = 0;
+
+// The vector paths' prefetch distance in bytes (see prefetch_ahead), by the CPU's vendor.
+int64_t default_prefetch() {
+#if QUANT_INT8_X86
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    __get_cpuid(0, &eax, &ebx, &ecx, &edx);
+    const bool intel = ebx == 0x756e6547u && edx == 0x49656e69u && ecx == 0x6c65746eu;  // "GenuineIntel"
+    return intel ? 2048 : 8192;
+#else
+    return 0;
+#endif
+}
+int64_t g_prefetch = default_prefetch();
 
 // Exact fp16 -> fp32 (normals, subnormals, infinities, NaN), read unaligned.
 float half_to_float(const uint8_t* p) {
@@ -197,6 +211,7 @@ struct GArgs {
     float* out;         // [M, N]
     int64_t M, K, N, G;
     bool fault;
+    int64_t prefetch;  // bytes ahead (g_prefetch, read once per call)
 };
 
 // Sub-block j's scale row under the fault: sub-block 5 reads sub-block 4's scales.
@@ -321,20 +336,25 @@ struct RowsAt {
     const int16_t* s16[R];
     const int16_t* s32[R];
     float dx[R];
+    int64_t ahead;  // the prefetch distance in bytes (g_prefetch)
 };
 
-// The block kPrefetch bytes ahead of blk (a thread's groups are consecutive, so its bytes are one stream) is asked
+// The block g_prefetch bytes ahead of blk (a thread's groups are consecutive, so its bytes are one stream) is asked
 // into cache while this one is worked on. Without it, at 5-9 rows the loads waited on memory between bursts of
-// arithmetic (the 1.5B's linears at 5 rows: ~38 ms against ~23 with it). A prefetch never faults, so the last
-// blocks may point past the weight.
-constexpr int64_t kPrefetch = 8192;
-inline void prefetch_ahead(const uint8_t* blk, int64_t bytes) {
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetch + o), _MM_HINT_T0);
+// arithmetic (the 1.5B's linears at 5 rows: ~38 ms against ~23 with it, AMD EPYC). A prefetch never faults, so the
+// last blocks may point past the weight. How far ahead pays depends on the CPU's memory system: 8 KiB on the AMD
+// EPYC it was tuned on; on an Intel Xeon (Sapphire Rapids class, AMX) 8 KiB was the slowest distance tried and
+// 2 KiB took 0.70-0.94x its time at 1-9 rows (experiments/prefetch_distance.py). Read once per call
+// (`GArgs::prefetch`); specdecode_quant_int8_prefetch overrides it (experiments).
+inline void prefetch_ahead(const uint8_t* blk, int64_t bytes, int64_t ahead) {
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + ahead + o), _MM_HINT_T0);
 }
 // A K-quant's block (2-3 KiB) asks for its quants one line at a time, beside the load of the same line here: asked
 // all at once at the block's start, the 37-53 requests filled the core's miss buffers and the prefetch loop stalled
 // (14% of Q4_K's samples at 5 rows, which ran at 0.65x Q4_1's speed per weight).
-inline void prefetch_line(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0); }
+inline void prefetch_line(const uint8_t* p, int64_t ahead) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
+}
 
 // One Q4_K super-block of a group against R rows: S and Mn of every lane.
 template <bool V, int R>
@@ -347,7 +367,7 @@ inline void q4k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
 #pragma GCC unroll 8
         for (int k = 0; k < 8; ++k) {
             const __m512i v = load(blk + 320 + (i * 8 + k) * 64);
-            prefetch_line(blk + 320 + (i * 8 + k) * 64);
+            prefetch_line(blk + 320 + (i * 8 + k) * 64, at.ahead);
             const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             for (int m = 0; m < R; ++m) {
                 lo[m] = dp4<V>(lo[m], wl, quad(at.x[m] + 64 * i + 4 * k));
@@ -387,8 +407,8 @@ inline void q6k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) {
             const __m512i w0 = q6k_quads<0>(blk, j, k), w1 = q6k_quads<1>(blk, j, k);
-            prefetch_line(q6k_ql(blk, j / 2, k));
-            if (k % 2 == 0) prefetch_line(q6k_qh(blk, j / 2, k));
+            prefetch_line(q6k_ql(blk, j / 2, k), at.ahead);
+            if (k % 2 == 0) prefetch_line(q6k_qh(blk, j / 2, k), at.ahead);
             for (int m = 0; m < R; ++m) {
                 S0[m] = dp4<V>(S0[m], w0, quad(at.x[m] + 16 * j + 4 * k));
                 S1[m] = dp4<V>(S1[m], w1, quad(at.x[m] + 16 * j + 16 + 4 * k));
@@ -455,8 +475,9 @@ void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
     for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = a.w + (g * nb + b) * kBytes;
-        prefetch_ahead(blk, kQuantsAt);  // a K-quant's quants: line by line as they are read (prefetch_line)
+        prefetch_ahead(blk, kQuantsAt, a.prefetch);  // a K-quant's quants: line by line as read (prefetch_line)
         RowsAt<R> at;
+        at.ahead = a.prefetch;
         for (int m = 0; m < R; ++m) {
             at.x[m] = A.q.data() + (m0 + m) * A.stride + kW * b;
             at.s16[m] = A.s16.data() + (m0 + m) * (a.K / 16) + kW / 16 * b;
@@ -554,7 +575,7 @@ at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& grou
         Acts acts;
         quantize(rows.data_ptr<float>(), M, in_features, kw, g_fault == kFaultShared, path != kPortable, acts);
         const GArgs a{&acts, groups.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
-                      M, in_features, out_features, G, g_fault == kFaultScale};
+                      M, in_features, out_features, G, g_fault == kFaultScale, g_prefetch};
 #if QUANT_INT8_X86
         if (path == kVnni) grouped_avx<true>(a, qtype);
         else if (path == kBw) grouped_avx<false>(a, qtype);
@@ -572,6 +593,11 @@ at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& grou
 extern "C" {
 // For the tests' negative controls only: 1 misreads one sub-block scale, 2 shares activation scales across rows.
 void specdecode_quant_int8_fault(int mode) { g_fault = mode; }
+// The prefetch distance in bytes (a multiple of 64): set it (experiments) when `bytes` >= 0; returns the one in use.
+int64_t specdecode_quant_int8_prefetch(int64_t bytes) {
+    if (bytes >= 0) g_prefetch = bytes / 64 * 64;
+    return g_prefetch;
+}
 }
 
 TORCH_LIBRARY_FRAGMENT(specdecode, m) {
