@@ -151,3 +151,26 @@ def test_a_tool_that_still_fails_raises_with_its_status(tmp_path, body):
     with pytest.raises(RuntimeError, match="exited (-11|1)"):
         arm.timing("hi", 16)
     assert arm.extra == (["--no-repack"] if "SEGV" in body else [])
+
+
+def test_llama_bench_killed_by_a_signal_is_rerun_with_repacking_off(tmp_path, monkeypatch, capsys):
+    from specdecode.bench import llama_cpp_cost
+
+    monkeypatch.setattr(llama_cpp_native, "bin_dir", lambda: tmp_path)
+    monkeypatch.setattr(llama_cpp_cost, "_repack_died", [])
+    body = f"""
+prev=""
+for a in "$@"; do
+  [ "$prev" = "--repack" ] && [ "$a" = "0" ] && exec cat "{FIXTURES / "llama_bench_smollm2.json"}"
+  prev="$a"
+done
+kill -SEGV $$
+"""
+    fake_tool(tmp_path / "llama-bench", body)
+    ms = llama_cpp_cost.llama_bench_ms(tmp_path / "model.gguf", 5, 64, 3)
+    assert ms == parse_llama_bench_json((FIXTURES / "llama_bench_smollm2.json").read_text())[(5, 64)]
+    assert "died of signal 11" in capsys.readouterr().err and llama_cpp_cost._repack_died == [11]
+    # Control: a llama-bench that dies with repacking off too is an error.
+    fake_tool(tmp_path / "llama-bench", "kill -SEGV $$")
+    with pytest.raises(RuntimeError, match="llama-bench exited -11"):
+        llama_cpp_cost.llama_bench_ms(tmp_path / "model.gguf", 5, 64, 3)
