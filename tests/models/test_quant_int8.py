@@ -413,3 +413,23 @@ def test_errors_and_fake():
         torch.ops.specdecode.quant_int8_grouped_linear.default,
         (torch.randn(2, 3, 256), groups, int(Q.Q4_K), 256, 20, torch.randn(20), AUTO),
     )
+
+
+def test_amx_from_rows_is_a_setting_that_changes_no_bit():
+    # AUTO takes AMX from 16 rows where the CPU has it; whatever the threshold, the outputs are the same bits (the
+    # paths' own equality is the tests above, each path forced).
+    chosen = quant_int8.amx_from_rows()
+    assert chosen == 16
+    gen = np.random.default_rng(6)
+    try:
+        for qtype in (Q.Q4_1, Q.Q8_0, Q.Q4_K):
+            out, k = SHAPES[gguf.GGML_QUANT_SIZES[qtype][0]][1]
+            blocks = random_blocks(qtype, out, k, gen)
+            x = torch.from_numpy(gen.standard_normal((17, k), dtype=np.float32))
+            got = []
+            for rows in (0, 1, 16):
+                assert quant_int8.amx_from_rows(rows) == rows
+                got.append(quant_int8_linear(x, blocks, qtype, k))
+            assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2]), qtype.name
+    finally:
+        quant_int8.amx_from_rows(chosen)

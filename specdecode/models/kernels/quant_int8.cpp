@@ -22,17 +22,18 @@
 //      Q4_1: acc = fma(float(s32 of the block), m * dx, acc);   Q4_K: acc = fma(float(Mn), -(dmin * dx), acc)
 //    then y = acc (+ bias[n]).
 //
-// The integers are exact whatever instructions compute them (VNNI's vpdpbusd, or AVX-512BW's vpmaddubsw and
-// vpmaddwd, where no int16 pair sum can saturate: an unsigned quant <= 63 times |x| <= 127, twice, or |q8| <= 128
-// against the sign-adjusted x), and the fp32 steps are the same operations on every path, so the AVX512-VNNI,
-// AVX-512BW and portable scalar paths give identical bits. A row's quantization and sums never read another row,
-// so its output is bitwise the same alone or in any batch.
+// The integers are exact whatever instructions compute them (VNNI's vpdpbusd, AMX's tdpbssd, or AVX-512BW's
+// vpmaddubsw and vpmaddwd, where no int16 pair sum can saturate: an unsigned quant <= 63 times |x| <= 127, twice, or
+// |q8| <= 128 against the sign-adjusted x), and the fp32 steps are the same operations on every path, so the
+// AVX512-VNNI, AMX, AVX-512BW and portable scalar paths give identical bits. A row's quantization and sums never
+// read another row, so its output is bitwise the same alone or in any batch.
 //
 // Work: a vector lane is an output row. Every integer dot product is 16 weight rows x 4 positions against the
 // activation row's 4 quants broadcast, so one instruction serves 16 outputs and a block's fp32 steps are one vector
 // operation for all 16, with no horizontal sums. Every activation row is quantized once per call, before the
 // threads start; the threads split the groups; a group meets up to 6 activation rows at a time (passes of
-// near-equal size), each weight byte loaded and unpacked once per pass, and asked into cache 8 KiB ahead.
+// near-equal size), each weight byte loaded and unpacked once per pass, and asked into cache ahead (by vendor). With
+// AMX (16 rows and more), the 32-weight types' integer sums come from tiles instead (the AMX section).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -48,6 +49,10 @@
 #define QUANT_INT8_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #else
 #define QUANT_INT8_X86 0
 #endif
@@ -55,7 +60,7 @@
 namespace {
 
 enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
-enum Path : int64_t { kAuto = 0, kVnni = 1, kBw = 2, kPortable = 3 };
+enum Path : int64_t { kAuto = 0, kVnni = 1, kBw = 2, kPortable = 3, kAmx = 4 };
 
 constexpr int kChunk = 64;  // an activation row's quants are padded to a multiple of this (zeros)
 // Faults for negative controls (specdecode_quant_int8_fault): kFaultScale makes sub-block 5 of each K-quant
@@ -143,10 +148,11 @@ float quantize_block_avx(const float* x, int64_t n, float shared_amax, bool shar
 #pragma GCC pop_options
 #endif
 
-void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, bool vector, Acts& a) {
+// pad_rows >= rows: the quants hold that many rows, the ones past `rows` zero (AMX's tiles load whole passes).
+void quantize(const float* x, int64_t rows, int64_t pad_rows, int64_t K, int64_t QB, bool shared, bool vector, Acts& a) {
     a.stride = (K + kChunk - 1) / kChunk * kChunk;
     const int64_t nb = K / QB;
-    a.q.assign(rows * a.stride, 0);
+    a.q.assign(std::max(rows, pad_rows) * a.stride, 0);
     a.d.assign(rows * nb, 0.0f);
     a.s16.assign(rows * (K / 16), 0);
     a.s32.assign(rows * (K / 32), 0);
@@ -178,15 +184,30 @@ void quantize(const float* x, int64_t rows, int64_t K, int64_t QB, bool shared, 
     }
 }
 
-// Which vector paths this CPU runs: bit 0 AVX512-VNNI (with BW and VL), bit 1 AVX-512BW (with VL). Asked of
-// the CPU (CPUID and the OS's XSAVE state, through GCC's builtins), never assumed.
+// AMX's int8 tiles: the CPU has them (CPUID leaf 7: AMX-TILE, AMX-INT8) and Linux lets this process use their
+// state (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, asked once; a kernel or hypervisor that refuses it says so).
+bool amx_granted() {
+#if QUANT_INT8_X86 && defined(__linux__)
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !((edx >> 24) & 1) || !((edx >> 25) & 1)) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+#else
+    return false;
+#endif
+}
+
+// Which vector paths this CPU runs: bit 0 AVX512-VNNI (with BW and VL), bit 1 AVX-512BW (with VL), bit 2 AMX-INT8
+// (with VNNI's vector instructions for the rest of the work). Asked of the CPU (CPUID and the OS's XSAVE state,
+// through GCC's builtins) and of the OS, never assumed.
 int64_t features() {
 #if QUANT_INT8_X86
     static const int64_t f = [] {
         __builtin_cpu_init();
         const bool bw = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c");
-        return int64_t(bw && __builtin_cpu_supports("avx512vnni")) | (int64_t(bw) << 1);
+        const bool vnni = bw && __builtin_cpu_supports("avx512vnni");
+        return int64_t(vnni) | (int64_t(bw) << 1) | (int64_t(vnni && amx_granted()) << 2);
     }();
     return f;
 #else
@@ -197,6 +218,9 @@ int64_t features() {
 // ---- weights: grouped rows (models/row_groups.py) ----
 
 constexpr int kGroupRows = 16, kMaxPass = 6;
+// AUTO takes AMX (where the CPU and OS give it) from this many activation rows, VNNI below (the AMX section);
+// specdecode_quant_int8_amx_from overrides it (experiments; 0 turns AMX off for AUTO).
+int64_t g_amx_from = 16;
 
 // Bytes per group of 16 rows and weight block (32 weights; a K-quant's super-block), and weights per block.
 constexpr int64_t group_bytes(int64_t t) {
@@ -464,6 +488,30 @@ inline void block32(const uint8_t* blk, const RowsAt<R>& at, __m512i (&S)[R]) {
     for (int m = 0; m < R; ++m) S[m] = _mm512_add_epi32(S[m], hi[m]);
 }
 
+// Step 3 for one activation row and block, 16 outputs at a time: acc + the block's fp32 terms. d: the block's d
+// of the 16 rows; dx: the row's activation scale there; sum32: the row's quant sum over the block (Q4_1).
+template <int64_t T>
+inline __m512 block_fp32(__m512 acc, __m512i S, __m512i Mn, __m512 d, const uint8_t* blk, float dx, int32_t sum32) {
+    const __m512 vdx = _mm512_set1_ps(dx);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, vdx), acc);
+    if constexpr (T == kQ4_K) {  // -(dmin * dx) == (-dmin) * dx exactly
+        const __m512 ndmin = _mm512_sub_ps(_mm512_setzero_ps(), half_lanes(blk + 32));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Mn), _mm512_mul_ps(ndmin, vdx), acc);
+    } else if constexpr (T == kQ4_1) {
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(float(sum32)), _mm512_mul_ps(half_lanes(blk + 32), vdx), acc);
+    }
+    return acc;
+}
+
+// Group g's 16 outputs (+ bias) of activation rows m0 .. m0 + rows, from their accumulators.
+inline void store_group(const GArgs& a, int64_t g, int64_t m0, int rows, const __m512* acc) {
+    const int64_t n0 = g * kGroupRows;
+    const __mmask16 keep = __mmask16((1u << std::min<int64_t>(kGroupRows, a.N - n0)) - 1);
+    const __m512 bias = a.bias ? _mm512_maskz_loadu_ps(keep, a.bias + n0) : _mm512_setzero_ps();
+    for (int m = 0; m < rows; ++m)
+        _mm512_mask_storeu_ps(a.out + (m0 + m) * a.N + n0, keep, a.bias ? _mm512_add_ps(acc[m], bias) : acc[m]);
+}
+
 // Group g (16 outputs) x activation rows m0 .. m0 + R.
 template <int64_t T, bool V, int R>
 void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
@@ -484,28 +532,14 @@ void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
             at.s32[m] = A.s32.data() + (m0 + m) * (a.K / 32) + kW / 32 * b;
             at.dx[m] = A.d[(m0 + m) * nb + b];
         }
-        __m512i S[R], Mn[R];
+        __m512i S[R], Mn[R] = {};
         if constexpr (T == kQ4_K) q4k_block<V, R>(blk, at, a.fault, S, Mn);
         else if constexpr (T == kQ6_K) q6k_block<V, R>(blk, at, a.fault, S);
         else block32<T, V, R>(blk, at, S);
         const __m512 d = half_lanes(kW == 256 ? blk : d_fields(blk, b, kBytes, a.fault));
-        for (int m = 0; m < R; ++m) {
-            const __m512 dx = _mm512_set1_ps(at.dx[m]);
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[m]), _mm512_mul_ps(d, dx), acc[m]);
-            if constexpr (T == kQ4_K) {  // -(dmin * dx) == (-dmin) * dx exactly
-                const __m512 ndmin = _mm512_sub_ps(_mm512_setzero_ps(), half_lanes(blk + 32));
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Mn[m]), _mm512_mul_ps(ndmin, dx), acc[m]);
-            } else if constexpr (T == kQ4_1) {
-                const __m512 sum = _mm512_set1_ps(float(at.s32[m][0]));
-                acc[m] = _mm512_fmadd_ps(sum, _mm512_mul_ps(half_lanes(blk + 32), dx), acc[m]);
-            }
-        }
+        for (int m = 0; m < R; ++m) acc[m] = block_fp32<T>(acc[m], S[m], Mn[m], d, blk, at.dx[m], at.s32[m][0]);
     }
-    const int64_t n0 = g * kGroupRows;
-    const __mmask16 keep = __mmask16((1u << std::min<int64_t>(kGroupRows, a.N - n0)) - 1);
-    const __m512 bias = a.bias ? _mm512_maskz_loadu_ps(keep, a.bias + n0) : _mm512_setzero_ps();
-    for (int m = 0; m < R; ++m)
-        _mm512_mask_storeu_ps(a.out + (m0 + m) * a.N + n0, keep, a.bias ? _mm512_add_ps(acc[m], bias) : acc[m]);
+    store_group(a, g, m0, R, acc);
 }
 
 template <int64_t T, bool V>
@@ -541,6 +575,158 @@ void grouped_avx(const GArgs& a, int64_t t) {
 }
 
 #pragma GCC pop_options
+
+// ---- AMX: the same integers from int8 tiles (many rows: prompt chunks) ----
+// A tile product C[m][n] += sum_k A[m][k] * B[k / 4][4 n + k % 4] (TDPBSSD: int8 x int8, int32 sums, exact) takes
+// the activation quants of up to 16 rows at one 32-weight block as A and the block's weights of 16 outputs in the
+// groups' own order (16 outputs x 4 positions per 64 bytes, models/row_groups.py) as B: C is S of that block for
+// 16 rows x 16 outputs. Each C is stored and finished by the vector code's fp32 steps (block_fp32), so the bits are
+// VNNI's: the same exact integers, whichever unit adds them. On a 2-core Intel Xeon, 4,864 x 896 weights: 0.60-0.83x
+// VNNI's time at 16-128 rows, about 1.0x at 8 (experiments/amx_prefill.py).
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,amx-tile,amx-int8")
+
+constexpr int kAmxRows = 16;  // a tile's rows: activation rows per pass
+
+struct alignas(64) TileConfig {
+    uint8_t palette = 1, start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+// This thread's tiles: 0, 1 sums [R rows x 16 outputs int32]; 2, 3 quants [R x 32]; 4, 5 weights [8 x 64].
+void configure_tiles(int R) {
+    TileConfig c;
+    for (int t : {0, 1}) c.rows[t] = uint8_t(R), c.colsb[t] = 64;
+    for (int t : {2, 3}) c.rows[t] = uint8_t(R), c.colsb[t] = 32;
+    for (int t : {4, 5}) c.rows[t] = 8, c.colsb[t] = 64;
+    // Not _tile_loadconfig: GCC 12's tells the compiler that only 8 bytes are read, and the other stores go.
+    asm volatile("ldtilecfg %0" : : "m"(c));
+}
+
+// Two blocks: quants at x and x + 32 (rows `stride` bytes apart) against weights w0, w1 (8 tile rows of 64 bytes);
+// the sums to c0, c1 ([R][16] int32).
+inline void tiles_pair(const int8_t* x, int64_t stride, const void* w0, const void* w1, int32_t* c0, int32_t* c1) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(2, x, stride);
+    _tile_loadd(3, x + 32, stride);
+    _tile_loadd(4, w0, 64);
+    _tile_loadd(5, w1, 64);
+    _tile_dpbssd(0, 2, 4);
+    _tile_dpbssd(1, 3, 5);
+    _tile_stored(0, c0, 64);
+    _tile_stored(1, c1, 64);
+}
+
+inline void tiles_one(const int8_t* x, int64_t stride, const void* w, int32_t* c) {
+    _tile_zero(0);
+    _tile_loadd(2, x, stride);
+    _tile_loadd(4, w, 64);
+    _tile_dpbssd(0, 2, 4);
+    _tile_stored(0, c, 64);
+}
+
+inline __m512i sums(const int32_t* c, int m) { return _mm512_load_si512(c + 16 * m); }
+
+// Group g's 4-bit weights, every block, as tile rows (64 bytes: 16 outputs x 4 positions), 8 rows a block: done
+// once per group and call, before any tile reads them (a tile load waits for stores just made: unpacked block by
+// block, these types ran no faster than on VNNI). Q8_0's quants are tile rows as stored and are read in place.
+template <int64_t T>
+void unpack_group(const GArgs& a, int64_t g, int8_t* out) {
+    constexpr int64_t kBytes = group_bytes(T), kQs = T == kQ4_1 ? 64 : 32;
+    const int64_t nb = a.K / 32;
+    const __m512i m4 = _mm512_set1_epi8(0xf);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = a.w + (g * nb + b) * kBytes;
+        prefetch_ahead(blk, kBytes, a.prefetch);
+        for (int k = 0; k < 4; ++k) {  // positions 4k.. (low nibbles) to row k, 16 + 4k.. (high) to row 4 + k
+            const __m512i v = load(blk + kQs + k * 64);
+            __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            if constexpr (T == kQ5_0) {
+                const __m512i b16 = _mm512_set1_epi8(16);
+                uint64_t ml, mh;
+                std::memcpy(&ml, blk + 288 + 8 * k, 8);
+                std::memcpy(&mh, blk + 288 + 8 * (4 + k), 8);
+                wl = _mm512_mask_add_epi8(wl, _cvtu64_mask64(ml), wl, b16);
+                wh = _mm512_mask_add_epi8(wh, _cvtu64_mask64(mh), wh, b16);
+            }
+            _mm512_store_si512(out + 512 * b + 64 * k, wl);
+            _mm512_store_si512(out + 512 * b + 64 * (4 + k), wh);
+        }
+    }
+}
+
+// Group g x activation rows m0 .. m0 + rows (rows <= the tiles' R; the quants are padded to whole tiles), its 4-bit
+// weights unpacked in wt: two blocks' tile products at a time, then each block's steps.
+template <int64_t T>
+void amx_rows(const GArgs& a, int64_t g, int64_t m0, int rows, const int8_t* wt) {
+    const Acts& A = *a.acts;
+    constexpr int64_t kBytes = group_bytes(T);
+    const int64_t nb = a.K / 32;
+    alignas(64) int32_t c[2][kAmxRows * 16];
+    __m512 acc[kAmxRows];
+    for (int m = 0; m < rows; ++m) acc[m] = _mm512_setzero_ps();
+    const int8_t* x0 = A.q.data() + m0 * A.stride;
+    const uint8_t* w = a.w + g * nb * kBytes;
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int n = nb - b >= 2 ? 2 : 1;
+        const void* w0 = T == kQ8_0 ? static_cast<const void*>(w + b * kBytes + 32) : wt + 512 * b;
+        const void* w1 = T == kQ8_0 ? static_cast<const void*>(w + (b + 1) * kBytes + 32) : wt + 512 * (b + 1);
+        if (n == 2) tiles_pair(x0 + 32 * b, A.stride, w0, w1, c[0], c[1]);
+        else tiles_one(x0 + 32 * b, A.stride, w0, c[0]);
+        for (int i = 0; i < n; ++i) {
+            const uint8_t* blk = w + (b + i) * kBytes;
+            if (T == kQ8_0) prefetch_ahead(blk, kBytes, a.prefetch);
+            const __m512 d = half_lanes(d_fields(blk, b + i, kBytes, a.fault));
+            for (int m = 0; m < rows; ++m) {  // Q5_0's stored + 16, taken away
+                const int32_t sum = A.s32[(m0 + m) * (a.K / 32) + b + i];
+                const __m512i S = _mm512_add_epi32(sums(c[i], m), _mm512_set1_epi32(T == kQ5_0 ? -16 * sum : 0));
+                acc[m] = block_fp32<T>(acc[m], S, S, d, blk, A.d[(m0 + m) * nb + b + i], sum);
+            }
+        }
+    }
+    store_group(a, g, m0, rows, acc);
+}
+
+// Passes of R rows (the last one may have fewer real rows): one tile shape for the whole call.
+int amx_pass_rows(int64_t M) {
+    const int64_t passes = (M + kAmxRows - 1) / kAmxRows;
+    return int((M + passes - 1) / passes);
+}
+
+template <int64_t T>
+void grouped_amx(const GArgs& a) {
+    const int R = amx_pass_rows(a.M);
+#pragma omp parallel
+    {
+        configure_tiles(R);
+        std::vector<int8_t> wt(T == kQ8_0 ? 0 : 16 * a.K + 64);  // a group's 4-bit weights as tile rows
+        int8_t* w = wt.data() + (64 - reinterpret_cast<uintptr_t>(wt.data()) % 64) % 64;
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < a.G; ++g) {
+            if (T != kQ8_0) unpack_group<T>(a, g, w);
+            for (int64_t m0 = 0; m0 < a.M; m0 += R) amx_rows<T>(a, g, m0, int(std::min<int64_t>(R, a.M - m0)), w);
+        }
+        _tile_release();
+    }
+}
+
+// The K-quants take VNNI's code on this path: their sub-block scales are applied to each sub-block's sums in
+// integers, one vpmulld per row and sub-block, and that, not the dot products, bounds them (taken through tiles
+// too, they ran no faster than VNNI).
+void grouped_amx(const GArgs& a, int64_t t) {
+    switch (t) {
+        case kQ4_1: return grouped_amx<kQ4_1>(a);
+        case kQ5_0: return grouped_amx<kQ5_0>(a);
+        case kQ8_0: return grouped_amx<kQ8_0>(a);
+        case kQ4_K: return grouped_avx<kQ4_K, true>(a);
+        case kQ6_K: return grouped_avx<kQ6_K, true>(a);
+    }
+}
+
+#pragma GCC pop_options
 #endif  // QUANT_INT8_X86
 
 at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& groups, int64_t qtype, int64_t in_features,
@@ -562,22 +748,29 @@ at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& grou
                         bias->is_contiguous() && bias->device().is_cpu(),
                     "quant_int8_grouped_linear: bias must be a contiguous fp32 [out] CPU tensor");
     }
-    TORCH_CHECK(path >= kAuto && path <= kPortable, "quant_int8_grouped_linear: path is 0 (auto), 1 (VNNI), 2 (BW) or 3 "
-                                                    "(portable)");
+    TORCH_CHECK(path >= kAuto && path <= kAmx, "quant_int8_grouped_linear: path is 0 (auto), 1 (VNNI), 2 (BW), 3 "
+                                               "(portable) or 4 (AMX)");
     TORCH_CHECK(path != kVnni || (features() & 1), "quant_int8_grouped_linear: this CPU has no AVX512-VNNI");
     TORCH_CHECK(path != kBw || (features() & 2), "quant_int8_grouped_linear: this CPU has no AVX-512BW");
-    if (path == kAuto) path = (features() & 1) ? kVnni : (features() & 2) ? kBw : kPortable;
+    TORCH_CHECK(path != kAmx || (features() & 4), "quant_int8_grouped_linear: this CPU (or its OS) gives no AMX-INT8");
+    const int64_t M = x.numel() / in_features;
+    if (path == kAuto)
+        path = (features() & 4) && g_amx_from > 0 && M >= g_amx_from ? kAmx : (features() & 1) ? kVnni : (features() & 2) ? kBw : kPortable;
 
     const at::Tensor rows = x.reshape({-1, in_features}).contiguous();     // [M, K]
     at::Tensor out = at::empty({rows.size(0), out_features}, x.options());  // [M, N]
-    const int64_t M = rows.size(0);
     if (M > 0 && out_features > 0) {
         Acts acts;
-        quantize(rows.data_ptr<float>(), M, in_features, kw, g_fault == kFaultShared, path != kPortable, acts);
+        int64_t pad_rows = M;
+#if QUANT_INT8_X86
+        if (path == kAmx) pad_rows = (M + kAmxRows - 1) / kAmxRows * amx_pass_rows(M);
+#endif
+        quantize(rows.data_ptr<float>(), M, pad_rows, in_features, kw, g_fault == kFaultShared, path != kPortable, acts);
         const GArgs a{&acts, groups.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
                       M, in_features, out_features, G, g_fault == kFaultScale, g_prefetch};
 #if QUANT_INT8_X86
-        if (path == kVnni) grouped_avx<true>(a, qtype);
+        if (path == kAmx) grouped_amx(a, qtype);
+        else if (path == kVnni) grouped_avx<true>(a, qtype);
         else if (path == kBw) grouped_avx<false>(a, qtype);
         else
 #endif
@@ -597,6 +790,11 @@ void specdecode_quant_int8_fault(int mode) { g_fault = mode; }
 int64_t specdecode_quant_int8_prefetch(int64_t bytes) {
     if (bytes >= 0) g_prefetch = bytes / 64 * 64;
     return g_prefetch;
+}
+// The rows from which AUTO takes AMX: set it when `rows` >= 0 (0: never); returns the one in use.
+int64_t specdecode_quant_int8_amx_from(int64_t rows) {
+    if (rows >= 0) g_amx_from = rows;
+    return g_amx_from;
 }
 }
 
