@@ -40,17 +40,21 @@ MATRICES = [
 ]
 
 
-def op_from_source(text: str, namespace: str, what: str) -> torch._ops.OpOverloadPacket:
-    """Build a version of the kernel's source under its own op namespace beside this tree's, load it into this
-    process and return its linear op (`what` names it in the build's progress line)."""
+def op_from_source(
+    text: str, namespace: str, what: str, flags: list[str] = quant_rows.FLAGS, op: str = "quant_rows_linear"
+) -> torch._ops.OpOverloadPacket:
+    """Build a version of a kernel's source (quant_rows.cpp, or another with `flags` and its op's name) under its own
+    op namespace beside this tree's, load it into this process and return its op (`what` names it in the build's
+    progress line)."""
     for macro in ("TORCH_LIBRARY_FRAGMENT", "TORCH_LIBRARY_IMPL"):
         text = text.replace(f"{macro}(specdecode,", f"{macro}({namespace},")
-    text = text.replace("specdecode_quant_rows_fault", f"{namespace}_fault")  # one C symbol per library
+    kernel = op.removesuffix("_linear").removesuffix("_grouped")  # quant_rows, quant_int8
+    text = text.replace(f"specdecode_{kernel}_", f"{namespace}_")  # one C symbol per library
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / f"{namespace}.cpp"
         source.write_text(text)
-        torch.ops.load_library(str(build_op(namespace, source, quant_rows.FLAGS, what)))
-    return getattr(torch.ops, namespace).quant_rows_linear
+        torch.ops.load_library(str(build_op(namespace, source, flags, what)))
+    return getattr(getattr(torch.ops, namespace), op)
 
 
 def baseline_op(rev: str) -> torch._ops.OpOverloadPacket:

@@ -347,6 +347,16 @@ inline __m512i dp4_signed(__m512i acc, __m512i w, __m512i s) {
 // 4 activation quants from p in every lane.
 typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
 inline __m512i quad(const int8_t* p) { return _mm512_set1_epi32(*reinterpret_cast<const unaligned_i32*>(p)); }
+// 2 int16 from p in every lane.
+inline __m512i pair16(const int16_t* p) { return _mm512_set1_epi32(*reinterpret_cast<const unaligned_i32*>(p)); }
+
+// acc + the 16 lane sums of a * b over 2 int16 (no product or sum near int32's range: Q4_K's 6-bit mins against
+// a row's sums of 32 quants).
+template <bool V>
+inline __m512i dp2(__m512i acc, __m512i a, __m512i b) {
+    if constexpr (V) return _mm512_dpwssd_epi32(acc, a, b);
+    else return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+}
 
 inline __m512i u8_lanes(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline __m512i i8_lanes(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
@@ -403,9 +413,12 @@ inline void q4k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
         for (int m = 0; m < R; ++m)
             S[m] = _mm512_add_epi32(S[m], _mm512_add_epi32(_mm512_mullo_epi32(lo[m], sl), _mm512_mullo_epi32(hi[m], sh)));
     }
-    for (int j = 0; j < 8; ++j) {
-        const __m512i mn = u8_lanes(blk + 192 + j * 16);
-        for (int m = 0; m < R; ++m) Mn[m] = _mm512_add_epi32(Mn[m], _mm512_mullo_epi32(mn, _mm512_set1_epi32(at.s32[m][j])));
+    // Mn two sub-blocks at a time: the mins of 2p and 2p + 1 as an int16 pair in each lane against the row's two
+    // sums, one dot product (a vpmulld a sub-block and row before: 2 uops each on Intel, the most of Q4_K's work at
+    // several rows after the quants' own dot products)
+    for (int p = 0; p < 4; ++p) {
+        const __m512i mn = _mm512_or_si512(u8_lanes(blk + 192 + 32 * p), _mm512_slli_epi32(u8_lanes(blk + 208 + 32 * p), 16));
+        for (int m = 0; m < R; ++m) Mn[m] = dp2<V>(Mn[m], mn, pair16(at.s32[m] + 2 * p));
     }
 }
 
