@@ -458,6 +458,22 @@ inline void q6k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
     }
 }
 
+// A 4-bit 32-weight block's (Q4_1, Q5_0) quads k (positions 4k .. 4k + 3) and 4 + k (16 + 4k ..) of the 16 rows,
+// one byte a weight (Q5_0 with its fifth bit: one 64-bit mask per vector of quants).
+template <int64_t T>
+inline void quads4(const uint8_t* blk, int k, __m512i& wl, __m512i& wh) {
+    const __m512i m4 = _mm512_set1_epi8(0xf), v = load(blk + (T == kQ4_1 ? 64 : 32) + k * 64);
+    wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    if constexpr (T == kQ5_0) {
+        const __m512i b16 = _mm512_set1_epi8(16);
+        uint64_t ml, mh;
+        std::memcpy(&ml, blk + 288 + 8 * k, 8);
+        std::memcpy(&mh, blk + 288 + 8 * (4 + k), 8);
+        wl = _mm512_mask_add_epi8(wl, _cvtu64_mask64(ml), wl, b16);
+        wh = _mm512_mask_add_epi8(wh, _cvtu64_mask64(mh), wh, b16);
+    }
+}
+
 // One 32-weight block of a group against R rows: S of every lane. Two chains per row (positions 0-15, 16-31).
 template <int64_t T, bool V, int R>
 inline void block32(const uint8_t* blk, const RowsAt<R>& at, __m512i (&S)[R]) {
@@ -478,20 +494,10 @@ inline void block32(const uint8_t* blk, const RowsAt<R>& at, __m512i (&S)[R]) {
             }
         }
     } else {
-        const __m512i m4 = _mm512_set1_epi8(0xf);
-        constexpr int kQs = T == kQ4_1 ? 64 : 32;
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) {
-            const __m512i v = load(blk + kQs + k * 64);
-            __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            if constexpr (T == kQ5_0) {  // the fifth bits: one 64-bit mask per vector of quants
-                const __m512i b16 = _mm512_set1_epi8(16);
-                uint64_t ml, mh;
-                std::memcpy(&ml, blk + 288 + 8 * k, 8);
-                std::memcpy(&mh, blk + 288 + 8 * (4 + k), 8);
-                wl = _mm512_mask_add_epi8(wl, _cvtu64_mask64(ml), wl, b16);
-                wh = _mm512_mask_add_epi8(wh, _cvtu64_mask64(mh), wh, b16);
-            }
+            __m512i wl, wh;
+            quads4<T>(blk, k, wl, wh);
             for (int m = 0; m < R; ++m) {
                 S[m] = dp4<V>(S[m], wl, quad(at.x[m] + 4 * k));
                 hi[m] = dp4<V>(hi[m], wh, quad(at.x[m] + 16 + 4 * k));
@@ -648,23 +654,14 @@ inline __m512i sums(const int32_t* c, int m) { return _mm512_load_si512(c + 16 *
 // block, these types ran no faster than on VNNI). Q8_0's quants are tile rows as stored and are read in place.
 template <int64_t T>
 void unpack_group(const GArgs& a, int64_t g, int8_t* out) {
-    constexpr int64_t kBytes = group_bytes(T), kQs = T == kQ4_1 ? 64 : 32;
+    constexpr int64_t kBytes = group_bytes(T);
     const int64_t nb = a.K / 32;
-    const __m512i m4 = _mm512_set1_epi8(0xf);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = a.w + (g * nb + b) * kBytes;
         prefetch_ahead(blk, kBytes, a.prefetch);
-        for (int k = 0; k < 4; ++k) {  // positions 4k.. (low nibbles) to row k, 16 + 4k.. (high) to row 4 + k
-            const __m512i v = load(blk + kQs + k * 64);
-            __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            if constexpr (T == kQ5_0) {
-                const __m512i b16 = _mm512_set1_epi8(16);
-                uint64_t ml, mh;
-                std::memcpy(&ml, blk + 288 + 8 * k, 8);
-                std::memcpy(&mh, blk + 288 + 8 * (4 + k), 8);
-                wl = _mm512_mask_add_epi8(wl, _cvtu64_mask64(ml), wl, b16);
-                wh = _mm512_mask_add_epi8(wh, _cvtu64_mask64(mh), wh, b16);
-            }
+        for (int k = 0; k < 4; ++k) {  // positions 4k.. to tile row k, 16 + 4k.. to row 4 + k
+            __m512i wl, wh;
+            quads4<T>(blk, k, wl, wh);
             _mm512_store_si512(out + 512 * b + 64 * k, wl);
             _mm512_store_si512(out + 512 * b + 64 * (4 + k), wh);
         }
