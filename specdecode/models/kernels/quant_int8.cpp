@@ -701,10 +701,11 @@ void amx_rows(const GArgs& a, int64_t g, int64_t m0, int rows, const int8_t* wt)
 }
 
 // Passes of R rows (the last one may have fewer real rows): one tile shape for the whole call.
-int amx_pass_rows(int64_t M) {
-    const int64_t passes = (M + kAmxRows - 1) / kAmxRows;
-    return int((M + passes - 1) / passes);
-}
+int64_t amx_passes(int64_t M) { return (M + kAmxRows - 1) / kAmxRows; }
+int amx_pass_rows(int64_t M) { return int((M + amx_passes(M) - 1) / amx_passes(M)); }
+// The activation rows quantized for a call on path AMX: whole passes for the 32-weight types' tiles (the padding
+// rows' quants are zeros); the K-quants take VNNI's code there, which reads only the real rows.
+int64_t amx_padded_rows(int64_t M, int64_t t) { return block_weights(t) == 32 ? amx_passes(M) * amx_pass_rows(M) : M; }
 
 template <int64_t T>
 void grouped_amx(const GArgs& a) {
@@ -764,8 +765,10 @@ at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& grou
     TORCH_CHECK(path != kBw || (features() & 2), "quant_int8_grouped_linear: this CPU has no AVX-512BW");
     TORCH_CHECK(path != kAmx || (features() & 4), "quant_int8_grouped_linear: this CPU (or its OS) gives no AMX-INT8");
     const int64_t M = x.numel() / in_features;
-    if (path == kAuto)
-        path = (features() & 4) && g_amx_from > 0 && M >= g_amx_from ? kAmx : (features() & 1) ? kVnni : (features() & 2) ? kBw : kPortable;
+    if (path == kAuto) {
+        const bool amx = (features() & 4) && g_amx_from > 0 && M >= g_amx_from;
+        path = amx ? kAmx : (features() & 1) ? kVnni : (features() & 2) ? kBw : kPortable;
+    }
 
     const at::Tensor rows = x.reshape({-1, in_features}).contiguous();     // [M, K]
     at::Tensor out = at::empty({rows.size(0), out_features}, x.options());  // [M, N]
@@ -773,7 +776,7 @@ at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& grou
         Acts acts;
         int64_t pad_rows = M;
 #if QUANT_INT8_X86
-        if (path == kAmx) pad_rows = (M + kAmxRows - 1) / kAmxRows * amx_pass_rows(M);
+        if (path == kAmx) pad_rows = amx_padded_rows(M, qtype);
 #endif
         quantize(rows.data_ptr<float>(), M, pad_rows, in_features, kw, g_fault == kFaultShared, path != kPortable, acts);
         const GArgs a{&acts, groups.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
