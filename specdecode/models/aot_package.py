@@ -7,10 +7,12 @@ and C++ GEMM settings) into two packages whose constants are the frozen, packed 
 runs inside the package through AOTInductor's proxy executor and writes the cache in place.
 
 A package's key covers everything its code and constants depend on: the weights' bytes, the config, dtype
-and device, the code of the modules traced into it and of the C++ kernels it calls (docstrings, comments and
-layout aside), torch's version, inductor's settings, the CPU and the thread count. Any change gives a new key, so a
-stale package is never loaded; packages live under `<cache_root>/aoti/<key>/`, published by an atomic rename. CPU only:
-on CUDA the step stays under torch.compile (no GPU has been lent to measure AOTInductor there).
+and device, the code of the modules traced into it (docstrings, comments and layout aside), the schemas of the C++
+ops it calls, torch's version, inductor's settings, the CPU and the thread count. Not the ops' bodies: a package
+calls every specdecode op by name through AOTInductor's proxy executor, so the kernel that runs is the library this
+process loaded (a kernel edit had made every package compile again, minutes for the 1.5B). Any change gives a new
+key, so a stale package is never loaded; packages live under `<cache_root>/aoti/<key>/`, published by an atomic
+rename. CPU only: on CUDA the step stays under torch.compile (no GPU has been lent to measure AOTInductor there).
 
 A model whose linears keep GGUF blocks (models/gguf_quantized.py) is packaged differently: nothing is frozen
 (there is no fp32 weight for inductor to pack, and the blocks only feed the opaque quant_rows op) and the
@@ -85,6 +87,16 @@ def c_code(source: str) -> str:
     return "\n".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+# A kernel's op definitions: `m.def(` and its schema, one string literal or several side by side.
+OP_DEF = re.compile(r'm\.def\(\s*((?:"(?:\\.|[^"\\])*"\s*)+)')
+
+
+def op_schemas(source: str) -> list[str]:
+    """The schemas of the torch ops a C++ kernel defines (`m.def`), outside comments: all of the kernel that a
+    package holds. It calls the op by name at run time, and its fake (output shapes) is registered in Python."""
+    return [re.sub(r'"\s*"', "", m.group(1)).strip('"') for m in OP_DEF.finditer(c_code(source))]
+
+
 def _docstring(node: ast.AST) -> bool:
     first = node.body[0] if node.body else None
     return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
@@ -108,12 +120,12 @@ def package_key(model: LlamaModel) -> str:
         "threads": torch.get_num_threads(),
         "source": [code(inspect.getsource(m)) for m in (llama, attention, few_rows)],
         "packaging": [code(inspect.getsource(f)) for f in PACKAGING] + [MAX_ROWS, MAX_LEN],
-        "kernels": [c_code(p.read_text()) for p in (*few_rows.SOURCES, *few_rows.HEADERS)],
+        "ops": [op_schemas(p.read_text()) for p in few_rows.SOURCES],
     }
     if quantized:  # the op's source and how modules are built; the constants by name, shape and type only
         described["quantized"] = {
             "source": [code(inspect.getsource(m)) for m in (quant_rows, quant_int8, gguf_quantized)]
-            + [c_code(quant_rows.SOURCE.read_text()), c_code(quant_int8.SOURCE.read_text())],
+            + [op_schemas(quant_rows.SOURCE.read_text()), op_schemas(quant_int8.SOURCE.read_text())],
             "modules": repr(model),
             "constants": [(n, list(t.shape), str(t.dtype)) for n, t in _constants(model, "").items()],
         }

@@ -11,6 +11,9 @@ import inspect
 import linecache
 import os
 import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +21,9 @@ import torch
 from specdecode.models import aot_package, few_rows, llama, quant_int8, quant_rows
 from specdecode.models.compiled import compile_step
 from specdecode.models.disk_cache import cache_root, remove_least_recent
+from specdecode.models.gguf_quantized import load_gguf_quantized
 from specdecode.models.llama import AttentionMetadata, LlamaModel, load_llama
+from tests.models.test_gguf_quantized import write_tiny_gguf
 
 
 @pytest.fixture
@@ -183,7 +188,7 @@ def test_the_key_reads_code_not_prose():
 
 
 def test_a_kernel_comment_keeps_the_key():
-    """The same for the C++ kernels a package calls: comments and layout aside, a comment marker inside a string
+    """`c_code`, which `op_schemas` reads through: comments and layout aside, a comment marker inside a string
     literal kept (it is code); the control changes one constant."""
     src = 'int f(int x) {\n    return x + 1;  // one\n}\nconst char* s = "a // b";\n'
     prose = '/* The kernel.\n   Two lines. */\nint f(int x) {\n  return x + 1;\n}\n\nconst char* s = "a // b";  // c\n'
@@ -191,7 +196,83 @@ def test_a_kernel_comment_keeps_the_key():
     literal = 'int f(int x) {\n    return x + 1;  // one\n}\nconst char* s = "a // c";\n'
     assert aot_package.c_code(src) == aot_package.c_code(prose)
     assert len({aot_package.c_code(s) for s in (src, changed, literal)}) == 3
-    for path in (*few_rows.SOURCES, quant_rows.SOURCE, quant_int8.SOURCE):
-        real = path.read_text()
-        assert "//" in real and aot_package.c_code(real) == aot_package.c_code(real.replace("//", "// Reworded.", 1))
-        assert aot_package.c_code(real) != aot_package.c_code(real.replace("return", "return -", 1))
+
+
+@pytest.fixture(scope="module")
+def quantized_tiny(tmp_path_factory) -> LlamaModel:
+    """A tiny GGUF's model with its blocks kept (eager: only its key is asked for)."""
+    path = write_tiny_gguf(tmp_path_factory.mktemp("quantized") / "tiny.gguf", tie=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny file's dense linears
+        return load_gguf_quantized(path)
+
+
+def kernels_edited(monkeypatch, tmp_path, edit: Callable[[str], str]) -> None:
+    """Every C++ kernel the key reads, as a copy under tmp_path with `edit` applied (each one changed)."""
+
+    def copy(path: Path) -> Path:
+        out = tmp_path / path.name
+        out.write_text(edit(path.read_text()))
+        assert out.read_text() != path.read_text() or "m.def" not in path.read_text(), path.name
+        return out
+
+    monkeypatch.setattr(few_rows, "SOURCES", tuple(copy(p) for p in few_rows.SOURCES))
+    monkeypatch.setattr(quant_rows, "SOURCE", copy(quant_rows.SOURCE))
+    monkeypatch.setattr(quant_int8, "SOURCE", copy(quant_int8.SOURCE))
+
+
+def body_edit(source: str) -> str:
+    """One kernel's code changed where no op is defined (its first `return`, before its op definitions)."""
+    assert source.index("return") < source.find("m.def") or "m.def" not in source
+    return source.replace("return", "return -", 1)
+
+
+def schema_edit(source: str) -> str:
+    """Its first op's schema changed (a tensor argument made optional); a file that defines no op as it is."""
+    at = source.find("m.def")
+    return source if at < 0 else source[:at] + source[at:].replace("Tensor", "Tensor?", 1)
+
+
+def keys(tiny_target, quantized: LlamaModel) -> list[str]:
+    return [aot_package.package_key(load_llama(tiny_target, inference=False)), aot_package.package_key(quantized)]
+
+
+@pytest.mark.parametrize("edit, moves", [(body_edit, False), (schema_edit, True)])
+def test_the_key_holds_the_kernels_op_schemas_not_their_bodies(
+    tiny_target, quantized_tiny, monkeypatch, tmp_path, edit, moves
+):
+    """A package calls each op by name (AOTInductor's proxy executor), so the kernel that runs is the loaded
+    library's, never the package's: an edit to a kernel's body keeps every key, fp32 and quantized (it had made
+    every package compile again, minutes for the 1.5B); an edit to an op's schema moves them.
+    test_gguf_quantized's compiled step meets a fault set in the loaded kernel."""
+    before = keys(tiny_target, quantized_tiny)
+    kernels_edited(monkeypatch, tmp_path, edit)
+    after = keys(tiny_target, quantized_tiny)
+    assert [a != b for a, b in zip(after, before, strict=True)] == [moves, moves]
+
+
+def test_control_a_key_over_the_kernels_whole_code_moves_with_a_body_edit(
+    tiny_target, quantized_tiny, monkeypatch, tmp_path
+):
+    """The same body edit with the key reading the kernels' whole code (comments aside), as it did: both move."""
+    monkeypatch.setattr(aot_package, "op_schemas", lambda source: [aot_package.c_code(source)])
+    before = keys(tiny_target, quantized_tiny)
+    kernels_edited(monkeypatch, tmp_path, body_edit)
+    assert all(a != b for a, b in zip(keys(tiny_target, quantized_tiny), before, strict=True))
+
+
+def test_op_schemas_reads_each_op_whole():
+    """Every op the packages call is found, a schema split over two string literals read whole, a commented-out
+    definition skipped."""
+    schemas = [
+        s
+        for p in (*few_rows.SOURCES, quant_rows.SOURCE, quant_int8.SOURCE)
+        for s in aot_package.op_schemas(p.read_text())
+    ]
+    names = {s.split("(")[0] for s in schemas}
+    assert {"few_rows_linear", "few_queries_attend", "quant_rows_linear", "quant_rows_embedding"} <= names
+    assert (
+        "quant_int8_grouped_linear(Tensor x, Tensor groups, int qtype, int in_features, int out_features, "
+        "Tensor? bias=None, int path=0) -> Tensor" in schemas
+    )
+    assert aot_package.op_schemas('// m.def("f(Tensor x) -> Tensor");\nm.def("g() -> int");') == ["g() -> int"]

@@ -22,7 +22,7 @@ from torch import nn
 
 from specdecode.config import WEIGHTS_ENV, EngineConfig, SamplingParams
 from specdecode.llm import LLM
-from specdecode.models import aot_package, gguf_quantized
+from specdecode.models import aot_package, gguf_quantized, quant_rows
 from specdecode.models.compiled import load_target
 from specdecode.models.gguf_quantized import (
     ConcatLinear,
@@ -330,6 +330,22 @@ def test_compiled_quantized_step_reads_the_models_own_blocks(compiled_tiny):
         changed = logits(compiled, prompt, (1,))
     finally:
         a.copy_(saved)
+    assert relative_error(changed, before) > 1000 * TOLERANCE
+    assert torch.equal(logits(compiled, prompt, (1,)), before)
+
+
+def test_compiled_quantized_step_calls_the_loaded_kernel(compiled_tiny):
+    """The package calls quant_rows_linear by name: a fault set in the library this process loaded (one sub-block
+    scale misread) changes its logits, and clearing it restores them bitwise. What lets a package's key hold the
+    kernels' op schemas and not their code (models/aot_package.py)."""
+    compiled, _ = compiled_tiny
+    prompt = np.random.default_rng(10).integers(0, VOCAB, 12).tolist()
+    before = logits(compiled, prompt, (1,))
+    quant_rows.set_fault(True)
+    try:
+        changed = logits(compiled, prompt, (1,))
+    finally:
+        quant_rows.set_fault(False)
     assert relative_error(changed, before) > 1000 * TOLERANCE
     assert torch.equal(logits(compiled, prompt, (1,)), before)
 
