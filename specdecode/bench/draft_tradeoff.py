@@ -14,8 +14,11 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
+from torch import nn
 
 from specdecode.models.llama import LlamaModel
+from specdecode.models.quant_int8 import Int8QuantLinear
+from specdecode.models.quant_rows import QuantLinear
 from specdecode.step.runner import forward_ragged, prefill
 
 CONTEXT = 256  # tokens already cached when the step is timed: a typical Spec-Bench prompt plus some output
@@ -37,6 +40,14 @@ def decode_step_ms(model: LlamaModel, context: int = CONTEXT, iters: int = ITERS
     return float(np.median(times)) * 1e3
 
 
+def weights_m(model: nn.Module) -> float:
+    """Millions of weights outside the embedding: its parameters and its linears kept as GGUF blocks (buffers, not
+    parameters: a quantized draft read 0.0 M here before)."""
+    params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("embed"))
+    kept = (m for n, m in model.named_modules() if isinstance(m, (QuantLinear, Int8QuantLinear)))
+    return (params + sum(m.in_features * m.out_features for m in kept)) / 1e6
+
+
 def step_costs(arms: list) -> dict[str, dict[str, float]]:
     """{arm name: draft and target step ms, draft layers and parameters} for every arm running a draft model."""
     target_ms: float | None = None
@@ -51,7 +62,7 @@ def step_costs(arms: list) -> dict[str, dict[str, float]]:
             "draft_ms": decode_step_ms(draft),
             "target_ms": target_ms,
             "draft_layers": draft.cfg.num_layers,
-            "draft_params_m": sum(p.numel() for n, p in draft.named_parameters() if not n.startswith("embed")) / 1e6,
+            "draft_params_m": weights_m(draft),
         }
     return costs
 

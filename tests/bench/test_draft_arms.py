@@ -4,13 +4,17 @@ draft-size trade-off table (step costs measured on real models)."""
 from __future__ import annotations
 
 import argparse
+import warnings
 
 import pytest
 from rich.console import Console
 
 from specdecode.bench.args import MethodArm, method_arms
-from specdecode.bench.draft_tradeoff import decode_step_ms, plot_tradeoff, render_tradeoff
+from specdecode.bench.draft_tradeoff import decode_step_ms, plot_tradeoff, render_tradeoff, weights_m
+from specdecode.models.gguf_quantized import load_gguf_quantized
 from specdecode.models.llama import load_llama
+from specdecode.models.quant_int8 import use_int8
+from tests.models.test_gguf_quantized import loader_fp32_model, write_tiny_gguf
 
 
 def test_draft_arms_carry_their_own_draft():
@@ -75,3 +79,19 @@ def test_tradeoff_table_pairs_each_draft_with_its_own_hf_peer(tmp_path):
 def test_decode_step_cost_runs_on_a_real_cache(tiny_target):
     # Only that it runs and yields a time: comparing timings in a unit test would be flaky by design.
     assert decode_step_ms(load_llama(tiny_target), context=32, iters=5) > 0.0
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["exact", "fast"])
+def test_a_quantized_drafts_weights_are_counted(tmp_path, fast):
+    """The trade-off table's parameter count of a model whose linears keep GGUF blocks (buffers, not parameters)
+    equals its fp32 conversion's: each linear's in x out, exact or int8 fast; the parameters alone (the former
+    count) are a few norms and biases."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tie=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny file's dense linears
+        quantized = load_gguf_quantized(path)
+    assert (use_int8(quantized) > 0) if fast else True
+    fp32 = weights_m(loader_fp32_model(path, tmp_path / "fp32"))
+    assert weights_m(quantized) == pytest.approx(fp32, rel=1e-9)
+    params = sum(p.numel() for n, p in quantized.named_parameters() if not n.startswith("embed")) / 1e6
+    assert params < 0.5 * fp32
