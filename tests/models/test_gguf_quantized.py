@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -317,21 +318,27 @@ def test_compiled_quantized_step_equals_eager(compiled_tiny):
     assert relative_error(logits(compiled, prompt, (1, 4)), logits(eager, prompt, (1, 4))) < TOLERANCE
 
 
+def edit_changes_then_restores(compiled: LlamaModel, seed: int, edit: Callable[[], None], undo: Callable[[], None]):
+    """`edit` changes the compiled step's logits on a random prompt far past the tolerance, and `undo` restores
+    them bitwise."""
+    prompt = np.random.default_rng(seed).integers(0, VOCAB, 12).tolist()
+    before = logits(compiled, prompt, (1,))
+    edit()
+    try:
+        changed = logits(compiled, prompt, (1,))
+    finally:
+        undo()
+    assert relative_error(changed, before) > 1000 * TOLERANCE
+    assert torch.equal(logits(compiled, prompt, (1,)), before)
+
+
 def test_compiled_quantized_step_reads_the_models_own_blocks(compiled_tiny):
     """The package holds no copy of the weights: blocks edited in the model change the compiled step's logits
     (one layer's gate/up blocks swapped with another's), and putting them back restores them bitwise."""
     compiled, _ = compiled_tiny
-    prompt = np.random.default_rng(9).integers(0, VOCAB, 12).tolist()
-    before = logits(compiled, prompt, (1,))
     a, b = compiled.layers[0].mlp.w13.blocks, compiled.layers[1].mlp.w13.blocks
     saved = a.clone()
-    a.copy_(b)
-    try:
-        changed = logits(compiled, prompt, (1,))
-    finally:
-        a.copy_(saved)
-    assert relative_error(changed, before) > 1000 * TOLERANCE
-    assert torch.equal(logits(compiled, prompt, (1,)), before)
+    edit_changes_then_restores(compiled, 9, lambda: a.copy_(b), lambda: a.copy_(saved))
 
 
 def test_compiled_quantized_step_calls_the_loaded_kernel(compiled_tiny):
@@ -339,15 +346,7 @@ def test_compiled_quantized_step_calls_the_loaded_kernel(compiled_tiny):
     scale misread) changes its logits, and clearing it restores them bitwise. What lets a package's key hold the
     kernels' op schemas and not their code (models/aot_package.py)."""
     compiled, _ = compiled_tiny
-    prompt = np.random.default_rng(10).integers(0, VOCAB, 12).tolist()
-    before = logits(compiled, prompt, (1,))
-    quant_rows.set_fault(True)
-    try:
-        changed = logits(compiled, prompt, (1,))
-    finally:
-        quant_rows.set_fault(False)
-    assert relative_error(changed, before) > 1000 * TOLERANCE
-    assert torch.equal(logits(compiled, prompt, (1,)), before)
+    edit_changes_then_restores(compiled, 10, lambda: quant_rows.set_fault(True), lambda: quant_rows.set_fault(False))
 
 
 def test_compiled_quantized_step_reads_the_models_own_embedding_blocks(compiled_tiny):
@@ -356,16 +355,13 @@ def test_compiled_quantized_step_reads_the_models_own_embedding_blocks(compiled_
     compiled, _ = compiled_tiny
     assert isinstance(compiled.embed, QuantEmbedding) and compiled.embed.qtype == Q.Q8_0
     prompt = np.random.default_rng(9).integers(0, VOCAB, 12).tolist()
-    before = logits(compiled, prompt, (1,))
     rows, blocks = prompt[-1:] + prompt[:1], compiled.embed.blocks  # the last token's row and the first one's
     assert rows[0] != rows[1]
-    blocks[rows] = blocks[rows[::-1]]
-    try:
-        changed = logits(compiled, prompt, (1,))
-    finally:
+
+    def swap() -> None:
         blocks[rows] = blocks[rows[::-1]]
-    assert relative_error(changed, before) > 1000 * TOLERANCE
-    assert torch.equal(logits(compiled, prompt, (1,)), before)
+
+    edit_changes_then_restores(compiled, 9, swap, swap)
 
 
 def test_greedy_decoding_on_the_compiled_step_equals_the_dequantized_models(dequantized, prompt, monkeypatch):
