@@ -44,7 +44,7 @@ def weights_m(model: nn.Module) -> float:
     """Millions of weights outside the embedding: its parameters and its linears kept as GGUF blocks (buffers, not
     parameters: a quantized draft read 0.0 M here before)."""
     params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("embed"))
-    kept = (m for n, m in model.named_modules() if isinstance(m, (QuantLinear, Int8QuantLinear)))
+    kept = (m for m in model.modules() if isinstance(m, (QuantLinear, Int8QuantLinear)))
     return (params + sum(m.in_features * m.out_features for m in kept)) / 1e6
 
 

@@ -208,7 +208,8 @@ def quantized_tiny(tmp_path_factory) -> LlamaModel:
 
 
 def kernels_edited(monkeypatch, tmp_path, edit: Callable[[str], str]) -> None:
-    """Every C++ kernel the key reads, as a copy under tmp_path with `edit` applied (each one changed)."""
+    """Every C++ kernel the key reads, as a copy under tmp_path with `edit` applied (each one that defines an op
+    changed)."""
 
     def copy(path: Path) -> Path:
         out = tmp_path / path.name
