@@ -6,12 +6,24 @@ import platform
 from pathlib import Path
 
 
-def cpu_model() -> str:
-    """The CPU's model name ("AMD EPYC"), from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown model"
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and, where /proc/cpuinfo gives them, its family and model numbers ("AMD EPYC (family 25
+    model 17)"): a hosted CPU's name alone ("AMD EPYC") hides which generation it is, and generations differ in
+    what their vector units do per cycle. `cpuinfo`: that file's text (default: read it)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or "unknown model"
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']} model {fields['model']})"
+    return name
