@@ -227,6 +227,16 @@ void pair_portable(const Args& a, const int64_t* n, int64_t m0, int rows) {
 __m512i load16_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 __m512 iota16() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
 
+// iota * (*s) + (*o), each scalar broadcast from memory inside its instruction ({1to16}): one rounding, the add's,
+// as the product is exact in the 4-bit types' tables. A broadcast of its own is a shuffle, and shuffles (the
+// permutes that look weights up, the byte widening) are what a 4-bit chunk's decoding waits on.
+__m512 table16(const float* s, const float* o) {
+    __m512 product, sum;
+    asm("vmulps %1%{1to16%}, %2, %0" : "=v"(product) : "m"(*s), "v"(iota16()));
+    asm("vaddps %1%{1to16%}, %2, %0" : "=v"(sum) : "m"(*o), "v"(product));
+    return sum;
+}
+
 // Exact fp16 -> fp32 by the CPU's conversion (the same value as half_to_float for every finite half).
 float half_f16c(const uint8_t* p) {
     uint16_t h;
@@ -251,7 +261,7 @@ struct Dec<kQ4_1> {
         table = _mm512_fmadd_ps(_mm512_set1_ps(d), iota16(), _mm512_set1_ps(m));  // d * q + m, one rounding
         bytes = load16_u8(blk + 4);
     }
-    void sub(int) {}
+    void sub(int, bool) {}
     __m512 chunk(int, int h) const {  // weights 0..15 are the low nibbles, 16..31 the high ones
         return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(bytes, 4) : bytes, table);
     }
@@ -284,9 +294,12 @@ struct Dec<kQ4_K> {
         _mm512_store_ps(scale, _mm512_mul_ps(mult, _mm512_cvtepi32_ps(_mm512_or_si512(low, high))));
         if (fault) scale[kFaultSub] = scale[kFaultSub - 1];
     }
-    void sub(int j) {
-        // table[q] = round(d * sc * q - dmin * mn), numpy's value
-        table = _mm512_fmadd_ps(_mm512_set1_ps(scale[j]), iota16(), _mm512_set1_ps(scale[8 + j]));
+    void sub(int j, bool few_rows) {
+        // table[q] = round(d * sc * q - dmin * mn), numpy's value. At a few activation rows a table serves few FMAs
+        // and its two broadcasts would take the shuffle unit from the lookups (Q4_K at 1-2 rows 0.89x the time with
+        // them inside the instructions, on a Zen 4 EPYC); at more rows the compiler's own schedule was faster.
+        table = few_rows ? table16(scale + j, scale + 8 + j)
+                         : _mm512_fmadd_ps(_mm512_set1_ps(scale[j]), iota16(), _mm512_set1_ps(scale[8 + j]));
         if (j % 2 == 0) {
             bytes[0] = load16_u8(blk + 16 + 16 * j);
             bytes[1] = load16_u8(blk + 16 + 16 * j + 16);
@@ -305,7 +318,7 @@ struct Dec<kQ8_0> {
         blk = row + b * 34;
         d = _mm512_set1_ps(half_f16c(row + scale_block<kQ8_0>(b, fault)));
     }
-    void sub(int) {}
+    void sub(int, bool) {}
     __m512 chunk(int, int h) const {
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + 16 * h));
         return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
@@ -327,7 +340,7 @@ struct Dec<kQ5_0> {
         std::memcpy(&qh, blk + 2, 4);
         bytes = load16_u8(blk + 6);
     }
-    void sub(int) {}
+    void sub(int, bool) {}
     __m512 chunk(int, int h) const {  // weight j's fifth bit is qh bit j; it picks the table
         const __m512i q = h ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(0xf));
         const __m512i q5 = _mm512_mask_or_epi32(q, __mmask16(h ? qh >> 16 : qh & 0xffff), q, _mm512_set1_epi32(16));
@@ -362,7 +375,7 @@ struct Dec<kQ6_K> {
             _mm512_store_si512(q + 128 * h + 64, c);
         }
     }
-    void sub(int s) { ds = _mm512_set1_ps(scale[s]); }
+    void sub(int s, bool) { ds = _mm512_set1_ps(scale[s]); }
     __m512 chunk(int s, int) const {
         // ds * (q - 32) as numpy has it (an fma with -32 ds would give +0 where numpy gives -0)
         return _mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_sub_epi32(load16_u8(q + 16 * s), _mm512_set1_epi32(32))));
@@ -420,7 +433,7 @@ void rows_avx(const Args& a, int64_t n0, int64_t m0) {
         prefetch<T>(a, w, G, b);
 #pragma GCC unroll 16
         for (int j = 0; j < Dec<T>::kSubs; ++j) {
-            for (int g = 0; g < G; ++g) now[g].sub(j);
+            for (int g = 0; g < G; ++g) now[g].sub(j, R <= 4);
 #pragma GCC unroll 2
             for (int h = 0; h < Dec<T>::kChunks; ++h) {
                 const int64_t k = b * kW + kLanes * (j * Dec<T>::kChunks + h);
