@@ -28,8 +28,10 @@ RUN = "import sys; from specdecode.cli import main; sys.argv = ['specdecode', *s
 def cost_ms(tree: Path, args: list[str], out: Path) -> dict[str, dict[str, float]]:
     """`specdecode bench cost ARGS` with the package of `tree`: its ms by kind (compiled, eager) and cell."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = out.resolve()
     command = [sys.executable, "-c", RUN, "bench", "cost", *args, "--json", "--output", str(out)]
-    subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    # run in the tree: `python -c` puts the working directory ahead of PYTHONPATH on sys.path
+    subprocess.run(command, cwd=tree, env=env, check=True, capture_output=True, text=True)
     return json.loads(out.read_text())["ms"]
 
 
