@@ -93,9 +93,8 @@ def main() -> None:
                 raise SystemExit(f"{m[0]} at {rows} rows: the two kernels give different bits")
         times = {(m, name): [] for m in MATRICES for name in ops}
         for trial in range(args.trials):
-            order = list(ops.items()) if trial % 2 == 0 else list(ops.items())[::-1]
             for m in MATRICES:
-                for name, op in order:
+                for name, op in list(ops.items())[:: 1 if trial % 2 == 0 else -1]:
                     times[m, name].append(time_call(op, xs[m], weights[m], m[1], m[3], args.calls))
         for m in MATRICES:
             mb = weights[m].numel() / 1e6

@@ -63,14 +63,14 @@ def main() -> None:
         for cell in turns[0]["this tree"][kind]:
             new = [t["this tree"][kind][cell] for t in turns]
             old = [t["baseline"][kind][cell] for t in turns]
-            cells[f"{kind} {cell}"] = {
+            row = cells[f"{kind} {cell}"] = {
                 "baseline_ms": statistics.median(old),
                 "this_tree_ms": statistics.median(new),
                 "ratio": statistics.median(a / b for a, b in zip(new, old, strict=True)),
             }
             print(
-                f"{kind:9s} {cell:10s} baseline {cells[f'{kind} {cell}']['baseline_ms']:7.1f} ms  this tree "
-                f"{cells[f'{kind} {cell}']['this_tree_ms']:7.1f} ms  ratio {cells[f'{kind} {cell}']['ratio']:.3f}"
+                f"{kind:9s} {cell:10s} baseline {row['baseline_ms']:7.1f} ms  this tree {row['this_tree_ms']:7.1f} ms  "
+                f"ratio {row['ratio']:.3f}"
             )
     run = {"baseline": args.baseline, "cost_args": cost_args, "cells": cells, "turns": turns}
     write_result(args.out, {**provenance("experiments.step_ab"), **run})
