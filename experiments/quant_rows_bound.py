@@ -58,7 +58,7 @@ void rows_avx(const Args& a, int64_t n0, int64_t m0) {
         for (int off = 0; off < 4 * kB; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
 #pragma GCC unroll 16
         for (int j = 0; j < Dec<T>::kSubs; ++j) {
-            for (int g = 0; g < G; ++g) dec[g].sub(j);
+            for (int g = 0; g < G; ++g) dec[g].sub(j, R <= 4);
 #pragma GCC unroll 2
             for (int h = 0; h < Dec<T>::kChunks; ++h) {
                 const int64_t k = b * kW + kLanes * (j * Dec<T>::kChunks + h);
