@@ -25,7 +25,7 @@ from specdecode.models.row_groups import group_rows
 from tests.models.test_quant_int8 import random_blocks
 
 OUT, IN = 16384, 8960
-TYPES = (Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0, Q.Q4_1)
+TYPES = (Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q4_0)
 ROWS = (1, 5)
 
 

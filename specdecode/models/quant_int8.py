@@ -9,7 +9,7 @@ K-quant's sub-block scales applied in integers); and applies the fp32 scales onc
 weight rows are grouped 16 at a time (models/row_groups.py): a vector lane is an output row, so one integer
 instruction serves 16 outputs and a block's fp32 steps are one vector operation for all 16. AVX512-VNNI where the
 CPU has it, else AVX-512BW, else portable scalar code, all three bitwise equal; where the CPU and OS give AMX-INT8,
-calls of 16 rows and more (prompt chunks) take the 32-weight types' (Q4_1, Q5_0, Q8_0) integer sums from AMX
+calls of 16 rows and more (prompt chunks) take the 32-weight types' (Q4_0, Q4_1, Q5_0, Q8_0) integer sums from AMX
 tiles, the same bits again (`python -m experiments.amx_prefill`: a SmolLM2 prefill 0.89-0.94x VNNI's time).
 
 It is not the dequantized model's product, but it is a function of each row alone: a row's output is bitwise the

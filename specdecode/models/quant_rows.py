@@ -2,7 +2,7 @@
 
 Dequantizing a GGUF file to fp32 (models/loader.py) makes a decode step stream ~5.5x the bytes llama.cpp
 reads. The op here (kernels/quant_rows.cpp, `specdecode::quant_rows_linear`) keeps each weight as the file's
-raw blocks, a uint8 tensor [out, bytes_per_row] of type Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and computes
+raw blocks, a uint8 tensor [out, bytes_per_row] of type Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and computes
 y = x @ dequant(W)^T (+ bias) with fp32 activations. It is exact in this sense: every weight decodes to the
 fp32 value `gguf.quants.dequantize` gives, and each output is one fixed-order fp32 sum (16 lanes of FMAs over k,
 then a fixed tree; the .cpp's header defines it), the same on the AVX-512 path and on the portable path used
@@ -47,6 +47,7 @@ SOURCE = Path(__file__).parent / "kernels" / "quant_rows.cpp"
 # -ffp-contract=off: the compiler fuses nothing; the only FMAs are the ones the defined order spells out.
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
 TYPES = (
+    GGMLQuantizationType.Q4_0,
     GGMLQuantizationType.Q4_1,
     GGMLQuantizationType.Q5_0,
     GGMLQuantizationType.Q8_0,

@@ -22,6 +22,7 @@ Per group of 16 rows and weight block, in bytes (r the row within the group, t =
         qs[k][r][t] is row r's qs byte 4k + t: low nibble = position 4k + t, high nibble = position 16 + 4k + t;
         hi[4h + k] is a 64-bit mask whose bit 4r + t is the fifth bit of position 16h + 4k + t of row r.
     Q4_1 (320): d[16] | m[16] | qs[4 quads][16 r][4 t] (as Q5_0's).
+    Q4_0 (288): d[16] | qs[4 quads][16 r][4 t] (as Q5_0's).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 ROWS = 16  # weight rows per group: one per lane of a 512-bit vector of int32
-GROUP_BYTES = {Q.Q4_K: 2368, Q.Q6_K: 3360, Q.Q8_0: 544, Q.Q5_0: 352, Q.Q4_1: 320}  # per group and block
+GROUP_BYTES = {Q.Q4_K: 2368, Q.Q6_K: 3360, Q.Q8_0: 544, Q.Q5_0: 352, Q.Q4_1: 320, Q.Q4_0: 288}  # per group and block
 
 
 def q6k_quants(b: np.ndarray) -> np.ndarray:
@@ -117,8 +118,10 @@ def group_rows(blocks: torch.Tensor, qtype: Q) -> torch.Tensor:
         parts = [_halves(b, 0), _quads(b[..., 2:34])]
     elif qtype == Q.Q5_0:
         parts = [_halves(b, 0), _quads(b[..., 6:22]), _fifth_bits(b[..., 2:6])]
-    else:  # Q4_1
+    elif qtype == Q.Q4_1:
         parts = [_halves(b, 0), _halves(b, 2), _quads(b[..., 4:20])]
+    else:  # Q4_0
+        parts = [_halves(b, 0), _quads(b[..., 2:18])]
     flat = np.concatenate([p.reshape(groups, nb, -1) for p in parts], axis=-1)  # [G, nb, GROUP_BYTES]
     assert flat.shape[-1] == GROUP_BYTES[qtype]
     return torch.from_numpy(np.ascontiguousarray(flat).reshape(groups, -1))
@@ -196,8 +199,10 @@ def ungroup_rows(groups: torch.Tensor, qtype: Q, out: int) -> torch.Tensor:
     elif qtype == Q.Q5_0:
         d, qs = _unhalves(take(32).reshape(g, nb, 16, 2)), _unquads(take(256).reshape(g, nb, 4, 16, 4))
         parts = [d, _unfifth_bits(take(64).reshape(g, nb, 8, 8)), qs]
-    else:  # Q4_1
+    elif qtype == Q.Q4_1:
         d, m = _unhalves(take(32).reshape(g, nb, 16, 2)), _unhalves(take(32).reshape(g, nb, 16, 2))
         parts = [d, m, _unquads(take(256).reshape(g, nb, 4, 16, 4))]
+    else:  # Q4_0
+        parts = [_unhalves(take(32).reshape(g, nb, 16, 2)), _unquads(take(256).reshape(g, nb, 4, 16, 4))]
     rows = np.concatenate(parts, axis=-1).reshape(g * ROWS, -1)[:out]  # [out, nb * type_bytes]
     return torch.from_numpy(np.ascontiguousarray(rows))

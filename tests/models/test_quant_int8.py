@@ -31,8 +31,8 @@ from specdecode.models.quant_rows import QuantLinear
 from specdecode.models.row_groups import group_rows, ungroup_rows
 
 ROWS = (1, 3, 9, 17)  # 17 = a chunk of 16 rows + 1
-TYPES = (Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_1)
-FP16_FIELDS = {Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+TYPES = (Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q4_0)
+FP16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
 SHAPES = {256: ((37, 768), (8, 1536)), 32: ((37, 352), (8, 1024))}  # odd out: a lone last weight row
 
 
@@ -50,7 +50,7 @@ def random_blocks(qtype: Q, out: int, k: int, gen: np.random.Generator) -> torch
     """[out, bytes_per_row]: gguf's own quantizer where it has one, else random quants and scale bytes with finite
     fp16 scales in [-0.05, 0.05] (one subnormal)."""
     block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    if qtype in (Q.Q4_1, Q.Q5_0, Q.Q8_0):
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0):
         return torch.from_numpy(gguf.quants.quantize(gen.standard_normal((out, k), dtype=np.float32), qtype))
     blocks = gen.integers(0, 256, size=(out, k // block_size, type_size), dtype=np.uint8)
     for offset in FP16_FIELDS[qtype]:
@@ -89,6 +89,9 @@ def decode(blocks: np.ndarray, qtype: Q) -> dict[str, np.ndarray]:
         qs = b[..., 6:].astype(np.int64)
         bits = (qh[..., None] >> np.arange(32)) & 1
         f["d"], f["q"] = half(b[..., 0:2]), np.concatenate([qs & 15, qs >> 4], axis=-1) + 16 * bits - 16
+    elif qtype == Q.Q4_0:
+        qs = b[..., 2:].astype(np.int64)
+        f["d"], f["q"] = half(b[..., 0:2]), np.concatenate([qs & 15, qs >> 4], axis=-1) - 8
     elif qtype == Q.Q4_1:
         qs = b[..., 4:].astype(np.int64)
         f["d"], f["m"], f["q"] = half(b[..., 0:2]), half(b[..., 2:4]), np.concatenate([qs & 15, qs >> 4], axis=-1)

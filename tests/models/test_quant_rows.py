@@ -19,7 +19,7 @@ from specdecode.models.quant_rows import AUTO, AVX512, PORTABLE, QuantLinear
 
 ROWS = (1, 3, 9, 17)  # one block of <= 12 rows, and 17 = 12 + 5
 # Byte offsets of each type's fp16 scales in a block (gguf/quants.py): random bytes there could be inf or NaN.
-FP16_FIELDS = {Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+FP16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
 # (out, in): odd out leaves a lone last weight row; 32-weight types get an `in` that is no multiple of 256.
 SHAPES = {256: ((37, 256), (8, 768)), 32: ((37, 352), (8, 1024))}
 TOLERANCE = 1e-5  # fp32 rounding of sums over <= 1024 terms, relative to the largest output

@@ -1,17 +1,18 @@
 // specdecode::quant_int8_grouped_linear(x [..., K], groups [G, ...], qtype, K, N, bias?, path) -> [..., N]: the
-// "fast" arithmetic. y ~= x @ dequant(W)^T (+ bias) for a weight W of one of Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (ggml's
+// "fast" arithmetic. y ~= x @ dequant(W)^T (+ bias) for a weight W of one of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (ggml's
 // type numbers) kept as its quants, its rows grouped 16 at a time (models/row_groups.py: N <= 16 G), and the
 // activations quantized to int8, as llama.cpp's CPU kernels do. It is NOT the dequantized model's product (that is
 // quant_rows.cpp's); it is this fixed arithmetic:
 //
 // 1. Activations. Each row of x is quantized on its own, per block of QB consecutive values: QB = 32 for the
-//    32-weight types (Q4_1, Q5_0, Q8_0), QB = 256 (one super-block) for Q4_K and Q6_K. For a block x[0..QB):
+//    32-weight types (Q4_0, Q4_1, Q5_0, Q8_0), QB = 256 (one super-block) for Q4_K and Q6_K. For a block x[0..QB):
 //      amax = max |x[i]|;  dx = amax / 127.0f (fp32 division);
 //      q[i] = 0 if dx == 0, else clamp(round_half_even(x[i] / dx), -127, 127)   (fp32 division, int8 result).
 //    Non-finite x are undefined. s16[j], s32[j]: the sums of the quants over positions 16j.., 32j.. (exact).
 // 2. Integers, per output n, activation row m and weight block b (32 weights, or a K-quant's super-block of 256
 //    in sub-blocks j), with x the activation quants and w the weight's quants as the file defines their values:
-//      Q4_1, Q5_0, Q8_0: S = sum_t w[t] x[t]          (Q4_1 w = q4 in 0..15; Q5_0 w = q5 - 16; Q8_0 w = q8)
+//      Q4_0, Q4_1, Q5_0, Q8_0: S = sum_t w[t] x[t]    (Q4_0 w = q4 - 8; Q4_1 w = q4 in 0..15; Q5_0 w = q5 - 16;
+//                                                       Q8_0 w = q8)
 //      Q4_K: S = sum_j sc[j] * sum_{t in j} q4[t] x[t],  Mn = sum_j mn[j] * s32[j]   (8 sub-blocks of 32)
 //      Q6_K: S = sum_j sc[j] * sum_{t in j} (q6[t] - 32) x[t]                        (16 sub-blocks of 16)
 //    all exact (int32 holds every one).
@@ -59,7 +60,7 @@
 
 namespace {
 
-enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
 enum Path : int64_t { kAuto = 0, kVnni = 1, kBw = 2, kPortable = 3, kAmx = 4 };
 
 constexpr int kChunk = 64;  // an activation row's quants are padded to a multiple of this (zeros)
@@ -224,7 +225,13 @@ int64_t g_amx_from = 16;
 
 // Bytes per group of 16 rows and weight block (32 weights; a K-quant's super-block), and weights per block.
 constexpr int64_t group_bytes(int64_t t) {
-    return t == kQ4_K ? 2368 : t == kQ6_K ? 3360 : t == kQ8_0 ? 544 : t == kQ5_0 ? 352 : t == kQ4_1 ? 320 : 0;
+    return t == kQ4_K   ? 2368
+           : t == kQ6_K ? 3360
+           : t == kQ8_0 ? 544
+           : t == kQ5_0 ? 352
+           : t == kQ4_1 ? 320
+           : t == kQ4_0 ? 288
+                        : 0;
 }
 constexpr int64_t block_weights(int64_t t) { return t == kQ4_K || t == kQ6_K ? 256 : 32; }
 
@@ -253,6 +260,7 @@ int32_t block32_weight(int64_t t, const uint8_t* blk, int r, int p) {
     const uint8_t byte = blk[(t == kQ4_1 ? 64 : 32) + (k * kGroupRows + r) * 4 + i];
     const int32_t q = half ? byte >> 4 : byte & 0xf;
     if (t == kQ4_1) return q;
+    if (t == kQ4_0) return q - 8;
     uint64_t mask;  // Q5_0: vector 4 half + k's mask, bit 4r + i: the fifth bit
     std::memcpy(&mask, blk + 288 + 8 * (4 * half + k), 8);
     return q + 16 * int32_t((mask >> (4 * r + i)) & 1) - 16;
@@ -458,7 +466,7 @@ inline void q6k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
     }
 }
 
-// A 4-bit 32-weight block's (Q4_1, Q5_0) quads k (positions 4k .. 4k + 3) and 4 + k (16 + 4k ..) of the 16 rows,
+// A 4-bit 32-weight block's (Q4_0, Q4_1, Q5_0) quads k (positions 4k .. 4k + 3) and 4 + k (16 + 4k ..) of the 16 rows,
 // one byte a weight (Q5_0 with its fifth bit: one 64-bit mask per vector of quants).
 template <int64_t T>
 inline void quads4(const uint8_t* blk, int k, __m512i& wl, __m512i& wh) {
@@ -480,8 +488,8 @@ inline void block32(const uint8_t* blk, const RowsAt<R>& at, __m512i (&S)[R]) {
     __m512i hi[R];
     for (int m = 0; m < R; ++m) {
         const int32_t sum = at.s32[m][0];
-        // the offsets of stored quants, taken away from the start: Q5_0's + 16, Q8_0's + 128 on VNNI
-        S[m] = _mm512_set1_epi32(T == kQ5_0 ? -16 * sum : T == kQ8_0 && V ? -128 * sum : 0);
+        // the offsets of stored quants, taken away from the start: Q4_0's + 8, Q5_0's + 16, Q8_0's + 128 on VNNI
+        S[m] = _mm512_set1_epi32(T == kQ4_0 ? -8 * sum : T == kQ5_0 ? -16 * sum : T == kQ8_0 && V ? -128 * sum : 0);
         hi[m] = _mm512_setzero_si512();
     }
     if constexpr (T == kQ8_0) {
@@ -585,6 +593,7 @@ void grouped_avx(const GArgs& a) {
 template <bool V>
 void grouped_avx(const GArgs& a, int64_t t) {
     switch (t) {
+        case kQ4_0: return grouped_avx<kQ4_0, V>(a);
         case kQ4_1: return grouped_avx<kQ4_1, V>(a);
         case kQ5_0: return grouped_avx<kQ5_0, V>(a);
         case kQ8_0: return grouped_avx<kQ8_0, V>(a);
@@ -690,9 +699,10 @@ void amx_rows(const GArgs& a, int64_t g, int64_t m0, int rows, const int8_t* wt)
             const uint8_t* blk = w + (b + i) * kBytes;
             if (T == kQ8_0) prefetch_ahead(blk, kBytes, a.prefetch);
             const __m512 d = half_lanes(d_fields(blk, b + i, kBytes, a.fault));
-            for (int m = 0; m < rows; ++m) {  // Q5_0's stored + 16, taken away
+            for (int m = 0; m < rows; ++m) {  // Q4_0's stored + 8 and Q5_0's + 16, taken away
                 const int32_t sum = A.s32[(m0 + m) * (a.K / 32) + b + i];
-                const __m512i S = _mm512_add_epi32(sums(c[i], m), _mm512_set1_epi32(T == kQ5_0 ? -16 * sum : 0));
+                const int32_t offset = T == kQ4_0 ? -8 * sum : T == kQ5_0 ? -16 * sum : 0;
+                const __m512i S = _mm512_add_epi32(sums(c[i], m), _mm512_set1_epi32(offset));
                 acc[m] = block_fp32<T>(acc[m], S, S, d, blk, A.d[(m0 + m) * nb + b + i], sum);
             }
         }
@@ -729,6 +739,7 @@ void grouped_amx(const GArgs& a) {
 // too, they ran no faster than VNNI).
 void grouped_amx(const GArgs& a, int64_t t) {
     switch (t) {
+        case kQ4_0: return grouped_amx<kQ4_0>(a);
         case kQ4_1: return grouped_amx<kQ4_1>(a);
         case kQ5_0: return grouped_amx<kQ5_0>(a);
         case kQ8_0: return grouped_amx<kQ8_0>(a);

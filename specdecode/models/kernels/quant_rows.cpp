@@ -1,6 +1,6 @@
 // specdecode::quant_rows_linear(x [..., K], blocks [N, bytes_per_row], qtype, K, bias?, path) -> [..., N]:
 // y = x @ dequant(W)^T (+ bias) for a few rows of fp32 activations, with W kept as the raw GGUF blocks of one
-// of Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (ggml's type numbers). Each block of each weight row is decoded once per
+// of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (ggml's type numbers). Each block of each weight row is decoded once per
 // call for up to 12 activation rows, so a verify of several tokens reads the quantized bytes once.
 //
 // Exactness. A block decodes to exactly the fp32 values gguf.quants.dequantize gives (the same fp16 -> fp32
@@ -43,10 +43,12 @@
 
 namespace {
 
-enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
 
 template <int64_t T>
 struct Layout;  // weights and bytes per block, as gguf.constants.GGML_QUANT_SIZES
+template <>
+struct Layout<kQ4_0> { static constexpr int kWeights = 32, kBytes = 18; };  // d fp16; 16 bytes of nibbles
 template <>
 struct Layout<kQ4_1> { static constexpr int kWeights = 32, kBytes = 20; };  // d, m fp16; 16 bytes of nibbles
 template <>
@@ -135,6 +137,16 @@ void decode_portable<kQ5_0>(const uint8_t* row, int64_t b, bool fault, float* w)
         const int hi = (blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
         w[j] = d * float(lo - 16);
         w[j + 16] = d * float(hi - 16);
+    }
+}
+
+template <>
+void decode_portable<kQ4_0>(const uint8_t* row, int64_t b, bool fault, float* w) {
+    const uint8_t* blk = row + b * 18;
+    const float d = half_to_float(row + scale_block<kQ4_0>(b, fault));
+    for (int j = 0; j < 16; ++j) {  // d * (q - 8): an exact product
+        w[j] = d * float((blk[2 + j] & 0xf) - 8);
+        w[j + 16] = d * float((blk[2 + j] >> 4) - 8);
     }
 }
 
@@ -260,6 +272,25 @@ struct Dec<kQ4_1> {
         const float d = half_f16c(row + scale_block<kQ4_1>(b, fault)), m = half_f16c(blk + 2);
         table = _mm512_fmadd_ps(_mm512_set1_ps(d), iota16(), _mm512_set1_ps(m));  // d * q + m, one rounding
         bytes = load16_u8(blk + 4);
+    }
+    void sub(int, bool) {}
+    __m512 chunk(int, int h) const {  // weights 0..15 are the low nibbles, 16..31 the high ones
+        return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(bytes, 4) : bytes, table);
+    }
+};
+
+template <>
+struct Dec<kQ4_0> {
+    static constexpr bool kAhead = false;
+    static constexpr int kSubs = 1, kChunks = 2;
+    __m512 table;
+    __m512i bytes;
+    void block(const uint8_t* row, int64_t b, bool fault) {
+        const uint8_t* blk = row + b * 18;
+        // d * (q - 8), exact products: numpy's values (signed zeros too: d * 0 for q = 8)
+        table = _mm512_mul_ps(_mm512_set1_ps(half_f16c(row + scale_block<kQ4_0>(b, fault))),
+                              _mm512_sub_ps(iota16(), _mm512_set1_ps(8)));
+        bytes = load16_u8(blk + 2);
     }
     void sub(int, bool) {}
     __m512 chunk(int, int h) const {  // weights 0..15 are the low nibbles, 16..31 the high ones
@@ -504,6 +535,7 @@ bool has_avx512() {
 // (weights, bytes) per block of a supported type, or (0, 0).
 std::pair<int64_t, int64_t> layout(int64_t qtype) {
     switch (qtype) {
+        case kQ4_0: return {Layout<kQ4_0>::kWeights, Layout<kQ4_0>::kBytes};
         case kQ4_1: return {Layout<kQ4_1>::kWeights, Layout<kQ4_1>::kBytes};
         case kQ5_0: return {Layout<kQ5_0>::kWeights, Layout<kQ5_0>::kBytes};
         case kQ8_0: return {Layout<kQ8_0>::kWeights, Layout<kQ8_0>::kBytes};
@@ -544,6 +576,7 @@ at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& blocks, int6
                  out.data_ptr<float>(), rows.size(0), in_features, n, blocks.size(1), g_fault != 0};
     if (a.M > 0 && n > 0) {
         switch (qtype) {
+            case kQ4_0: run<kQ4_0>(a, avx); break;
             case kQ4_1: run<kQ4_1>(a, avx); break;
             case kQ5_0: run<kQ5_0>(a, avx); break;
             case kQ8_0: run<kQ8_0>(a, avx); break;
@@ -590,6 +623,7 @@ at::Tensor quant_rows_embedding(const at::Tensor& ids, const at::Tensor& blocks,
     const uint8_t* w = blocks.data_ptr<uint8_t>();
     float* o = out.data_ptr<float>();
     switch (qtype) {
+        case kQ4_0: embedding_rows<kQ4_0>(p, n, w, blocks.size(1), dim, o); break;
         case kQ4_1: embedding_rows<kQ4_1>(p, n, w, blocks.size(1), dim, o); break;
         case kQ5_0: embedding_rows<kQ5_0>(p, n, w, blocks.size(1), dim, o); break;
         case kQ8_0: embedding_rows<kQ8_0>(p, n, w, blocks.size(1), dim, o); break;
