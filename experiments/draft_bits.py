@@ -8,7 +8,9 @@ that before any kernel is written: the 1.5B's greedy answers (fast arithmetic, K
 code prompts (never the eval split), then the draft's top-1 over its drafting vocabulary at each answer token,
 teacher-forced, in fp32 (transformers, from the GGUF) with every linear but the head replaced by its values
 quantized per block of `block` weights to 2^bits levels between a scale and a minimum kept in fp16 (Q4_1's scheme
-at 4 bits and 32; "search" tries 16 clips of the block's range and keeps the one of least squared error).
+at 4 bits and 32; "search" tries 16 clips of the block's range and keeps the one of least squared error), or
+by a GGUF type's quantizer, gguf's (llama.cpp's reference) Q4_1 and Q4_0, as models/requantize.py uses them
+(`--variants` picks rows by the start of their names; all by default).
 Agreement here is fp32's, not the int8 engine's: compare the rows with each other.
 """
 
@@ -19,6 +21,8 @@ import argparse
 import numpy as np
 import torch
 import transformers
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
 from tqdm import tqdm
 
 from specdecode import LLM, SamplingParams
@@ -30,8 +34,22 @@ from specdecode.models.loader import resolve_model_dir
 from specdecode.models.shipped_draft import DRAFT_ASSETS
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
-# (name, (bits, block, search)); None: the file's own values
+
+
+def by_type(qtype: Q):
+    """w [out, in] -> its values through gguf's `qtype` quantizer and back."""
+
+    def values(w: torch.Tensor) -> torch.Tensor:
+        blocks = quants.quantize(w.numpy(), qtype)
+        return torch.from_numpy(quants.dequantize(blocks, qtype).astype(np.float32))
+
+    return values
+
+
+# (name, (bits, block, search) or a function of the weight); None: the file's own values
 VARIANTS = (
+    ("Q4_1 (gguf's quantizer)", by_type(Q.Q4_1)),
+    ("Q4_0 (gguf's quantizer)", by_type(Q.Q4_0)),
     ("file", None),
     ("4-bit, 32 (Q4_1, as the draft runs)", (4, 32, False)),
     ("3-bit, 32", (3, 32, False)),
@@ -90,6 +108,7 @@ def agreement(model, subset: torch.Tensor, data: list[tuple[list[int], list[int]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--variants", default=None, help="comma-separated names' prefixes (default: all)")
     ap.add_argument("--output", default="results/draft_bits_dev.json")
     a = ap.parse_args()
     data = answers(a.max_tokens)
@@ -100,10 +119,16 @@ def main() -> None:
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
     original = {n: m.weight.detach().clone() for n, m in linears.items()}
     rows = {}
+    chosen = None if a.variants is None else a.variants.split(",")
     for name, spec in VARIANTS:
+        if chosen is not None and not any(name.startswith(c) for c in chosen):
+            continue
         with torch.no_grad():
             for n, m in linears.items():
-                m.weight.copy_(original[n] if spec is None else fake_quantized(original[n], *spec))
+                if spec is None:
+                    m.weight.copy_(original[n])
+                else:
+                    m.weight.copy_(spec(original[n]) if callable(spec) else fake_quantized(original[n], *spec))
         rows[name] = agreement(model, subset, data)
         print(f"{name:40s} agreement {rows[name]:.4f}", flush=True)
     tokens = int(np.sum([len(ans) for _, ans in data]))

@@ -1,11 +1,12 @@
-"""The 0.5B draft with the file's blocks against its linears requantized to Q4_1 (models/requantize.py).
+"""The 0.5B draft with the file's blocks against its linears requantized (models/requantize.py).
 
-    python -m experiments.draft_weights [--split dev] [--k 4] [--stop 0.7] [--steps 40]
+    python -m experiments.draft_weights [--split dev] [--k 4] [--stop 0.7] [--steps 40] [--weights file,q4_1]
         [--out results/draft_weights_dev.json]
 
-On one loaded 1.5B (fast arithmetic), three arms take turns prompt by prompt over the code set's `split`
-(greedy, 128 tokens, whole request): K = 0, the draft arm with the file's blocks, and the same arm requantized.
-Then each draft's compiled one-token step at 200 cached tokens, the two taking turns `--steps` times.
+On one loaded 1.5B (fast arithmetic), the arms take turns prompt by prompt over the code set's `split`
+(greedy, 128 tokens, whole request): K = 0, then the draft arm with each of `--weights` (the file's blocks,
+requantized to Q4_1, to Q4_0). Then each draft's compiled one-token step at 200 cached tokens, the drafts taking
+turns `--steps` times.
 Reported: tok/s, speedup over K = 0, acceptance and τ per arm; the median draft step of each.
 """
 
@@ -25,6 +26,7 @@ from specdecode.llm import LLM
 from specdecode.step.runner import forward_ragged
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
+LABELS = {"file": "draft, file blocks", "q4_1": "draft, Q4_1", "q4_0": "draft, Q4_0"}  # --weights -> arm
 
 
 def step_seconds(model, cache, slot: int) -> float:
@@ -97,16 +99,15 @@ def main() -> None:
     ap.add_argument("--stop", type=float, default=0.7)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--weights", default="file,q4_1", help="the draft arms' weights, comma-separated: file, q4_1, q4_0")
     ap.add_argument("--out", default="results/draft_weights_dev.json")
     a = ap.parse_args()
     spec = dict(method="draft", num_speculative_tokens=a.k, controller="fixed", draft_stop_below=a.stop)
     common = dict(arithmetic="fast", max_num_seqs=1)
     plain = LLM(TARGET, method="none", **common)
-    arms = {
-        "K = 0": plain,
-        "draft, file blocks": LLM(TARGET, share_target=plain, draft_weights="file", **spec, **common),
-        "draft, Q4_1": LLM(TARGET, share_target=plain, draft_weights="q4_1", **spec, **common),
-    }
+    weights = a.weights.split(",")
+    drafts = {LABELS[w]: LLM(TARGET, share_target=plain, draft_weights=w, **spec, **common) for w in weights}
+    arms = {"K = 0": plain, **drafts}
     for llm in arms.values():
         llm.warm_up()
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
@@ -118,7 +119,7 @@ def main() -> None:
     for name, row in rows.items():
         speed = f"{row['tok_s']:6.2f} tok/s  {row['speedup']:5.3f}x K = 0"
         print(f"{name:>20}: {speed}  acceptance {row['acceptance']:.3f}")
-    steps = draft_steps({n: arms[n].draft_model for n in ("draft, file blocks", "draft, Q4_1")}, a.steps)
+    steps = draft_steps({name: llm.draft_model for name, llm in drafts.items()}, a.steps)
     for name, s in steps.items():
         print(f"{name:>20}: draft step {s * 1e3:.2f} ms")
     result = {

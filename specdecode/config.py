@@ -35,7 +35,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("quantized", "fp32")  # EngineConfig.weights; the first is the default
 ARITHMETICS = ("exact", "fast")  # EngineConfig.arithmetic; the first is the default
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16")  # EngineConfig.kv_cache_dtype (models/kv_dtype.py); the first is the default
-DRAFT_WEIGHTS = ("q4_1", "file")  # SpeculativeConfig.draft_weights (models/requantize.py); the first is the default
+# SpeculativeConfig.draft_weights (models/requantize.py); the first is the default
+DRAFT_WEIGHTS = ("q4_0", "q4_1", "file")
 WEIGHTS_ENV = "SPECDECODE_WEIGHTS"  # weights=None reads it
 ARITHMETIC_ENV = "SPECDECODE_ARITHMETIC"  # arithmetic=None reads it
 
@@ -251,13 +252,14 @@ class SpeculativeConfig:
         help="draft model with quantized weights: int8 activations (fast, the default: drafts need not be exact, "
         "the target verifies each one) or fp32 activations (exact)",
     )
-    # A draft step reads its linears' bytes; requantized to Q4_1 the 0.5B's step fell from 11.6 to 10.7 ms and its
-    # K = 4 arm rose from 1.16x to 1.21x fast K = 0 on the dev code prompts (models/requantize.py).
+    # A draft step reads its linears' bytes: requantized to Q4_1 the 0.5B's step fell from 11.6 to 10.7 ms and its
+    # K = 4 arm rose from 1.16x to 1.21x fast K = 0 on the dev code prompts; to Q4_0, 0.88-0.91x Q4_1's step and
+    # 1.02-1.04x its arm, for 2% fewer drafts accepted (models/requantize.py).
     draft_weights: str = setting(
-        "q4_1",
+        "q4_0",
         choices=DRAFT_WEIGHTS,
-        help="draft model from a GGUF file: its linears requantized to Q4_1 where that reads fewer bytes (q4_1, "
-        "the default: drafts need not be exact) or the file's own blocks (file)",
+        help="draft model from a GGUF file: its linears requantized to Q4_0 (q4_0, the default: drafts need not be "
+        "exact) or Q4_1 where that reads fewer bytes, or the file's own blocks (file)",
     )
     ngram_min: int = setting(2, help="shortest suffix n-gram the n-gram drafter matches")
     ngram_max: int = setting(4, help="longest suffix n-gram, tried first")

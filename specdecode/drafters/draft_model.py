@@ -49,14 +49,14 @@ def load_draft(
     gguf: Path | None = None,
     arithmetic: str = "fast",
     vocab: Path | None = None,
-    weights: str = "q4_1",
+    weights: str = "q4_0",
     kv_cache_dtype: str = "auto",
 ) -> LlamaModel:
     """The draft model as the engine runs it: on a compiled step like the target's (models/compiled.py; a small
     draft's eager step is mostly call overhead: SmolLM2's 2-layer draft took 4.8 ms eager, 3.0 ms compiled on
     a 2-core AMD EPYC), and with a drafting vocabulary (`vocab`, a .npy of token ids; see drafting_vocabulary)
     scoring only that subset. gguf: load it from this file with its blocks kept (as load_target), in
-    `arithmetic` (fast by default, as SpeculativeConfig.draft_arithmetic), its linears requantized to Q4_1 where
+    `arithmetic` (fast by default, as SpeculativeConfig.draft_arithmetic), its linears requantized to Q4_0 where
     that reads fewer bytes (`weights`, as SpeculativeConfig.draft_weights; models/requantize.py)."""
     model = load_target(
         draft_dir,

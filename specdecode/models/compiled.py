@@ -173,7 +173,7 @@ def load_target(
     runs the quantized linears' op at every row count, so no twin is loaded for it either.
     arithmetic: for a quantized model, "exact" (fp32 activations, models/quant_rows.py) or "fast" (int8
     activations per row and block, models/quant_int8.py); ignored for fp32 weights.
-    weights: a quantized model's blocks, the file's ("file") or requantized to Q4_1 ("q4_1": a draft's,
+    weights: a quantized model's blocks, the file's ("file") or requantized ("q4_1", "q4_0": a draft's,
     models/requantize.py). kv_cache_dtype: its caches' dtype (models/kv_dtype.py; "auto": bf16 under "fast").
     """
     if gguf is not None:

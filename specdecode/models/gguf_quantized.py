@@ -2,7 +2,7 @@
 
 models/loader.py dequantizes a GGUF file to fp32 safetensors: SmolLM2-135M's 92 MiB Q4_1 file becomes ~540 MB
 read per decode step. Here every linear whose tensor is one of the types models/quant_rows.py multiplies
-(Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) keeps the raw blocks in a `QuantLinear`; F32/F16/BF16 tensors and other
+(Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) keeps the raw blocks in a `QuantLinear`; F32/F16/BF16 tensors and other
 quant types are dequantized to fp32 (`load_gguf_quantized` returns which). The model is the loader's
 `LlamaModel`, and its logits are the dequantized model's up to fp32 summation order: every weight decodes to
 the value `gguf.quants.dequantize` gives, which is what the loader writes.
@@ -94,9 +94,10 @@ class _Part:
         rope_heads: int | None,
         path: Path,
         bias: gguf.ReaderTensor | None = None,
-        blocks: torch.Tensor | None = None,  # [out, bytes_per_row] uint8: t requantized to REQUANTIZED
+        blocks: torch.Tensor | None = None,  # [out, bytes_per_row] uint8: t requantized to `requantized`
+        requantized: gguf.GGMLQuantizationType | None = None,
     ) -> None:
-        self.qtype = REQUANTIZED if blocks is not None else t.tensor_type if t.tensor_type in TYPES else None
+        self.qtype = requantized if blocks is not None else t.tensor_type if t.tensor_type in TYPES else None
         self.in_features = int(t.shape[0])  # GGUF lists the fastest-varying dim first
         if blocks is not None:
             rows = blocks
@@ -172,8 +173,8 @@ def load_gguf_quantized(
 ) -> LlamaModel:
     """The `LlamaModel` of a Llama GGUF file with quantized linears kept in blocks; eval mode, no grads.
     Linears of a type the kernel lacks are dequantized to fp32, with a warning that names them.
-    weights: "file" keeps the file's blocks; "q4_1" (a draft's: models/requantize.py) requantizes every linear
-    that reads more bytes a weight than Q4_1, which then no longer computes the file's model."""
+    weights: "file" keeps the file's blocks; "q4_1" or "q4_0" (a draft's: models/requantize.py) requantizes every
+    linear that reads more bytes a weight than that type, which then no longer computes the file's model."""
     path = Path(path)
     if torch.device(device).type != "cpu":
         raise ValueError(f"quantized GGUF weights run on the CPU kernel only, not on {device}")
@@ -184,14 +185,15 @@ def load_gguf_quantized(
     permuted = hf_config["model_type"] in _PERMUTED_ARCHITECTURES  # llama.cpp reorders q/k rows for these only
     if weights not in DRAFT_WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(DRAFT_WEIGHTS)}, not {weights!r}")
-    requantized = requantized_blocks(path, reader, progress) if weights == "q4_1" else {}
+    qtype = REQUANTIZED.get(weights)
+    requantized = requantized_blocks(path, reader, progress, qtype) if qtype is not None else {}
 
     def part(name: str, rope_heads: int | None = None, bias: bool = False) -> _Part:
         if name not in tensors or (bias and name.replace(".weight", ".bias") not in tensors):
             raise ModelLoadError(f"GGUF file {path} lacks the tensor {name!r} or its bias")
         heads = rope_heads if permuted else None
         b = tensors[name.replace(".weight", ".bias")] if bias else None
-        return _Part(tensors[name], heads, path, b, requantized.get(name))
+        return _Part(tensors[name], heads, path, b, requantized.get(name), qtype)
 
     with torch.device("meta"):
         model = LlamaModel(cfg)

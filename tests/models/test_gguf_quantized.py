@@ -159,13 +159,13 @@ def test_greedy_decoding_through_llm_equals_the_dequantized_models(dequantized, 
 # --- tiny GGUFs of mixed types ---------------------------------------------------------------------------
 
 HIDDEN, FFN, HEADS, KV_HEADS, VOCAB, LAYERS = 256, 512, 4, 2, 96, 2
-# Per tensor: its type. q/k/v differ (one ConcatLinear of three), gate/up match (one QuantLinear), down is
-# F16 in layer 0 and Q5_1 (no kernel path) in layer 1: both dense fp32.
+# Per tensor: its type (a pair: layer 0's, layer 1's). q/k/v differ (one ConcatLinear of three), gate/up match (one
+# QuantLinear), down is F16 in layer 0 and Q5_1 (no kernel path) in layer 1: both dense fp32.
 TYPES = {
     "attn_q": Q.Q4_K,
     "attn_k": Q.Q6_K,
     "attn_v": Q.Q8_0,
-    "attn_output": Q.Q5_0,
+    "attn_output": (Q.Q5_0, Q.Q4_0),
     "ffn_gate": Q.Q4_1,
     "ffn_up": Q.Q4_1,
     "ffn_down": (Q.F16, Q.Q5_1),

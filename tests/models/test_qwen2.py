@@ -175,15 +175,15 @@ def plain_15b_output(plain_15b):
 @needs_pair
 @pytest.mark.parametrize(
     ("method", "draft_arithmetic", "draft_weights"),
-    [("draft", "fast", "q4_1"), ("draft", "exact", "file"), ("ngram", "fast", "q4_1"), ("suffix", "fast", "q4_1")],
+    [("draft", "fast", "q4_0"), ("draft", "exact", "file"), ("ngram", "fast", "q4_0"), ("suffix", "fast", "q4_0")],
 )
 def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(
     method, draft_arithmetic, draft_weights, plain_15b, plain_15b_output
 ):
     """20 greedy tokens of each drafter (K = 4 at every step) are K = 0's; the 0.5B draft loads as it does by
-    default (fast arithmetic, linears requantized to Q4_1: drafts need not be exact) or as the file defines it
+    default (fast arithmetic, linears requantized to Q4_0: drafts need not be exact) or as the file defines it
     (exact arithmetic, the file's blocks), under the exact target."""
-    defaults = draft_arithmetic == "fast" and draft_weights == "q4_1"
+    defaults = draft_arithmetic == "fast" and draft_weights == "q4_0"
     spec = LLM(
         target=TARGET,
         method=method,
@@ -202,10 +202,10 @@ def test_drafters_greedy_equal_plain_decoding_on_the_quantized_15b(
         fast = draft_arithmetic == "fast" and kv_dtype.bf16_serves(spec.draft_model)
         assert spec.draft_model.new_cache(1, 8).k.dtype == (torch.bfloat16 if fast else torch.float32)
         assert spec.engine.cache.k.dtype == torch.float32
-        head = spec.draft_model.lm_head  # its shipped drafting vocabulary, over the file's Q8_0 head or its Q4_1
+        head = spec.draft_model.lm_head  # its shipped drafting vocabulary, over the file's Q8_0 head or its Q4_0
         kind = Int8QuantLinear if draft_arithmetic == "fast" else QuantLinear
         assert isinstance(head, SubsetLMHead) and type(head.head.linear) is kind
-        assert head.head.linear.qtype == (Q.Q4_1 if draft_weights == "q4_1" else Q.Q8_0)
+        assert head.head.linear.qtype == (Q.Q4_0 if draft_weights == "q4_0" else Q.Q8_0)
         assert head.head.linear.out_features == 32768
         assert type(spec.target.lm_head) is QuantLinear  # the target stays exact
     got = spec.chat(CHAT, GREEDY_20)[0]
