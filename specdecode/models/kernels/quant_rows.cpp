@@ -261,18 +261,12 @@ float half_f16c(const uint8_t* p) {
 template <int64_t T>
 struct Dec;
 
-template <>
-struct Dec<kQ4_1> {
+// A 32-weight 4-bit block (Q4_0, Q4_1): one 16-entry table of its values and its 16 bytes of nibbles.
+struct Nibbles32 {
     static constexpr bool kAhead = false;
     static constexpr int kSubs = 1, kChunks = 2;
     __m512 table;
     __m512i bytes;
-    void block(const uint8_t* row, int64_t b, bool fault) {
-        const uint8_t* blk = row + b * 20;
-        const float d = half_f16c(row + scale_block<kQ4_1>(b, fault)), m = half_f16c(blk + 2);
-        table = _mm512_fmadd_ps(_mm512_set1_ps(d), iota16(), _mm512_set1_ps(m));  // d * q + m, one rounding
-        bytes = load16_u8(blk + 4);
-    }
     void sub(int, bool) {}
     __m512 chunk(int, int h) const {  // weights 0..15 are the low nibbles, 16..31 the high ones
         return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(bytes, 4) : bytes, table);
@@ -280,21 +274,22 @@ struct Dec<kQ4_1> {
 };
 
 template <>
-struct Dec<kQ4_0> {
-    static constexpr bool kAhead = false;
-    static constexpr int kSubs = 1, kChunks = 2;
-    __m512 table;
-    __m512i bytes;
+struct Dec<kQ4_1> : Nibbles32 {
     void block(const uint8_t* row, int64_t b, bool fault) {
-        const uint8_t* blk = row + b * 18;
+        const uint8_t* blk = row + b * 20;
+        const float d = half_f16c(row + scale_block<kQ4_1>(b, fault)), m = half_f16c(blk + 2);
+        table = _mm512_fmadd_ps(_mm512_set1_ps(d), iota16(), _mm512_set1_ps(m));  // d * q + m, one rounding
+        bytes = load16_u8(blk + 4);
+    }
+};
+
+template <>
+struct Dec<kQ4_0> : Nibbles32 {
+    void block(const uint8_t* row, int64_t b, bool fault) {
         // d * (q - 8), exact products: numpy's values (signed zeros too: d * 0 for q = 8)
         table = _mm512_mul_ps(_mm512_set1_ps(half_f16c(row + scale_block<kQ4_0>(b, fault))),
                               _mm512_sub_ps(iota16(), _mm512_set1_ps(8)));
-        bytes = load16_u8(blk + 2);
-    }
-    void sub(int, bool) {}
-    __m512 chunk(int, int h) const {  // weights 0..15 are the low nibbles, 16..31 the high ones
-        return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(bytes, 4) : bytes, table);
+        bytes = load16_u8(row + b * 18 + 2);
     }
 };
 
