@@ -17,7 +17,7 @@ from tests.models.test_gguf_quantized import write_tiny_gguf
 # The tiny GGUF (tests/models/test_gguf_quantized.py): per layer q, k, v, o, gate, up in quantized blocks, with
 # q/k/v and gate/up fused where their types differ (ConcatLinear parts); ffn_down in F16 and Q5_1, which the
 # kernels do not take: dequantized, plain fp32 linears.
-QUANTIZED = "(Q4_1, Q4_K, Q5_0, Q6_K, Q8_0)"
+QUANTIZED = "(Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0)"
 
 
 def test_a_quantized_target_names_its_blocks_and_arithmetic(tmp_path):
