@@ -186,7 +186,7 @@ def load_gguf_quantized(
     if weights not in DRAFT_WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(DRAFT_WEIGHTS)}, not {weights!r}")
     qtype = REQUANTIZED.get(weights)
-    requantized = requantized_blocks(path, reader, progress, qtype) if qtype is not None else {}
+    requantized = requantized_blocks(path, reader, qtype, progress) if qtype is not None else {}
 
     def part(name: str, rope_heads: int | None = None, bias: bool = False) -> _Part:
         if name not in tensors or (bias and name.replace(".weight", ".bias") not in tensors):

@@ -3,7 +3,7 @@
 A draft's tokens are all verified by the target, so its weights need not be the file's: they only set how often
 it agrees with the target and what a step costs. A draft step is bound by the bytes its linears read, and the
 Qwen2.5-Coder 0.5B's file keeps most of them in Q5_0 (0.69 bytes a weight), Q6_K (0.82) and a Q8_0 head (1.06),
-where the kernels' cheapest type is Q4_1 (0.63 bytes, and the fastest per weight: results/int8_types.json).
+where the kernels' cheapest type was then Q4_1 (0.63 bytes, and the fastest per weight: results/int8_types.json).
 Requantized to Q4_1, on the 16 dev code prompts with the 1.5B in the fast arithmetic (2-core AMD EPYC,
 2026-11-28, `python -m experiments.draft_weights`, results/draft_weights_dev.json), the 0.5B's compiled step took
 10.7 ms instead of 11.6, its acceptance went from 0.835 to 0.831, and the K = 4 draft arm (stopping below 0.7)
@@ -42,7 +42,7 @@ def bytes_per_weight(qtype: Q) -> float:
     return nbytes / block
 
 
-def worth_requantizing(t: gguf.ReaderTensor, qtype: Q = Q.Q4_1) -> bool:
+def worth_requantizing(t: gguf.ReaderTensor, qtype: Q) -> bool:
     """Whether `t` (a linear's weight) reads fewer bytes as `qtype` than as it loads: a kernel type of more bytes a
     weight, or a type the kernels lack (it would load as fp32). Its rows must be whole blocks of `qtype`."""
     block = gguf.GGML_QUANT_SIZES[qtype][0]
@@ -51,15 +51,15 @@ def worth_requantizing(t: gguf.ReaderTensor, qtype: Q = Q.Q4_1) -> bool:
     return t.tensor_type not in TYPES or bytes_per_weight(t.tensor_type) > bytes_per_weight(qtype)
 
 
-def linear_names(reader: gguf.GGUFReader, qtype: Q = Q.Q4_1) -> list[str]:
+def linear_names(reader: gguf.GGUFReader, qtype: Q) -> list[str]:
     """The file's tensors that load as linears and would read fewer bytes as `qtype`. The token table is read a
     row per token, not multiplied, so it stays (a tied head reads the table's blocks and stays with it)."""
     return [t.name for t in reader.tensors if t.name != "token_embd.weight" and worth_requantizing(t, qtype)]
 
 
-def requantize(t: gguf.ReaderTensor, qtype: Q = Q.Q4_1) -> np.ndarray:
+def requantize(t: gguf.ReaderTensor, qtype: Q) -> np.ndarray:
     """[out, bytes per row] uint8: `t`'s values as llama.cpp's `qtype` blocks."""
-    values = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    values = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # [out, in]
     return np.ascontiguousarray(gguf.quants.quantize(values, qtype))
 
 
@@ -70,9 +70,7 @@ def _build(reader: gguf.GGUFReader, names: list[str], qtype: Q, out: Path, progr
         np.save(out / f"{name}.npy", requantize(tensors[name], qtype))
 
 
-def requantized_blocks(
-    path: Path, reader: gguf.GGUFReader, progress: bool = True, qtype: Q = Q.Q4_1
-) -> dict[str, torch.Tensor]:
+def requantized_blocks(path: Path, reader: gguf.GGUFReader, qtype: Q, progress: bool = True) -> dict[str, torch.Tensor]:
     """{tensor name: [out, bytes per row] uint8 `qtype` blocks} for the linears of the GGUF file `path` that read
     fewer bytes as `qtype`, from the cache (built now if absent; the last two files' blocks are kept)."""
     names = linear_names(reader, qtype)
