@@ -8,7 +8,8 @@ and Q6_K), to int8 with scale max|x| / 127; takes one exact integer dot product 
 K-quant's sub-block scales applied in integers); and applies the fp32 scales once per block, in a fixed order. The
 weight rows are grouped 16 at a time (models/row_groups.py): a vector lane is an output row, so one integer
 instruction serves 16 outputs and a block's fp32 steps are one vector operation for all 16. AVX512-VNNI where the
-CPU has it, else AVX-512BW, else portable scalar code, all three bitwise equal; where the CPU and OS give AMX-INT8,
+CPU has it, else AVX-512BW, else AVX2 (two 8-lane halves per group: CPUs without AVX-512), else portable scalar
+code, all bitwise equal; where the CPU and OS give AMX-INT8,
 calls of 16 rows and more (prompt chunks) take the 32-weight types' (Q4_0, Q4_1, Q5_0, Q8_0) integer sums from AMX
 tiles, the same bits again (`python -m experiments.amx_prefill`: a SmolLM2 prefill 0.89-0.94x VNNI's time).
 
@@ -41,7 +42,7 @@ SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
 # No -mavx512*: the vector functions carry their own target attribute and are chosen at run time.
 # -ffp-contract=off: no fused multiply-adds; the fp32 steps are the ones the .cpp's header defines.
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w"]
-AUTO, VNNI, BW, PORTABLE, AMX = 0, 1, 2, 3, 4  # the op's `path`
+AUTO, VNNI, BW, PORTABLE, AMX, AVX2 = 0, 1, 2, 3, 4, 5  # the op's `path`
 FAULT_NONE, FAULT_SCALE, FAULT_SHARED = 0, 1, 2  # set_fault's modes
 
 
@@ -67,12 +68,12 @@ def _fake_quant_int8_grouped_linear(
 
 
 def paths() -> list[int]:
-    """The paths this CPU runs: AMX where the CPU and OS give it, VNNI and BW where the CPU reports them, PORTABLE
-    always. The op's AUTO takes AMX from 16 activation rows on (`amx_from_rows`) and the first of the others below:
-    every path gives the same bits."""
+    """The paths this CPU runs: AMX where the CPU and OS give it, VNNI, BW and AVX2 where the CPU reports them,
+    PORTABLE always. The op's AUTO takes AMX from 16 activation rows on (`amx_from_rows`) and the first of the others
+    below: every path gives the same bits."""
     library()
     features = int(torch.ops.specdecode.quant_int8_features())
-    return [p for p, bit in ((AMX, 4), (VNNI, 1), (BW, 2)) if features & bit] + [PORTABLE]
+    return [p for p, bit in ((AMX, 4), (VNNI, 1), (BW, 2), (AVX2, 8)) if features & bit] + [PORTABLE]
 
 
 def set_fault(mode: int) -> None:

@@ -25,8 +25,8 @@
 //
 // The integers are exact whatever instructions compute them (VNNI's vpdpbusd, AMX's tdpbssd, or AVX-512BW's
 // vpmaddubsw and vpmaddwd, where no int16 pair sum can saturate: an unsigned quant <= 63 times |x| <= 127, twice, or
-// |q8| <= 128 against the sign-adjusted x), and the fp32 steps are the same operations on every path, so the
-// AVX512-VNNI, AMX, AVX-512BW and portable scalar paths give identical bits. A row's quantization and sums never
+// |q8| <= 128 against the sign-adjusted x; AVX2's 256-bit forms of the same), and the fp32 steps are the same
+// operations on every path, so the AVX512-VNNI, AMX, AVX-512BW, AVX2 and portable scalar paths give identical bits. A row's quantization and sums never
 // read another row, so its output is bitwise the same alone or in any batch.
 //
 // Work: a vector lane is an output row. Every integer dot product is 16 weight rows x 4 positions against the
@@ -61,7 +61,7 @@
 namespace {
 
 enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
-enum Path : int64_t { kAuto = 0, kVnni = 1, kBw = 2, kPortable = 3, kAmx = 4 };
+enum Path : int64_t { kAuto = 0, kVnni = 1, kBw = 2, kPortable = 3, kAmx = 4, kAvx2 = 5 };
 
 constexpr int kChunk = 64;  // an activation row's quants are padded to a multiple of this (zeros)
 // Faults for negative controls (specdecode_quant_int8_fault): kFaultScale makes sub-block 5 of each K-quant
@@ -149,8 +149,14 @@ float quantize_block_avx(const float* x, int64_t n, float shared_amax, bool shar
 #pragma GCC pop_options
 #endif
 
+namespace avx2 {
+float quantize_block(const float* x, int64_t n, float shared_amax, bool shared, int8_t* q);  // the AVX2 section
+}
+
+enum Quantizer { kQuantPortable, kQuantAvx512, kQuantAvx2 };
+
 // pad_rows >= rows: the quants hold that many rows, the ones past `rows` zero (AMX's tiles load whole passes).
-void quantize(const float* x, int64_t rows, int64_t pad_rows, int64_t K, int64_t QB, bool shared, bool vector, Acts& a) {
+void quantize(const float* x, int64_t rows, int64_t pad_rows, int64_t K, int64_t QB, bool shared, Quantizer how, Acts& a) {
     a.stride = (K + kChunk - 1) / kChunk * kChunk;
     const int64_t nb = K / QB;
     a.q.assign(std::max(rows, pad_rows) * a.stride, 0);
@@ -165,8 +171,9 @@ void quantize(const float* x, int64_t rows, int64_t pad_rows, int64_t K, int64_t
             const float* xb = x + m * K + b * QB;
             int8_t* qb = a.q.data() + m * a.stride + b * QB;
 #if QUANT_INT8_X86
-            if (vector) {
-                a.d[m * nb + b] = quantize_block_avx(xb, QB, batch_amax, shared, qb);
+            if (how != kQuantPortable) {
+                a.d[m * nb + b] = how == kQuantAvx512 ? quantize_block_avx(xb, QB, batch_amax, shared, qb)
+                                                      : avx2::quantize_block(xb, QB, batch_amax, shared, qb);
                 continue;
             }
 #endif
@@ -199,7 +206,7 @@ bool amx_granted() {
 }
 
 // Which vector paths this CPU runs: bit 0 AVX512-VNNI (with BW and VL), bit 1 AVX-512BW (with VL), bit 2 AMX-INT8
-// (with VNNI's vector instructions for the rest of the work). Asked of the CPU (CPUID and the OS's XSAVE state,
+// (with VNNI's vector instructions for the rest of the work), bit 3 AVX2 (with FMA and F16C). Asked of the CPU (CPUID and the OS's XSAVE state,
 // through GCC's builtins) and of the OS, never assumed.
 int64_t features() {
 #if QUANT_INT8_X86
@@ -208,7 +215,8 @@ int64_t features() {
         const bool bw = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c");
         const bool vnni = bw && __builtin_cpu_supports("avx512vnni");
-        return int64_t(vnni) | (int64_t(bw) << 1) | (int64_t(vnni && amx_granted()) << 2);
+        const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return int64_t(vnni) | (int64_t(bw) << 1) | (int64_t(vnni && amx_granted()) << 2) | (int64_t(avx2) << 3);
     }();
     return f;
 #else
@@ -604,6 +612,281 @@ void grouped_avx(const GArgs& a, int64_t t) {
 
 #pragma GCC pop_options
 
+// ---- AVX2: the same integers and fp32 steps, 8 lanes at a time ----
+// For x86 CPUs without AVX-512 (AMD Zen 2-3, Intel's client cores since Alder Lake). A group's 16 outputs are two
+// halves of 8 lanes: rows 8h .. 8h + 7 are bytes 32h .. 32h + 31 of every 64-byte vector of quants, and their fp16
+// and 8-bit fields are at 16h and 8h of each 16-row array. Each block is worked half 0, then half 1, so its bytes
+// are read from memory once. The integer sums use vpmaddubsw and vpmaddwd as AVX-512BW's do (no pair sum
+// saturates, as above; Q8_0's signs ride on the activations, vpsignb), and the fp32 steps are the same operations
+// per lane, so the bits are the other paths'. AVX2 has 16 vector registers, not 32: a pass takes up to 4 rows.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+
+constexpr int kMaxPass = 4;
+
+inline __m256i dp4(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+// w signed (Q8_0): |w| against s with w's sign (vpsignb: s, -s or 0 as w is positive, negative or 0).
+inline __m256i dp4_signed(__m256i acc, __m256i w, __m256i s) {
+    return dp4(acc, _mm256_abs_epi8(w), _mm256_sign_epi8(s, w));
+}
+inline __m256i dp2(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+inline __m256i quad(const int8_t* p) { return _mm256_set1_epi32(*reinterpret_cast<const unaligned_i32*>(p)); }
+inline __m256i pair16(const int16_t* p) { return _mm256_set1_epi32(*reinterpret_cast<const unaligned_i32*>(p)); }
+inline __m128i bytes8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+inline __m256i u8_lanes(const uint8_t* p) { return _mm256_cvtepu8_epi32(bytes8(p)); }
+inline __m256i i8_lanes(const uint8_t* p) { return _mm256_cvtepi8_epi32(bytes8(p)); }
+inline __m256 half_lanes(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void prefetch_line(const uint8_t* p, int64_t ahead) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
+}
+inline void prefetch_ahead(const uint8_t* blk, int64_t bytes, int64_t ahead) {
+    for (int64_t o = 0; o < bytes; o += 64) prefetch_line(blk + o, ahead);
+}
+
+// The 32 bits of m as 32 bytes, 0xff where the bit is set (byte i from bit i).
+inline __m256i bit_bytes(uint32_t m) {
+    const __m256i byte_of_bit = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                                 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(int(m)), byte_of_bit);
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+// One activation block's dx and quants (step 1): max and division and rounding are exact, the portable bits.
+float quantize_block(const float* x, int64_t n, float shared_amax, bool shared, int8_t* q) {
+    __m256 m = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float dx = (shared ? shared_amax : _mm_cvtss_f32(h)) / 127.0f;
+    if (dx != 0.0f) {
+        const __m256 vdx = _mm256_set1_ps(dx), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+        for (int64_t i = 0; i < n; i += 32) {
+            __m256i v[4];
+            for (int c = 0; c < 4; ++c) {
+                const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * c), vdx),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                v[c] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, r)));
+            }
+            // The packs (exact: |v| <= 127) interleave 128-bit lanes: 4-byte pieces come out as v0 0-3, v1 0-3, v2
+            // 0-3, v3 0-3, v0 4-7, ...; the permute puts them in order.
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i),
+                                _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        }
+    }
+    return dx;
+}
+
+// Half h of one Q4_K super-block against R rows: S and Mn of its 8 lanes.
+template <int R>
+inline void q4k_block(const uint8_t* blk, int h, const RowsAt<R>& at, bool fault, __m256i (&S)[R], __m256i (&Mn)[R]) {
+    const __m256i m4 = _mm256_set1_epi8(0xf);
+    for (int m = 0; m < R; ++m) S[m] = _mm256_setzero_si256(), Mn[m] = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+        __m256i lo[R], hi[R];  // sub-blocks 2i and 2i + 1
+        for (int m = 0; m < R; ++m) lo[m] = _mm256_setzero_si256(), hi[m] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+            const uint8_t* line = blk + 320 + (i * 8 + k) * 64;
+            if (h == 0) prefetch_line(line, at.ahead);
+            const __m256i v = load(line + 32 * h);
+            const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            for (int m = 0; m < R; ++m) {
+                lo[m] = dp4(lo[m], wl, quad(at.x[m] + 64 * i + 4 * k));
+                hi[m] = dp4(hi[m], wh, quad(at.x[m] + 64 * i + 32 + 4 * k));
+            }
+        }
+        const __m256i sl = u8_lanes(blk + 64 + scale_row(2 * i, fault) * 16 + 8 * h);
+        const __m256i sh = u8_lanes(blk + 64 + scale_row(2 * i + 1, fault) * 16 + 8 * h);
+        for (int m = 0; m < R; ++m)
+            S[m] = _mm256_add_epi32(S[m], _mm256_add_epi32(_mm256_mullo_epi32(lo[m], sl), _mm256_mullo_epi32(hi[m], sh)));
+    }
+    for (int p = 0; p < 4; ++p) {  // the mins of sub-blocks 2p and 2p + 1 as an int16 pair against the row's sums
+        const __m256i mn = _mm256_or_si256(u8_lanes(blk + 192 + 32 * p + 8 * h),
+                                           _mm256_slli_epi32(u8_lanes(blk + 208 + 32 * p + 8 * h), 16));
+        for (int m = 0; m < R; ++m) Mn[m] = dp2(Mn[m], mn, pair16(at.s32[m] + 2 * p));
+    }
+}
+
+// Half h of quad 4j + 4S + k's stored Q6_K quants (as q6k_quads above).
+template <int S>
+inline __m256i q6k_quads(const uint8_t* blk, int h, int j, int k) {
+    const __m256i ql = load(q6k_ql(blk, j / 2, k) + 32 * h), qh = load(q6k_qh(blk, j / 2, k) + 32 * h);
+    const __m256i low = _mm256_and_si256(S ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0xf));
+    const int shift = 2 * (2 * (k % 2) + S);
+    const __m256i moved = shift < 4 ? _mm256_slli_epi16(qh, 4 - shift) : _mm256_srli_epi16(qh, shift - 4);
+    return _mm256_or_si256(low, _mm256_and_si256(moved, _mm256_set1_epi8(0x30)));
+}
+
+// Half h of one Q6_K super-block against R rows: S of its 8 lanes.
+template <int R>
+inline void q6k_block(const uint8_t* blk, int h, const RowsAt<R>& at, bool fault, __m256i (&S)[R]) {
+    for (int m = 0; m < R; ++m) S[m] = _mm256_setzero_si256();
+    for (int j = 0; j < 16; j += 2) {
+        __m256i S0[R], S1[R];
+        for (int m = 0; m < R; ++m)
+            S0[m] = _mm256_set1_epi32(-32 * int32_t(at.s16[m][j])),
+            S1[m] = _mm256_set1_epi32(-32 * int32_t(at.s16[m][j + 1]));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+            const __m256i w0 = q6k_quads<0>(blk, h, j, k), w1 = q6k_quads<1>(blk, h, j, k);
+            if (h == 0) {
+                prefetch_line(q6k_ql(blk, j / 2, k), at.ahead);
+                if (k % 2 == 0) prefetch_line(q6k_qh(blk, j / 2, k), at.ahead);
+            }
+            for (int m = 0; m < R; ++m) {
+                S0[m] = dp4(S0[m], w0, quad(at.x[m] + 16 * j + 4 * k));
+                S1[m] = dp4(S1[m], w1, quad(at.x[m] + 16 * j + 16 + 4 * k));
+            }
+        }
+        const __m256i c0 = i8_lanes(blk + 32 + scale_row(j, fault) * 16 + 8 * h);
+        const __m256i c1 = i8_lanes(blk + 32 + scale_row(j + 1, fault) * 16 + 8 * h);
+        for (int m = 0; m < R; ++m)
+            S[m] = _mm256_add_epi32(S[m], _mm256_add_epi32(_mm256_mullo_epi32(S0[m], c0), _mm256_mullo_epi32(S1[m], c1)));
+    }
+}
+
+// Half h of a 4-bit 32-weight block's quads k and 4 + k (as quads4 above; Q5_0's fifth bits from its masks).
+template <int64_t T>
+inline void quads4(const uint8_t* blk, int h, int k, __m256i& wl, __m256i& wh) {
+    const __m256i m4 = _mm256_set1_epi8(0xf), v = load(blk + (T == kQ4_1 ? 64 : 32) + k * 64 + 32 * h);
+    wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if constexpr (T == kQ5_0) {
+        uint32_t ml, mh;
+        std::memcpy(&ml, blk + 288 + 8 * k + 4 * h, 4);
+        std::memcpy(&mh, blk + 288 + 8 * (4 + k) + 4 * h, 4);
+        const __m256i b16 = _mm256_set1_epi8(16);
+        wl = _mm256_add_epi8(wl, _mm256_and_si256(bit_bytes(ml), b16));
+        wh = _mm256_add_epi8(wh, _mm256_and_si256(bit_bytes(mh), b16));
+    }
+}
+
+// Half h of one 32-weight block against R rows: S of its 8 lanes.
+template <int64_t T, int R>
+inline void block32(const uint8_t* blk, int h, const RowsAt<R>& at, __m256i (&S)[R]) {
+    __m256i hi[R];
+    for (int m = 0; m < R; ++m) {
+        const int32_t sum = at.s32[m][0];
+        S[m] = _mm256_set1_epi32(T == kQ4_0 ? -8 * sum : T == kQ5_0 ? -16 * sum : 0);
+        hi[m] = _mm256_setzero_si256();
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+        __m256i wl, wh;
+        if constexpr (T == kQ8_0) {
+            wl = load(blk + 32 + k * 64 + 32 * h), wh = load(blk + 32 + (4 + k) * 64 + 32 * h);
+            for (int m = 0; m < R; ++m) {
+                S[m] = dp4_signed(S[m], wl, quad(at.x[m] + 4 * k));
+                hi[m] = dp4_signed(hi[m], wh, quad(at.x[m] + 16 + 4 * k));
+            }
+        } else {
+            quads4<T>(blk, h, k, wl, wh);
+            for (int m = 0; m < R; ++m) {
+                S[m] = dp4(S[m], wl, quad(at.x[m] + 4 * k));
+                hi[m] = dp4(hi[m], wh, quad(at.x[m] + 16 + 4 * k));
+            }
+        }
+    }
+    for (int m = 0; m < R; ++m) S[m] = _mm256_add_epi32(S[m], hi[m]);
+}
+
+// Step 3 for half h of one activation row and block (as block_fp32 above).
+template <int64_t T>
+inline __m256 block_fp32(__m256 acc, __m256i S, __m256i Mn, __m256 d, const uint8_t* blk, int h, float dx, int32_t sum32) {
+    const __m256 vdx = _mm256_set1_ps(dx);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, vdx), acc);
+    if constexpr (T == kQ4_K) {
+        const __m256 ndmin = _mm256_sub_ps(_mm256_setzero_ps(), half_lanes(blk + 32 + 16 * h));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Mn), _mm256_mul_ps(ndmin, vdx), acc);
+    } else if constexpr (T == kQ4_1) {
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(float(sum32)), _mm256_mul_ps(half_lanes(blk + 32 + 16 * h), vdx), acc);
+    }
+    return acc;
+}
+
+// Group g's 16 outputs (+ bias) of activation rows m0 .. m0 + rows, from their accumulators ([half][row]).
+template <int R>
+inline void store_group(const GArgs& a, int64_t g, int64_t m0, const __m256 (&acc)[2][R]) {
+    for (int h = 0; h < 2; ++h) {
+        const int64_t n0 = g * kGroupRows + 8 * h, live = std::min<int64_t>(8, a.N - n0);
+        if (live <= 0) return;
+        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(live)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 bias = a.bias ? _mm256_maskload_ps(a.bias + n0, keep) : _mm256_setzero_ps();
+        for (int m = 0; m < R; ++m)
+            _mm256_maskstore_ps(a.out + (m0 + m) * a.N + n0, keep, a.bias ? _mm256_add_ps(acc[h][m], bias) : acc[h][m]);
+    }
+}
+
+// Group g (16 outputs) x activation rows m0 .. m0 + R.
+template <int64_t T, int R>
+void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
+    const Acts& A = *a.acts;
+    constexpr int64_t kW = block_weights(T), kBytes = group_bytes(T);
+    constexpr int64_t kQuantsAt = T == kQ4_K ? 320 : T == kQ6_K ? 288 : kBytes;
+    const int64_t nb = a.K / kW;
+    __m256 acc[2][R];
+    for (int h = 0; h < 2; ++h)
+        for (int m = 0; m < R; ++m) acc[h][m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = a.w + (g * nb + b) * kBytes;
+        prefetch_ahead(blk, kQuantsAt, a.prefetch);
+        RowsAt<R> at;
+        at.ahead = a.prefetch;
+        for (int m = 0; m < R; ++m) {
+            at.x[m] = A.q.data() + (m0 + m) * A.stride + kW * b;
+            at.s16[m] = A.s16.data() + (m0 + m) * (a.K / 16) + kW / 16 * b;
+            at.s32[m] = A.s32.data() + (m0 + m) * (a.K / 32) + kW / 32 * b;
+            at.dx[m] = A.d[(m0 + m) * nb + b];
+        }
+        for (int h = 0; h < 2; ++h) {
+            __m256i S[R], Mn[R] = {};
+            if constexpr (T == kQ4_K) q4k_block<R>(blk, h, at, a.fault, S, Mn);
+            else if constexpr (T == kQ6_K) q6k_block<R>(blk, h, at, a.fault, S);
+            else block32<T, R>(blk, h, at, S);
+            const __m256 d = half_lanes((kW == 256 ? blk : d_fields(blk, b, kBytes, a.fault)) + 16 * h);
+            for (int m = 0; m < R; ++m) acc[h][m] = block_fp32<T>(acc[h][m], S[m], Mn[m], d, blk, h, at.dx[m], at.s32[m][0]);
+        }
+    }
+    store_group<R>(a, g, m0, acc);
+}
+
+template <int64_t T>
+void grouped(const GArgs& a) {
+    using Fn = void (*)(const GArgs&, int64_t, int64_t);
+    static constexpr Fn by_rows[kMaxPass + 1] = {nullptr, grouped_rows<T, 1>, grouped_rows<T, 2>, grouped_rows<T, 3>,
+                                                 grouped_rows<T, 4>};
+    const int64_t passes = (a.M + kMaxPass - 1) / kMaxPass;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < a.G; ++g) {
+        for (int64_t p = 0, m0 = 0; p < passes; ++p) {
+            const int rows = int((a.M - m0 + (passes - p) - 1) / (passes - p));
+            by_rows[rows](a, g, m0);
+            m0 += rows;
+        }
+    }
+}
+
+void grouped(const GArgs& a, int64_t t) {
+    switch (t) {
+        case kQ4_0: return grouped<kQ4_0>(a);
+        case kQ4_1: return grouped<kQ4_1>(a);
+        case kQ5_0: return grouped<kQ5_0>(a);
+        case kQ8_0: return grouped<kQ8_0>(a);
+        case kQ4_K: return grouped<kQ4_K>(a);
+        case kQ6_K: return grouped<kQ6_K>(a);
+    }
+}
+
+}  // namespace avx2
+#pragma GCC pop_options
+
 // ---- AMX: the same integers from int8 tiles (many rows: prompt chunks) ----
 // A tile product C[m][n] += sum_k A[m][k] * B[k / 4][4 n + k % 4] (TDPBSSD: int8 x int8, int32 sums, exact) takes
 // the activation quants of up to 16 rows at one 32-weight block as A and the block's weights of 16 outputs in the
@@ -770,15 +1053,16 @@ at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& grou
                         bias->is_contiguous() && bias->device().is_cpu(),
                     "quant_int8_grouped_linear: bias must be a contiguous fp32 [out] CPU tensor");
     }
-    TORCH_CHECK(path >= kAuto && path <= kAmx, "quant_int8_grouped_linear: path is 0 (auto), 1 (VNNI), 2 (BW), 3 "
-                                               "(portable) or 4 (AMX)");
+    TORCH_CHECK(path >= kAuto && path <= kAvx2, "quant_int8_grouped_linear: path is 0 (auto), 1 (VNNI), 2 (BW), 3 "
+                                                "(portable), 4 (AMX) or 5 (AVX2)");
     TORCH_CHECK(path != kVnni || (features() & 1), "quant_int8_grouped_linear: this CPU has no AVX512-VNNI");
     TORCH_CHECK(path != kBw || (features() & 2), "quant_int8_grouped_linear: this CPU has no AVX-512BW");
     TORCH_CHECK(path != kAmx || (features() & 4), "quant_int8_grouped_linear: this CPU (or its OS) gives no AMX-INT8");
+    TORCH_CHECK(path != kAvx2 || (features() & 8), "quant_int8_grouped_linear: this CPU has no AVX2 (with FMA, F16C)");
     const int64_t M = x.numel() / in_features;
     if (path == kAuto) {
         const bool amx = (features() & 4) && g_amx_from > 0 && M >= g_amx_from;
-        path = amx ? kAmx : (features() & 1) ? kVnni : (features() & 2) ? kBw : kPortable;
+        path = amx ? kAmx : (features() & 1) ? kVnni : (features() & 2) ? kBw : (features() & 8) ? kAvx2 : kPortable;
     }
 
     const at::Tensor rows = x.reshape({-1, in_features}).contiguous();     // [M, K]
@@ -789,13 +1073,15 @@ at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& grou
 #if QUANT_INT8_X86
         if (path == kAmx) pad_rows = amx_padded_rows(M, qtype);
 #endif
-        quantize(rows.data_ptr<float>(), M, pad_rows, in_features, kw, g_fault == kFaultShared, path != kPortable, acts);
+        const Quantizer how = path == kPortable ? kQuantPortable : path == kAvx2 ? kQuantAvx2 : kQuantAvx512;
+        quantize(rows.data_ptr<float>(), M, pad_rows, in_features, kw, g_fault == kFaultShared, how, acts);
         const GArgs a{&acts, groups.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
                       M, in_features, out_features, G, g_fault == kFaultScale, g_prefetch};
 #if QUANT_INT8_X86
         if (path == kAmx) grouped_amx(a, qtype);
         else if (path == kVnni) grouped_avx<true>(a, qtype);
         else if (path == kBw) grouped_avx<false>(a, qtype);
+        else if (path == kAvx2) avx2::grouped(a, qtype);
         else
 #endif
             grouped_portable(a, qtype);
