@@ -156,16 +156,23 @@ def _attend_group(
 ) -> None:
     """Attention for rows of similar length, without copying their caches: over one view of the slots from the
     lowest to the highest of theirs (queries placed by slot; the view's other slots get idle queries whose
-    output is dropped), or row by row when that view would read far more keys than the rows' own."""
+    output is dropped), or row by row when that view would read far more keys than the rows' own. A view holds
+    one query row per slot: rows on a slot another row of the group has (a prompt's chunk cut into rows on its
+    own slot, EngineConfig.fused_prefill) go row by row, else each would overwrite the other's place in the view."""
+    once = {s: i for i, s in reversed(list(zip(rows, slots, strict=True)))}  # slot -> its first row in the group
+    repeats = [(s, i) for s, i in zip(slots, rows, strict=True) if once[s] != i]
     length = max(ends[i] for i in rows)
     first, span = min(slots), max(slots) - min(slots) + 1
     if span * length > sum(ends[i] for i in rows) + len(rows) * CALL_KEYS:  # scattered: each row on its own
-        for s, i in zip(slots, rows, strict=True):
-            n = ends[i]
-            out[i : i + 1] = _sdpa(
-                queries[i : i + 1], k_cache[s : s + 1, :, :n], v_cache[s : s + 1, :, :n], mask[i : i + 1, ..., :n]
-            )
+        repeats, once = list(zip(slots, rows, strict=True)), {}
+    for s, i in repeats:
+        n = ends[i]
+        out[i : i + 1] = _sdpa(
+            queries[i : i + 1], k_cache[s : s + 1, :, :n], v_cache[s : s + 1, :, :n], mask[i : i + 1, ..., :n]
+        )
+    if not once:
         return
+    slots, rows = list(once), list(once.values())
     at = torch.tensor(slots, device=queries.device) - first  # [g] each row's place in the view
     index = torch.tensor(rows, device=queries.device)  # [g]
     q = queries.new_zeros(span, *queries.shape[1:])  # [span, heads, T, d]

@@ -26,6 +26,7 @@ import specdecode.engine.engine as engine_module
 from specdecode.config import ConfigError, EngineConfig, SamplingParams
 from specdecode.engine.engine import Engine
 from specdecode.llm import LLM
+from specdecode.models import few_rows
 from specdecode.step.sequence import Status
 from tests.engine.machine import DRAFTER_METHODS, World
 from tests.engine.test_context_edges import ramp
@@ -183,6 +184,28 @@ def test_chunked_prefill_gives_the_tokens_of_one_piece(world, method, self_draft
     # Each step stays within the budget; a prompt always advances by MIN_PREFILL_TOKENS at least.
     for decoded, prefilled in chunked.step_tokens:
         assert decoded + prefilled <= max(SMALL, decoded + engine_module.MIN_PREFILL_TOKENS), (decoded, prefilled)
+
+
+def use_sdpa(monkeypatch) -> None:
+    """Attention as it is where the few-queries kernel does not serve (a CPU without AVX-512): the Python cache
+    writes and SDPA over views of the cache, in the attention op's C++ kernel and in Python alike."""
+    monkeypatch.setattr(few_rows, "attention_usable", lambda: False)
+    if hasattr(torch.ops.specdecode, "set_attend_kernel"):  # the library is loaded: its op takes the Python path
+        few_rows.set_attention_kernel(False)
+
+
+@pytest.mark.parametrize("method", ["none", "ngram_tree"])
+def test_chunked_prefill_on_the_sdpa_path(world, method, monkeypatch):
+    """Without the kernel a chunk's rows, cut on the prompt's one slot, go through SDPA beside the decoding rows:
+    the same tokens and log-probabilities as the prompt whole (SDPA's grouped view held one query row per slot, and
+    rows on a shared slot overwrote each other there: 5e-3 apart on CPUs without AVX-512, 2026-12-07)."""
+    served = few_rows.attention_usable()
+    use_sdpa(monkeypatch)
+    try:
+        check_chunked_equals_whole(world, method, False, "greedy", monkeypatch, fault=use_sdpa)
+    finally:
+        if hasattr(torch.ops.specdecode, "set_attend_kernel"):
+            few_rows.set_attention_kernel(served)
 
 
 def check_one_forward_a_step(world, fused: bool, monkeypatch) -> None:
