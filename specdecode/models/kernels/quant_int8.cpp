@@ -618,12 +618,14 @@ void grouped_avx(const GArgs& a, int64_t t) {
 // and 8-bit fields are at 16h and 8h of each 16-row array. Each block is worked half 0, then half 1, so its bytes
 // are read from memory once. The integer sums use vpmaddubsw and vpmaddwd as AVX-512BW's do (no pair sum
 // saturates, as above; Q8_0's signs ride on the activations, vpsignb), and the fp32 steps are the same operations
-// per lane, so the bits are the other paths'. AVX2 has 16 vector registers, not 32: a pass takes up to 4 rows.
+// per lane, so the bits are the other paths'. AVX2 has 16 vector registers, not 32; a pass takes up to 6 rows all the same.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 
-constexpr int kMaxPass = 4;
+// Rows a pass: 6 took 0.6-0.95x the time of 4 at 5 and 9 rows, 8 no less than 6 (Q4_K, Q6_K, Q8_0 of the 1.5B's
+// FFN shapes, 2-core AMD EPYC Zen 4 running this path, 2026-12-07).
+constexpr int kMaxPass = 6;
 
 inline __m256i dp4(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
@@ -633,6 +635,15 @@ inline __m256i dp4_signed(__m256i acc, __m256i w, __m256i s) {
     return dp4(acc, _mm256_abs_epi8(w), _mm256_sign_epi8(s, w));
 }
 inline __m256i dp2(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+// acc16 + the int16 pair sums of u * s (vpmaddubsw alone): several quads' pair sums add up in int16 before one
+// vpmaddwd widens them (and applies a sub-block scale), where the bounds below leave room; int16 adds of values that
+// never leave int16's range are exact.
+inline __m256i dp4_16(__m256i acc16, __m256i u, __m256i s) { return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(u, s)); }
+// Each lane's value v (|v| < 2^15) as an int16 pair (v, v): vpmaddwd against it adds a lane's two int16 and
+// multiplies by v.
+inline __m256i pairs(__m256i v) {
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+}
 inline __m256i quad(const int8_t* p) { return _mm256_set1_epi32(*reinterpret_cast<const unaligned_i32*>(p)); }
 inline __m256i pair16(const int16_t* p) { return _mm256_set1_epi32(*reinterpret_cast<const unaligned_i32*>(p)); }
 inline __m128i bytes8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
@@ -690,7 +701,8 @@ inline void q4k_block(const uint8_t* blk, int h, const RowsAt<R>& at, bool fault
     const __m256i m4 = _mm256_set1_epi8(0xf);
     for (int m = 0; m < R; ++m) S[m] = _mm256_setzero_si256(), Mn[m] = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {
-        __m256i lo[R], hi[R];  // sub-blocks 2i and 2i + 1
+        // Sub-blocks 2i and 2i + 1 in int16 pair sums: |sum| <= 8 quads x 2 x 15 x 127 = 30,480.
+        __m256i lo[R], hi[R];
         for (int m = 0; m < R; ++m) lo[m] = _mm256_setzero_si256(), hi[m] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int k = 0; k < 8; ++k) {
@@ -699,14 +711,13 @@ inline void q4k_block(const uint8_t* blk, int h, const RowsAt<R>& at, bool fault
             const __m256i v = load(line + 32 * h);
             const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             for (int m = 0; m < R; ++m) {
-                lo[m] = dp4(lo[m], wl, quad(at.x[m] + 64 * i + 4 * k));
-                hi[m] = dp4(hi[m], wh, quad(at.x[m] + 64 * i + 32 + 4 * k));
+                lo[m] = dp4_16(lo[m], wl, quad(at.x[m] + 64 * i + 4 * k));
+                hi[m] = dp4_16(hi[m], wh, quad(at.x[m] + 64 * i + 32 + 4 * k));
             }
         }
-        const __m256i sl = u8_lanes(blk + 64 + scale_row(2 * i, fault) * 16 + 8 * h);
-        const __m256i sh = u8_lanes(blk + 64 + scale_row(2 * i + 1, fault) * 16 + 8 * h);
-        for (int m = 0; m < R; ++m)
-            S[m] = _mm256_add_epi32(S[m], _mm256_add_epi32(_mm256_mullo_epi32(lo[m], sl), _mm256_mullo_epi32(hi[m], sh)));
+        const __m256i sl = pairs(u8_lanes(blk + 64 + scale_row(2 * i, fault) * 16 + 8 * h));
+        const __m256i sh = pairs(u8_lanes(blk + 64 + scale_row(2 * i + 1, fault) * 16 + 8 * h));
+        for (int m = 0; m < R; ++m) S[m] = dp2(dp2(S[m], lo[m], sl), hi[m], sh);
     }
     for (int p = 0; p < 4; ++p) {  // the mins of sub-blocks 2p and 2p + 1 as an int16 pair against the row's sums
         const __m256i mn = _mm256_or_si256(u8_lanes(blk + 192 + 32 * p + 8 * h),
@@ -728,29 +739,36 @@ inline __m256i q6k_quads(const uint8_t* blk, int h, int j, int k) {
 // Half h of one Q6_K super-block against R rows: S of its 8 lanes.
 template <int R>
 inline void q6k_block(const uint8_t* blk, int h, const RowsAt<R>& at, bool fault, __m256i (&S)[R]) {
-    for (int m = 0; m < R; ++m) S[m] = _mm256_setzero_si256();
+    // S = sum_j sc_j (sum q6 x - 32 s16_j): the quants' part by sub-block, two quads at a time in int16 pair sums
+    // (|sum| <= 2 x 2 x 63 x 127 = 32,004) widened and scaled by one vpmaddwd; the offsets' part, sum_j sc_j s16_j,
+    // two sub-blocks per vpmaddwd (Off), then times -32.
+    __m256i Off[R];
+    for (int m = 0; m < R; ++m) S[m] = _mm256_setzero_si256(), Off[m] = _mm256_setzero_si256();
     for (int j = 0; j < 16; j += 2) {
-        __m256i S0[R], S1[R];
-        for (int m = 0; m < R; ++m)
-            S0[m] = _mm256_set1_epi32(-32 * int32_t(at.s16[m][j])),
-            S1[m] = _mm256_set1_epi32(-32 * int32_t(at.s16[m][j + 1]));
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) {
-            const __m256i w0 = q6k_quads<0>(blk, h, j, k), w1 = q6k_quads<1>(blk, h, j, k);
-            if (h == 0) {
-                prefetch_line(q6k_ql(blk, j / 2, k), at.ahead);
-                if (k % 2 == 0) prefetch_line(q6k_qh(blk, j / 2, k), at.ahead);
-            }
-            for (int m = 0; m < R; ++m) {
-                S0[m] = dp4(S0[m], w0, quad(at.x[m] + 16 * j + 4 * k));
-                S1[m] = dp4(S1[m], w1, quad(at.x[m] + 16 * j + 16 + 4 * k));
-            }
-        }
         const __m256i c0 = i8_lanes(blk + 32 + scale_row(j, fault) * 16 + 8 * h);
         const __m256i c1 = i8_lanes(blk + 32 + scale_row(j + 1, fault) * 16 + 8 * h);
-        for (int m = 0; m < R; ++m)
-            S[m] = _mm256_add_epi32(S[m], _mm256_add_epi32(_mm256_mullo_epi32(S0[m], c0), _mm256_mullo_epi32(S1[m], c1)));
+        const __m256i p0 = pairs(c0), p1 = pairs(c1);
+#pragma GCC unroll 2
+        for (int k = 0; k < 4; k += 2) {
+            const __m256i w0 = q6k_quads<0>(blk, h, j, k), w1 = q6k_quads<1>(blk, h, j, k);
+            const __m256i v0 = q6k_quads<0>(blk, h, j, k + 1), v1 = q6k_quads<1>(blk, h, j, k + 1);
+            if (h == 0) {
+                prefetch_line(q6k_ql(blk, j / 2, k), at.ahead);
+                prefetch_line(q6k_ql(blk, j / 2, k + 1), at.ahead);
+                prefetch_line(q6k_qh(blk, j / 2, k), at.ahead);
+            }
+            for (int m = 0; m < R; ++m) {
+                const int8_t* x = at.x[m] + 16 * j + 4 * k;
+                const __m256i t0 = dp4_16(_mm256_maddubs_epi16(w0, quad(x)), v0, quad(x + 4));
+                const __m256i t1 = dp4_16(_mm256_maddubs_epi16(w1, quad(x + 16)), v1, quad(x + 20));
+                S[m] = dp2(dp2(S[m], t0, p0), t1, p1);
+            }
+        }
+        // (sc_j, sc_j+1) against (s16_j, s16_j+1) as int16 pairs: |sc| <= 128, |s16| <= 2,032
+        const __m256i cc = _mm256_blend_epi16(c0, _mm256_slli_epi32(c1, 16), 0xaa);
+        for (int m = 0; m < R; ++m) Off[m] = dp2(Off[m], cc, pair16(at.s16[m] + j));
     }
+    for (int m = 0; m < R; ++m) S[m] = _mm256_sub_epi32(S[m], _mm256_slli_epi32(Off[m], 5));
 }
 
 // Half h of a 4-bit 32-weight block's quads k and 4 + k (as quads4 above; Q5_0's fifth bits from its masks).
@@ -769,32 +787,37 @@ inline void quads4(const uint8_t* blk, int h, int k, __m256i& wl, __m256i& wh) {
 }
 
 // Half h of one 32-weight block against R rows: S of its 8 lanes.
+// The 4-bit types' quads add up in int16 pair sums: |sum| <= 4 quads x 2 x 31 x 127 = 31,496 per half-block (Q5_0),
+// 8 x 2 x 15 x 127 = 30,480 for the whole block (Q4_0, Q4_1). Q8_0's pair sums reach 32,512: one vpmaddwd each.
 template <int64_t T, int R>
 inline void block32(const uint8_t* blk, int h, const RowsAt<R>& at, __m256i (&S)[R]) {
-    __m256i hi[R];
-    for (int m = 0; m < R; ++m) {
-        const int32_t sum = at.s32[m][0];
-        S[m] = _mm256_set1_epi32(T == kQ4_0 ? -8 * sum : T == kQ5_0 ? -16 * sum : 0);
-        hi[m] = _mm256_setzero_si256();
-    }
+    __m256i lo[R], hi[R];
+    for (int m = 0; m < R; ++m) lo[m] = _mm256_setzero_si256(), hi[m] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
         __m256i wl, wh;
         if constexpr (T == kQ8_0) {
             wl = load(blk + 32 + k * 64 + 32 * h), wh = load(blk + 32 + (4 + k) * 64 + 32 * h);
             for (int m = 0; m < R; ++m) {
-                S[m] = dp4_signed(S[m], wl, quad(at.x[m] + 4 * k));
+                lo[m] = dp4_signed(lo[m], wl, quad(at.x[m] + 4 * k));
                 hi[m] = dp4_signed(hi[m], wh, quad(at.x[m] + 16 + 4 * k));
             }
         } else {
             quads4<T>(blk, h, k, wl, wh);
             for (int m = 0; m < R; ++m) {
-                S[m] = dp4(S[m], wl, quad(at.x[m] + 4 * k));
-                hi[m] = dp4(hi[m], wh, quad(at.x[m] + 16 + 4 * k));
+                lo[m] = dp4_16(lo[m], wl, quad(at.x[m] + 4 * k));
+                hi[m] = dp4_16(hi[m], wh, quad(at.x[m] + 16 + 4 * k));
             }
         }
     }
-    for (int m = 0; m < R; ++m) S[m] = _mm256_add_epi32(S[m], hi[m]);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int m = 0; m < R; ++m) {
+        const int32_t sum = at.s32[m][0];  // the offsets of stored quants: Q4_0's + 8, Q5_0's + 16
+        const __m256i start = _mm256_set1_epi32(T == kQ4_0 ? -8 * sum : T == kQ5_0 ? -16 * sum : 0);
+        if constexpr (T == kQ8_0) S[m] = _mm256_add_epi32(lo[m], hi[m]);
+        else if constexpr (T == kQ5_0) S[m] = dp2(dp2(start, lo[m], ones), hi[m], ones);
+        else S[m] = dp2(start, _mm256_add_epi16(lo[m], hi[m]), ones);
+    }
 }
 
 // Step 3 for half h of one activation row and block (as block_fp32 above).
@@ -860,8 +883,9 @@ void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
 template <int64_t T>
 void grouped(const GArgs& a) {
     using Fn = void (*)(const GArgs&, int64_t, int64_t);
-    static constexpr Fn by_rows[kMaxPass + 1] = {nullptr, grouped_rows<T, 1>, grouped_rows<T, 2>, grouped_rows<T, 3>,
-                                                 grouped_rows<T, 4>};
+    static constexpr Fn by_rows[kMaxPass + 1] = {nullptr,            grouped_rows<T, 1>, grouped_rows<T, 2>,
+                                                 grouped_rows<T, 3>, grouped_rows<T, 4>, grouped_rows<T, 5>,
+                                                 grouped_rows<T, 6>};
     const int64_t passes = (a.M + kMaxPass - 1) / kMaxPass;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < a.G; ++g) {
