@@ -5,15 +5,17 @@ reads. The op here (kernels/quant_rows.cpp, `specdecode::quant_rows_linear`) kee
 raw blocks, a uint8 tensor [out, bytes_per_row] of type Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and computes
 y = x @ dequant(W)^T (+ bias) with fp32 activations. It is exact in this sense: every weight decodes to the
 fp32 value `gguf.quants.dequantize` gives, and each output is one fixed-order fp32 sum (16 lanes of FMAs over k,
-then a fixed tree; the .cpp's header defines it), the same on the AVX-512 path and on the portable path used
-where AVX-512 is missing, and the same whatever rows share the call.
+then a fixed tree; the .cpp's header defines it), the same on every path (`paths()`: AVX-512, AVX2 where AVX-512
+is missing, portable where both are) and the same whatever rows share the call.
 
 The same library looks rows up in an embedding table kept as blocks (`specdecode::quant_rows_embedding`,
 `QuantEmbedding`): only the rows asked for are decoded, to the values `gguf.quants.dequantize` gives.
 
 Like models/few_rows.py, the library is compiled on first use with the system C++ compiler against this torch,
-into the cache directory. The AVX-512 path needs x86-64 and GCC; the portable path (one std::fma per weight and
-row, tens of times slower) keeps the results, not the speed, where it is missing.
+into the cache directory. The vector paths need x86-64 and GCC, and the CPU's AVX-512 (AVX-512F, F16C) or AVX2
+(AVX2, FMA, F16C: AMD's CPUs before Zen 4, Intel's client ones without AVX-512, Alder Lake and later among them);
+the op takes the first of them the CPU has. The portable path (one std::fma per weight and row, 24-59x AVX2's time
+at one row) keeps the results, not the speed, where neither is there.
 
 The AVX-512 path decodes each 16-weight chunk into a register (the 4-bit types by a 16-entry table per
 sub-block and one permute, Q5_0 by a 32-entry one) and runs it against every activation row at once, over 2-4
@@ -26,6 +28,12 @@ first by their decoding instructions (`python -m experiments.quant_rows_bound`: 
 nothing; without Q4_K's table lookup the loop streams 18 GB/s in this layout and 32 in one stream, against 15); at
 several rows by the fp32 FMAs (rows x out x in / 16 of them). The exact fp32 product rules out llama.cpp's int8
 dot products with quantized activations: those are the fast arithmetic's (models/quant_int8.py).
+
+The AVX2 path is the same design in 8-wide halves with 16 registers: 1-2 weight rows per task and passes of at most
+6 activation rows, each weight decoded by arithmetic (AVX2 has no 16-entry permute to look it up). On the 2-core
+AMD EPYC (Zen 3; 2026-12-06, 8-135 MB of random Q4_K and Q6_K blocks) it streams 12-20 GB/s at one row, held by its
+instructions rather than by memory, and takes 2.0-2.7x the one-row time at five rows, where the FMAs themselves (two
+256-bit ones per 16 weights and row, 1.4-1.6x a bare loop of them) set the pace.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ TYPES = (
     GGMLQuantizationType.Q4_K,
     GGMLQuantizationType.Q6_K,
 )
-AUTO, AVX512, PORTABLE = 0, 1, 2  # the op's `path`
+AUTO, AVX512, PORTABLE, AVX2 = 0, 1, 2, 3  # the op's `path`
 
 
 @functools.cache
@@ -87,6 +95,18 @@ def has_avx512() -> bool:
     """Whether the kernel's AVX-512 path runs on this CPU (it asks the CPU, as the op's automatic choice does)."""
     library()
     return bool(torch.ops.specdecode.quant_rows_avx512())
+
+
+def has_avx2() -> bool:
+    """Whether the kernel's AVX2 path (AVX2, FMA and F16C) runs on this CPU, as `has_avx512`."""
+    library()
+    return bool(torch.ops.specdecode.quant_rows_avx2())
+
+
+def paths() -> list[int]:
+    """The paths this CPU runs, in the order AUTO prefers them: AVX512 and AVX2 where the CPU has them, PORTABLE
+    always. Every path gives the same bits."""
+    return [p for p, has in ((AVX512, has_avx512()), (AVX2, has_avx2())) if has] + [PORTABLE]
 
 
 def set_fault(on: bool) -> None:

@@ -1,9 +1,10 @@
 """The quantized few-rows linear (models/quant_rows.py): every weight decodes to gguf.quants.dequantize's fp32
-value, the product is the dequantized weight's within fp32 summation error, the portable path gives the AVX-512
-path's bits, and a row's result does not depend on the rows beside it. Random blocks and SmolLM2's own tensors.
+value, the product is the dequantized weight's within fp32 summation error, the portable path gives the bits of
+each vector path (AVX-512, AVX2), and a row's result does not depend on the rows beside it. Random blocks and
+SmolLM2's own tensors.
 
-A build error fails these tests; they skip only without a C++ compiler, or (the AVX-512 comparisons) on a CPU
-without AVX-512.
+A build error fails these tests; they skip only without a C++ compiler, or (a vector path's cases) on a CPU
+without that path.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from specdecode.models import quant_rows, torch_op
-from specdecode.models.quant_rows import AUTO, AVX512, PORTABLE, QuantLinear
+from specdecode.models.quant_rows import AUTO, AVX2, AVX512, PORTABLE, QuantLinear
 
-ROWS = (1, 3, 9, 17)  # one block of <= 12 rows, and 17 = 12 + 5
+# 1, 3: one block of rows on either vector path; 9: one on AVX-512 (<= 12), two on AVX2 (5 + 4, blocks of <= 6);
+# 17: AVX-512 12 + 5, AVX2 6 + 6 + 5
+ROWS = (1, 3, 9, 17)
+VECTOR_PATHS = {"AVX512": AVX512, "AVX2": AVX2}
 # Byte offsets of each type's fp16 scales in a block (gguf/quants.py): random bytes there could be inf or NaN.
 FP16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
 # (out, in): odd out leaves a lone last weight row; 32-weight types get an `in` that is no multiple of 256.
@@ -28,10 +32,16 @@ TOLERANCE = 1e-5  # fp32 rounding of sums over <= 1024 terms, relative to the la
 pytestmark = pytest.mark.usefixtures("quant_rows_kernel")  # conftest: skips only without a C++ compiler
 
 
-@pytest.fixture
-def avx512() -> None:
-    if not quant_rows.has_avx512():
-        pytest.skip("no AVX-512 on this CPU")
+def need(path: int) -> int:
+    """`path`, or a skip where this CPU does not run it."""
+    if path != AUTO and path not in quant_rows.paths():
+        pytest.skip(f"this CPU has no {next(name for name, p in VECTOR_PATHS.items() if p == path)}")
+    return path
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal as bit patterns: signed zeros too, which torch.equal takes as equal."""
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
 def random_blocks(qtype: Q, out: int, k: int, gen: np.random.Generator) -> torch.Tensor:
@@ -78,47 +88,49 @@ def test_product_is_the_dequantized_weights(qtype):
 def test_control_a_misread_sub_block_scale_is_caught(qtype):
     """Negative control: the kernel reading one sub-block's scale from its neighbour fails the same check by
     three orders of magnitude, on every path this CPU has."""
-    paths = (AVX512, PORTABLE) if quant_rows.has_avx512() else (PORTABLE,)
     quant_rows.set_fault(True)
     try:
-        errors = [max_relative_error(qtype, path) for path in paths]
+        errors = [max_relative_error(qtype, path) for path in quant_rows.paths()]
     finally:
         quant_rows.set_fault(False)
     assert min(errors) > 1000 * TOLERANCE
 
 
 @pytest.mark.parametrize("qtype", quant_rows.TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("path", [AUTO, PORTABLE])
+@pytest.mark.parametrize("path", [AUTO, AVX512, AVX2, PORTABLE], ids=["AUTO", "AVX512", "AVX2", "PORTABLE"])
 def test_each_weight_decodes_to_dequantize_bit_for_bit(qtype, path):
     """One-hot rows pick single weights out (x * w + 0s, no rounding): column k of the output is column k of
     gguf.quants.dequantize's fp32 weight, exactly."""
     k = SHAPES[gguf.GGML_QUANT_SIZES[qtype][0]][0][1]
     blocks = random_blocks(qtype, 37, k, np.random.default_rng(1))
-    got = quant_rows.quant_rows_linear(torch.eye(k), blocks, qtype, k, path=path)  # [k, out]
+    got = quant_rows.quant_rows_linear(torch.eye(k), blocks, qtype, k, path=need(path))  # [k, out]
     assert torch.equal(got, dequantized(blocks, qtype).T)
 
 
 @pytest.mark.parametrize("qtype", quant_rows.TYPES, ids=lambda t: t.name)
-def test_portable_path_gives_the_avx512_bits(qtype, avx512):
+@pytest.mark.parametrize("path", VECTOR_PATHS.values(), ids=VECTOR_PATHS.keys())
+def test_portable_path_gives_the_vector_paths_bits(qtype, path):
     gen = np.random.default_rng(2)
     for out, k in SHAPES[gguf.GGML_QUANT_SIZES[qtype][0]]:
         blocks = random_blocks(qtype, out, k, gen)
         bias = torch.from_numpy(gen.standard_normal(out, dtype=np.float32))
         for rows in ROWS:
             x = torch.from_numpy(gen.standard_normal((rows, k), dtype=np.float32))
-            fast = quant_rows.quant_rows_linear(x, blocks, qtype, k, bias, path=AVX512)
-            assert torch.equal(fast, quant_rows.quant_rows_linear(x, blocks, qtype, k, bias, path=PORTABLE))
+            for b in (None, bias):
+                fast = quant_rows.quant_rows_linear(x, blocks, qtype, k, b, path=need(path))
+                assert_same_bits(fast, quant_rows.quant_rows_linear(x, blocks, qtype, k, b, path=PORTABLE))
 
 
 @pytest.mark.parametrize("qtype", quant_rows.TYPES, ids=lambda t: t.name)
-def test_a_row_does_not_depend_on_its_batch(qtype):
+@pytest.mark.parametrize("path", [AVX512, AVX2, PORTABLE], ids=["AVX512", "AVX2", "PORTABLE"])
+def test_a_row_does_not_depend_on_its_batch(qtype, path):
     gen = np.random.default_rng(3)
     out, k = SHAPES[gguf.GGML_QUANT_SIZES[qtype][0]][0]
     blocks = random_blocks(qtype, out, k, gen)
     x = torch.from_numpy(gen.standard_normal((17, k), dtype=np.float32))
 
     def linear(rows: torch.Tensor) -> torch.Tensor:
-        return quant_rows.quant_rows_linear(rows, blocks, qtype, k)
+        return quant_rows.quant_rows_linear(rows, blocks, qtype, k, path=need(path))
 
     together = linear(x)  # [17, out]
     assert torch.equal(torch.cat([linear(x[i : i + 1]) for i in range(17)]), together)
@@ -150,10 +162,9 @@ def test_smollm2_tensors(smollm2, name):
     assert torch.equal(layer(torch.eye(k)), weight.T)
     for rows in ROWS:
         assert torch.equal(layer(x[:rows]), got[:rows])
-        if quant_rows.has_avx512():
-            assert torch.equal(
-                quant_rows.quant_rows_linear(x[:rows], blocks, layer.qtype, k, path=PORTABLE), got[:rows]
-            )
+        want = quant_rows.quant_rows_linear(x[:rows], blocks, layer.qtype, k, path=PORTABLE)
+        for path in quant_rows.paths():
+            assert_same_bits(quant_rows.quant_rows_linear(x[:rows], blocks, layer.qtype, k, path=path), want)
 
 
 def test_quant_linear_adds_its_bias_and_refuses_what_it_cannot_hold():
@@ -171,6 +182,22 @@ def test_quant_linear_adds_its_bias_and_refuses_what_it_cannot_hold():
         layer(torch.randn(3, 128))
     with pytest.raises(RuntimeError, match="unsupported GGML type"):
         quant_rows.quant_rows_linear(x, blocks, Q.Q5_1, 256)
+
+
+@pytest.mark.parametrize("path", VECTOR_PATHS.values(), ids=VECTOR_PATHS.keys())
+def test_a_path_the_cpu_lacks_is_refused(path):
+    """Forcing a vector path on a CPU without it is an error, not a crash or a silent fallback."""
+    if path in quant_rows.paths():
+        pytest.skip("this CPU has the path")
+    blocks = random_blocks(Q.Q8_0, 8, 64, np.random.default_rng(7))
+    with pytest.raises(RuntimeError, match="this CPU has no"):
+        quant_rows.quant_rows_linear(torch.randn(2, 64), blocks, Q.Q8_0, 64, path=path)
+
+
+def test_an_unknown_path_is_refused():
+    blocks = random_blocks(Q.Q8_0, 8, 64, np.random.default_rng(7))
+    with pytest.raises(RuntimeError, match="path is 0"):
+        quant_rows.quant_rows_linear(torch.randn(2, 64), blocks, Q.Q8_0, 64, path=4)
 
 
 def test_op_traces_with_its_fake():

@@ -1,23 +1,29 @@
 // specdecode::quant_rows_linear(x [..., K], blocks [N, bytes_per_row], qtype, K, bias?, path) -> [..., N]:
 // y = x @ dequant(W)^T (+ bias) for a few rows of fp32 activations, with W kept as the raw GGUF blocks of one
 // of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (ggml's type numbers). Each block of each weight row is decoded once per
-// call for up to 12 activation rows, so a verify of several tokens reads the quantized bytes once.
+// call for up to 12 activation rows (6 on the AVX2 path), so a verify of several tokens reads the quantized bytes
+// once.
 //
 // Exactness. A block decodes to exactly the fp32 values gguf.quants.dequantize gives (the same fp16 -> fp32
 // conversions, the same products and sums in numpy's order, each rounded to fp32; every product there is exact
 // in fp32, an fp16 d times an 8-bit scale times a 6-bit quant at most, so only Q4_1's + m and Q4_K's - dmin * min
-// round; the AVX-512 path computes those two as one fma of the exact product, the same single rounding). The dot
+// round; the vector paths compute those two as one fma of the exact product, the same single rounding). The dot
 // product of a weight row with an activation row is then one fixed
 // order, whatever the path, the number of rows or the threads:
 //   lane j (0..15) accumulates acc_j = fma(x[k], w[k], acc_j) for k = j, j + 16, j + 32, ... in increasing k,
 //   starting from +0; then the 16 lanes are summed by the tree acc_i += acc_{i+8} (i < 8), acc_i += acc_{i+4}
 //   (i < 4), acc_i += acc_{i+2} (i < 2), acc_0 + acc_1; then + bias[n] if there is a bias.
-// The AVX-512 path (chosen at run time) and the portable path (std::fma, for machines without AVX-512) both
-// follow it and give the same bits; a row's output does not depend on the rows beside it.
+// Three paths follow it and give the same bits: AVX-512 (16 lanes in one register), AVX2 (the same 16 lanes as two
+// 8-wide halves, for CPUs without AVX-512: AMD's before Zen 4, Intel's client ones since Alder Lake) and the
+// portable one (std::fma, for any other CPU). The op's path 0 takes the first of them the CPU has, at run time; a
+// row's output does not depend on the rows beside it.
 //
 // Work (AVX-512): threads take groups of 2-4 weight rows (more for fewer activation rows); each 16-weight chunk
 // is decoded into a register and meets every activation row (in blocks of 12) in 16-wide FMAs before the next.
 // A thread's groups are one stream of bytes, and each block asks for the next group's block ahead of use.
+// AVX2 the same with 16 registers, not 32: two 8-lane halves a chunk, groups of 2 weight rows at one activation row
+// and 1 beyond, blocks of at most 6 rows, and weights decoded by arithmetic where AVX-512 looks them up in a
+// 16-entry table (AVX2 has no 16-entry permute).
 // The portable path takes pairs of weight rows, decoded a block at a time into a small buffer.
 //
 // specdecode::quant_rows_embedding(ids [...], blocks [V, bytes_per_row], qtype, dim) -> [..., dim]: the rows ids
@@ -32,13 +38,13 @@
 #include <cstring>
 #include <optional>
 
-// The AVX-512 path needs x86-64 and GCC's target pragma; elsewhere (or with -DSPECDECODE_PORTABLE_ONLY) only the
-// portable path is built.
+// The AVX-512 and AVX2 paths need x86-64 and GCC's target pragma; elsewhere (or with -DSPECDECODE_PORTABLE_ONLY)
+// only the portable path is built.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(SPECDECODE_PORTABLE_ONLY)
-#define QUANT_ROWS_AVX512 1
+#define QUANT_ROWS_X86 1
 #include <immintrin.h>
 #else
-#define QUANT_ROWS_AVX512 0
+#define QUANT_ROWS_X86 0
 #endif
 
 namespace {
@@ -60,8 +66,8 @@ struct Layout<kQ4_K> { static constexpr int kWeights = 256, kBytes = 144; };  //
 template <>
 struct Layout<kQ6_K> { static constexpr int kWeights = 256, kBytes = 210; };  // ql 128, qh 64, 16 int8 scales, d
 
-constexpr int kLanes = 16;    // one AVX-512 register of fp32
-constexpr int kMaxRows = 12;  // 12 rows x 2 weight rows = 24 accumulators of the 32 registers
+constexpr int kLanes = 16;    // one AVX-512 register of fp32, two AVX2 ones
+constexpr int kMaxRows = 12;  // 12 rows x 2 weight rows = 24 accumulators of AVX-512's 32 registers
 constexpr int kPair = 2;      // weight rows per task: each activation load feeds two FMAs
 // The fault a negative control injects (specdecode_quant_rows_fault): one sub-block's scale is read from its
 // neighbour, sub-block 5 of each K-quant super-block or every block b with b % 8 == 5 of a 32-weight type.
@@ -190,17 +196,18 @@ void decode_portable<kQ6_K>(const uint8_t* row, int64_t b, bool fault, float* w)
     }
 }
 
-// The fixed reduction tree of the 16 lanes, then the bias: shared by both paths.
+// The fixed reduction tree of 16 lanes (v is overwritten), then the bias: shared by every path, and inlined into each
+// as it was when each spelled it out.
+__attribute__((always_inline)) inline float lane_sum(float* v, const float* bias) {
+    for (int width = kLanes / 2; width >= 1; width /= 2)
+        for (int i = 0; i < width; ++i) v[i] = v[i] + v[i + width];
+    return bias ? v[0] + *bias : v[0];
+}
+
 void finish(const Args& a, float (*acc)[kMaxRows][kLanes], const int64_t* n, int64_t m0, int rows) {
-    for (int g = 0; g < kPair; ++g) {
-        for (int m = 0; m < rows; ++m) {
-            float v[kLanes];
-            std::memcpy(v, acc[g][m], sizeof v);
-            for (int width = kLanes / 2; width >= 1; width /= 2)
-                for (int i = 0; i < width; ++i) v[i] = v[i] + v[i + width];
-            a.out[(m0 + m) * a.N + n[g]] = a.bias ? v[0] + a.bias[n[g]] : v[0];
-        }
-    }
+    for (int g = 0; g < kPair; ++g)
+        for (int m = 0; m < rows; ++m)
+            a.out[(m0 + m) * a.N + n[g]] = lane_sum(acc[g][m], a.bias ? a.bias + n[g] : nullptr);
 }
 
 template <int64_t T>
@@ -231,7 +238,20 @@ void pair_portable(const Args& a, const int64_t* n, int64_t m0, int rows) {
 // A block's header (fp16 scales by F16C, the K-quants' packed sub-block scales) is decoded with vector
 // instructions once per block, where scalar code had run per block and sub-block: at one activation row that
 // alone took 0.73-0.88x the time by type (before the prefetch below; experiments/quant_rows_ab.py).
-#if QUANT_ROWS_AVX512
+#if QUANT_ROWS_X86
+
+using RowsFn = void (*)(const Args&, int64_t, int64_t);  // (args, first weight row, first activation row)
+
+// Ask for the next task's bytes (the G weight rows after these, a thread's tasks being one contiguous stream) at
+// the offset this task has reached: without it the kernel waited on memory, streaming 5-11 GB/s from DRAM.
+template <int64_t T>
+void prefetch(const Args& a, const uint8_t* const* w, int groups, int64_t b) {
+    constexpr int kBytes = Layout<T>::kBytes;
+    for (int g = 0; g < groups; ++g) {
+        const char* p = reinterpret_cast<const char*>(w[g] + groups * a.row_bytes + b * kBytes);
+        for (int off = 0; off < kBytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);  // every line of a block
+    }
+}
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,f16c")
@@ -408,24 +428,11 @@ struct Dec<kQ6_K> {
     }
 };
 
-// The fixed reduction tree of one output's 16 lanes (as `finish`), then the bias.
-float reduce(__m512 acc, float bias) {
+// The fixed reduction tree of one output's 16 lanes, then the bias.
+float reduce(__m512 acc, const float* bias) {
     float v[kLanes];
     _mm512_storeu_ps(v, acc);
-    for (int width = kLanes / 2; width >= 1; width /= 2)
-        for (int i = 0; i < width; ++i) v[i] = v[i] + v[i + width];
-    return v[0] + bias;
-}
-
-// Ask for the next task's bytes (the G weight rows after these, a thread's tasks being one contiguous stream) at
-// the offset this task has reached: without it the kernel waited on memory, streaming 5-11 GB/s from DRAM.
-template <int64_t T>
-void prefetch(const Args& a, const uint8_t* const* w, int groups, int64_t b) {
-    constexpr int kBytes = Layout<T>::kBytes;
-    for (int g = 0; g < groups; ++g) {
-        const char* p = reinterpret_cast<const char*>(w[g] + groups * a.row_bytes + b * kBytes);
-        for (int off = 0; off < kBytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);  // every line of a block
-    }
+    return lane_sum(v, bias);
 }
 
 // G weight rows from n0 (clamped to the last row: the duplicates compute the same value) x R activation rows.
@@ -474,12 +481,10 @@ void rows_avx(const Args& a, int64_t n0, int64_t m0) {
         }
     }
     for (int g = 0; g < G; ++g)
-        for (int m = 0; m < R; ++m) a.out[(m0 + m) * a.N + n[g]] = reduce(acc[g][m], a.bias ? a.bias[n[g]] : 0.0f);
+        for (int m = 0; m < R; ++m) a.out[(m0 + m) * a.N + n[g]] = reduce(acc[g][m], a.bias ? a.bias + n[g] : nullptr);
 }
 
 #pragma GCC pop_options
-
-using RowsFn = void (*)(const Args&, int64_t, int64_t);
 
 // Weight rows per task for R activation rows: 4 up to 4 rows (at one row, 4 independent FMA chains), 2 beyond, which
 // halves how often the activation rows are loaded per FMA (G = 4 past 4 rows runs out of registers). Measured on the
@@ -490,7 +495,280 @@ constexpr int group_for(int rows) { return rows <= 4 ? 4 : 2; }
 template <int64_t T, int... Rs>
 constexpr RowsFn kAvxRows[] = {nullptr, rows_avx<T, group_for(Rs), Rs>...};  // indexed by row count
 
-#endif  // QUANT_ROWS_AVX512
+template <int64_t T>
+void run_avx512(const Args& a) {
+    for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
+        const int rows = int(std::min<int64_t>(kMaxRows, a.M - m0));
+        const RowsFn fn = kAvxRows<T, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>[rows];
+        const int64_t group = group_for(rows), tasks = (a.N + group - 1) / group;
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < tasks; ++t) fn(a, t * group, m0);
+    }
+}
+
+// ---- the AVX2 path: the same values and the same order, each 16-weight chunk as two 8-lane halves ----
+// The AVX-512 path's structure (G weight rows x R activation rows a task, each chunk decoded once into registers and
+// met by every row, the next task's bytes asked for ahead) with 16 registers instead of 32: a task's accumulators
+// are 2 G R registers, so R is at most 6 a pass and G is 1 past one row (group_for). A chunk is decoded half by half
+// (lanes 0-7, then 8-15), so that one register holds the weights being multiplied.
+// AVX2 has no 16-entry permute (vpermps looks up 8), so a weight is decoded by arithmetic on its quant, as numpy
+// computes it: Q8_0 q * d, Q4_0 d * (q - 8), Q5_0 d * (q - 16) and Q6_K (d * sc) * (q - 32), all exact products
+// (as products, not as an fma of d * q and a negative offset, which would give +0 where numpy gives -0); Q4_1
+// fma(d, q, m) and Q4_K fma(d * sc, q, -(dmin * mn)), whose products are exact, so that the fma's one rounding is
+// numpy's `d * q + m`. The quants come as 8 bytes widened to 8 lanes; the K-quants' headers are decoded once per
+// block with vector instructions, as on the AVX-512 path.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace avx2 {
+
+constexpr int kMaxRows = 6;  // a pass: 6 rows x 2 halves = 12 accumulators of the 16 registers
+
+__m128i load8(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
+__m256i widen_u8(const void* p) { return _mm256_cvtepu8_epi32(load8(p)); }  // 8 bytes -> 8 lanes
+__m256i widen_i8(const void* p) { return _mm256_cvtepi8_epi32(load8(p)); }
+// The low nibbles of 8 widened bytes, or (high) their high ones.
+__m256i nibbles(__m256i bytes, bool high) {
+    return high ? _mm256_srli_epi32(bytes, 4) : _mm256_and_si256(bytes, _mm256_set1_epi32(15));
+}
+__m256 times(__m256 d, __m256i q) { return _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)); }  // d * float(q)
+
+// Exact fp16 -> fp32 by the CPU's conversion (the same value as half_to_float for every finite half), in 8 lanes.
+__m256 half8(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _mm256_set1_ps(_cvtsh_ss(h));
+}
+
+// Per type, as the AVX-512 Dec without sub(): block() reads block b's header, eight(j, h, i) gives the weights
+// 8 i ... 8 i + 7 of chunk h of sub-block j (of the block's weights 16 (j kChunks + h) ...) as fp32.
+template <int64_t T>
+struct Dec;
+
+template <>
+struct Dec<kQ8_0> {
+    static constexpr bool kAhead = false;
+    static constexpr int kSubs = 1, kChunks = 2;
+    const uint8_t* q;
+    __m256 d;
+    void block(const uint8_t* row, int64_t b, bool fault) {
+        q = row + b * 34 + 2;
+        d = half8(row + scale_block<kQ8_0>(b, fault));
+    }
+    __m256 eight(int, int h, int i) const { return _mm256_mul_ps(_mm256_cvtepi32_ps(widen_i8(q + 16 * h + 8 * i)), d); }
+};
+
+template <>
+struct Dec<kQ4_0> {
+    static constexpr bool kAhead = false;
+    static constexpr int kSubs = 1, kChunks = 2;
+    const uint8_t* q;  // 16 bytes: weights 0..15 are their low nibbles, 16..31 the high ones
+    __m256 d;
+    void block(const uint8_t* row, int64_t b, bool fault) {
+        q = row + b * 18 + 2;
+        d = half8(row + scale_block<kQ4_0>(b, fault));
+    }
+    __m256 eight(int, int h, int i) const {
+        return times(d, _mm256_sub_epi32(nibbles(widen_u8(q + 8 * i), h), _mm256_set1_epi32(8)));
+    }
+};
+
+template <>
+struct Dec<kQ4_1> {
+    static constexpr bool kAhead = false;
+    static constexpr int kSubs = 1, kChunks = 2;
+    const uint8_t* q;  // as Q4_0's
+    __m256 d, m;
+    void block(const uint8_t* row, int64_t b, bool fault) {
+        q = row + b * 20 + 4;
+        d = half8(row + scale_block<kQ4_1>(b, fault));
+        m = half8(row + b * 20 + 2);
+    }
+    __m256 eight(int, int h, int i) const {
+        return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(nibbles(widen_u8(q + 8 * i), h)), m);
+    }
+};
+
+template <>
+struct Dec<kQ5_0> {
+    static constexpr bool kAhead = false;
+    static constexpr int kSubs = 1, kChunks = 2;
+    const uint8_t* blk;
+    __m256 d;
+    void block(const uint8_t* row, int64_t b, bool fault) {
+        blk = row + b * 22;
+        d = half8(row + scale_block<kQ5_0>(b, fault));
+    }
+    // Weight l (0..31) has qh bit l as its fifth bit (qh = bytes 2..5): for l = 16 h + 8 i + lane, bit l + 8 - 8 h of
+    // the 32-bit word at byte 1 + h, shifted down to bit 4. q - 16 is the nibble less 16 where that bit is clear.
+    __m256 eight(int, int h, int i) const {
+        uint32_t word;
+        std::memcpy(&word, blk + 1 + h, 4);
+        const __m256i shift =
+            _mm256_add_epi32(_mm256_setr_epi32(4, 5, 6, 7, 8, 9, 10, 11), _mm256_set1_epi32(8 * (h + i)));
+        const __m256i bit4 = _mm256_srlv_epi32(_mm256_set1_epi32(int(word)), shift);
+        const __m256i clear = _mm256_andnot_si256(bit4, _mm256_set1_epi32(16));
+        return times(d, _mm256_sub_epi32(nibbles(widen_u8(blk + 6 + 8 * i), h), clear));
+    }
+};
+
+template <>
+struct Dec<kQ4_K> {
+    static constexpr bool kAhead = false;
+    static constexpr int kSubs = 8, kChunks = 2;
+    const uint8_t* q;             // 128 bytes: sub-blocks 2i and 2i + 1 are the low and high nibbles of bytes 32i...
+    alignas(32) float scale[16];  // d * sc of sub-blocks 0..7, then -(dmin * mn) of the same
+    void block(const uint8_t* row, int64_t b, bool fault) {
+        const uint8_t* blk = row + b * 144;
+        q = blk + 16;
+        // The 12 packed bytes s: a = s[0..7] and c = s[4..11], one per lane. As q4k_scale_min: sc_j = s[j] & 63 and
+        // mn_j = s[j + 4] & 63 for j < 4; sc_j = s[j + 4] & 15 | (s[j - 4] >> 6) << 4 and
+        // mn_j = s[j + 4] >> 4 | (s[j] >> 6) << 4 for j >= 4.
+        const __m256i a = widen_u8(blk + 4), c = widen_u8(blk + 8), top = _mm256_srli_epi32(a, 6);
+        const __m256i low6 = _mm256_set1_epi32(63), low4 = _mm256_set1_epi32(15);
+        const __m256i top_before = _mm256_permutevar8x32_epi32(top, _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3));
+        const __m256i sc_high = _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_slli_epi32(top_before, 4));
+        const __m256i mn_high = _mm256_or_si256(_mm256_srli_epi32(c, 4), _mm256_slli_epi32(top, 4));
+        const __m256i sc = _mm256_blend_epi32(_mm256_and_si256(a, low6), sc_high, 0xf0);  // lanes 4..7: j >= 4
+        const __m256i mn = _mm256_blend_epi32(_mm256_and_si256(c, low6), mn_high, 0xf0);
+        // d * sc and dmin * mn are exact (fp16 times 6 bits); (-dmin) * mn is -(dmin * mn), bit for bit. -dmin by its
+        // sign bit: 0 - dmin would be +0, not -0, for dmin = +0.
+        _mm256_store_ps(scale, times(half8(blk), sc));
+        _mm256_store_ps(scale + 8, times(_mm256_xor_ps(half8(blk + 2), _mm256_set1_ps(-0.0f)), mn));
+        if (fault) scale[kFaultSub] = scale[kFaultSub - 1];
+    }
+    __m256 eight(int j, int h, int i) const {
+        const __m256 quants = _mm256_cvtepi32_ps(nibbles(widen_u8(q + 32 * (j / 2) + 16 * h + 8 * i), j % 2));
+        return _mm256_fmadd_ps(_mm256_broadcast_ss(scale + j), quants, _mm256_broadcast_ss(scale + 8 + j));
+    }
+};
+
+template <>
+struct Dec<kQ6_K> {
+    static constexpr bool kAhead = true;
+    static constexpr int kSubs = 16, kChunks = 1;
+    alignas(32) float scale[16];  // d * sc[s], exact
+    alignas(32) int8_t q[256];    // the block's 6-bit quants less 32, in weight order
+    void block(const uint8_t* row, int64_t b, bool fault) {
+        const uint8_t* blk = row + b * 210;
+        const __m256 d = half8(blk + 208);
+        _mm256_store_ps(scale, times(d, widen_i8(blk + 192)));
+        _mm256_store_ps(scale + 8, times(d, widen_i8(blk + 200)));
+        if (fault) scale[kFaultSub] = scale[kFaultSub - 1];
+        // Weight 128 h + r: low 4 bits (ql[64 h + r % 64] >> 4 (r / 64)) & 15, high 2 bits
+        // (qh[32 h + r % 32] >> 2 (r / 32)) & 3, shifted to bits 4-5. 32 bytes at a time; 16-bit lane shifts, whose
+        // bits that cross into a byte are masked off.
+        const __m256i mask4 = _mm256_set1_epi8(0x0f), mask2 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+        const auto load = [blk](int at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + at)); };
+        for (int h = 0; h < 2; ++h) {
+            const __m256i ql0 = load(64 * h), ql1 = load(64 * h + 32), qh = load(128 + 32 * h);
+            const __m256i part[4] = {
+                _mm256_or_si256(_mm256_and_si256(ql0, mask4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), mask2)),
+                _mm256_or_si256(_mm256_and_si256(ql1, mask4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), mask2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), mask4), _mm256_and_si256(qh, mask2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), mask4),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), mask2)),
+            };
+            for (int i = 0; i < 4; ++i)
+                _mm256_store_si256(reinterpret_cast<__m256i*>(q + 128 * h + 32 * i), _mm256_sub_epi8(part[i], off));
+        }
+    }
+    __m256 eight(int s, int, int i) const {
+        return times(_mm256_broadcast_ss(scale + s), widen_i8(q + 16 * s + 8 * i));
+    }
+};
+
+// G weight rows from n0 (clamped to the last row) x R activation rows from m0, as rows_avx.
+template <int64_t T, int G, int R>
+void rows(const Args& a, int64_t n0, int64_t m0) {
+    constexpr int kW = Layout<T>::kWeights;
+    int64_t n[G];
+    const uint8_t* w[G];
+    for (int g = 0; g < G; ++g) {
+        n[g] = std::min(n0 + g, a.N - 1);
+        w[g] = a.w + n[g] * a.row_bytes;
+    }
+    __m256 acc[G][R][2];  // [weight row][activation row][lanes 0-7, 8-15]
+    for (int g = 0; g < G; ++g)
+        for (int m = 0; m < R; ++m) acc[g][m][0] = acc[g][m][1] = _mm256_setzero_ps();
+    constexpr int kBuffers = Dec<T>::kAhead ? 2 : 1;  // as rows_avx: Q6_K decodes block b + 1 while b runs
+    Dec<T> dec[kBuffers][G];
+    const int64_t blocks = a.K / kW;
+    if (kBuffers == 2)
+        for (int g = 0; g < G; ++g) dec[0][g].block(w[g], 0, a.fault);
+    const float* x[R];  // each activation row at block b: one base register a row, the chunks its offsets
+    for (int m = 0; m < R; ++m) x[m] = a.x + (m0 + m) * a.K;
+    for (int64_t b = 0; b < blocks; ++b) {
+        Dec<T>* now = dec[b % kBuffers];
+        if (kBuffers == 1)
+            for (int g = 0; g < G; ++g) now[g].block(w[g], b, a.fault);
+        else if (b + 1 < blocks)
+            for (int g = 0; g < G; ++g) dec[(b + 1) % kBuffers][g].block(w[g], b + 1, a.fault);
+        prefetch<T>(a, w, G, b);
+#pragma GCC unroll 16
+        for (int j = 0; j < Dec<T>::kSubs; ++j) {
+#pragma GCC unroll 2
+            for (int h = 0; h < Dec<T>::kChunks; ++h) {
+                const int k = kLanes * (j * Dec<T>::kChunks + h);
+#pragma GCC unroll 2
+                for (int i = 0; i < 2; ++i) {
+                    __m256 wv[G];
+                    for (int g = 0; g < G; ++g) wv[g] = now[g].eight(j, h, i);
+#pragma GCC unroll 6
+                    for (int m = 0; m < R; ++m) {
+                        const __m256 xm = _mm256_loadu_ps(x[m] + k + 8 * i);
+                        for (int g = 0; g < G; ++g) acc[g][m][i] = _mm256_fmadd_ps(xm, wv[g], acc[g][m][i]);
+                    }
+                }
+            }
+        }
+        for (int m = 0; m < R; ++m) x[m] += kW;
+    }
+    // Unrolled: acc indexed by variables would live in memory, each block's FMAs storing and reloading it.
+#pragma GCC unroll 2
+    for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 6
+        for (int m = 0; m < R; ++m) {
+            float v[kLanes];
+            _mm256_storeu_ps(v, acc[g][m][0]);
+            _mm256_storeu_ps(v + 8, acc[g][m][1]);
+            a.out[(m0 + m) * a.N + n[g]] = lane_sum(v, a.bias ? a.bias + n[g] : nullptr);
+        }
+    }
+}
+
+// Weight rows per task for R activation rows: 2 at one row (4 independent FMA chains where one row has 2), else 1,
+// whose 2 R accumulators (at most 12) leave room for the chunk being decoded. Measured on the 2-core AMD EPYC
+// (Zen 3), weights of 8-15 MB: G = 2 against 1 at one row 0.83-0.96x the time by type, at 2-3 rows 1.05-1.4x;
+// G = 3-4 at one row spilled registers (Q4_K 1.2-1.4x G = 2's time).
+constexpr int group_for(int rows) { return rows == 1 ? 2 : 1; }
+
+template <int64_t T, int... Rs>
+constexpr RowsFn kRows[] = {nullptr, rows<T, group_for(Rs), Rs>...};  // indexed by row count
+
+// Passes of at most kMaxRows activation rows, each over all the weight rows as the AVX-512 path's blocks, of as equal
+// sizes as may be (7 = 4 + 3, 9 = 5 + 4): passes of 6 and the rest (6 + 1, 6 + 3) took 1.01-1.14x the time at 7-13
+// rows, each pass paying for the decoding of every weight whatever its rows. Running each task's weight rows through every
+// pass in turn instead (their bytes read from memory once) took 1.02-1.36x: the passes are held by their
+// instructions, not by memory.
+template <int64_t T>
+void run(const Args& a) {
+    const int64_t passes = (a.M + kMaxRows - 1) / kMaxRows, base = a.M / passes, longer = a.M % passes;
+    int64_t m0 = 0;
+    for (int64_t p = 0; p < passes; ++p) {
+        const int rows = int(base + (p < longer));  // the first `longer` passes take one row more
+        const int64_t group = group_for(rows), tasks = (a.N + group - 1) / group;
+        const RowsFn fn = kRows<T, 1, 2, 3, 4, 5, 6>[rows];
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < tasks; ++t) fn(a, t * group, m0);
+        m0 += rows;
+    }
+}
+
+}  // namespace avx2
+
+#pragma GCC pop_options
+#endif  // QUANT_ROWS_X86
 
 template <int64_t T>
 void run_portable(const Args& a) {
@@ -503,24 +781,34 @@ void run_portable(const Args& a) {
     }
 }
 
+enum Path : int64_t { kAuto = 0, kAvx512 = 1, kPortable = 2, kAvx2 = 3 };  // the op's `path`
+
 template <int64_t T>
-void run(const Args& a, bool avx) {
-    if (!avx) return run_portable<T>(a);
-#if QUANT_ROWS_AVX512
-    for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
-        const int rows = int(std::min<int64_t>(kMaxRows, a.M - m0));
-        const RowsFn fn = kAvxRows<T, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>[rows];
-        const int64_t group = group_for(rows), tasks = (a.N + group - 1) / group;
-#pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < tasks; ++t) fn(a, t * group, m0);
-    }
+void run(const Args& a, int64_t path) {
+#if QUANT_ROWS_X86
+    if (path == kAvx512) return run_avx512<T>(a);
+    if (path == kAvx2) return avx2::run<T>(a);
+#else
+    (void)path;  // only the portable path is built
 #endif
+    run_portable<T>(a);
 }
 
 bool has_avx512() {
-#if QUANT_ROWS_AVX512
+#if QUANT_ROWS_X86
     // CPUID and the OS's XSAVE; F16C for the scales (every AVX-512 CPU has it)
     static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c"));
+    return has;
+#else
+    return false;
+#endif
+}
+
+bool has_avx2() {
+#if QUANT_ROWS_X86
+    // CPUID and the OS's YMM state (libgcc asks XGETBV before it reports AVX2 or FMA)
+    static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                                                   __builtin_cpu_supports("f16c"));
     return has;
 #else
     return false;
@@ -540,7 +828,8 @@ std::pair<int64_t, int64_t> layout(int64_t qtype) {
     }
 }
 
-// path: 0 = AVX-512 where the CPU has it, else portable; 1 = AVX-512 (an error without it); 2 = portable.
+// path: 0 = AVX-512 where the CPU has it, else AVX2 where it has that, else portable; 1 = AVX-512, 3 = AVX2 (each an
+// error on a CPU without it); 2 = portable.
 at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t in_features,
                              const std::optional<at::Tensor>& bias, int64_t path) {
     const auto [weights, bytes] = layout(qtype);
@@ -561,9 +850,10 @@ at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& blocks, int6
                         bias->is_contiguous() && bias->device().is_cpu(),
                     "quant_rows_linear: bias must be a contiguous fp32 [out] CPU tensor");
     }
-    TORCH_CHECK(path >= 0 && path <= 2, "quant_rows_linear: path is 0 (auto), 1 (AVX-512) or 2 (portable)");
-    TORCH_CHECK(path != 1 || has_avx512(), "quant_rows_linear: this CPU has no AVX-512");
-    const bool avx = path == 1 || (path == 0 && has_avx512());
+    TORCH_CHECK(path >= 0 && path <= 3, "quant_rows_linear: path is 0 (auto), 1 (AVX-512), 2 (portable) or 3 (AVX2)");
+    TORCH_CHECK(path != kAvx512 || has_avx512(), "quant_rows_linear: this CPU has no AVX-512");
+    TORCH_CHECK(path != kAvx2 || has_avx2(), "quant_rows_linear: this CPU has no AVX2 (with FMA and F16C)");
+    if (path == kAuto) path = has_avx512() ? kAvx512 : has_avx2() ? kAvx2 : kPortable;
 
     const at::Tensor rows = x.reshape({-1, in_features}).contiguous();  // [M, K]
     at::Tensor out = at::empty({rows.size(0), n}, x.options());        // [M, N]
@@ -571,12 +861,12 @@ at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& blocks, int6
                  out.data_ptr<float>(), rows.size(0), in_features, n, blocks.size(1), g_fault != 0};
     if (a.M > 0 && n > 0) {
         switch (qtype) {
-            case kQ4_0: run<kQ4_0>(a, avx); break;
-            case kQ4_1: run<kQ4_1>(a, avx); break;
-            case kQ5_0: run<kQ5_0>(a, avx); break;
-            case kQ8_0: run<kQ8_0>(a, avx); break;
-            case kQ4_K: run<kQ4_K>(a, avx); break;
-            case kQ6_K: run<kQ6_K>(a, avx); break;
+            case kQ4_0: run<kQ4_0>(a, path); break;
+            case kQ4_1: run<kQ4_1>(a, path); break;
+            case kQ5_0: run<kQ5_0>(a, path); break;
+            case kQ8_0: run<kQ8_0>(a, path); break;
+            case kQ4_K: run<kQ4_K>(a, path); break;
+            case kQ6_K: run<kQ6_K>(a, path); break;
         }
     }
     std::vector<int64_t> sizes = x.sizes().vec();
@@ -642,6 +932,7 @@ TORCH_LIBRARY_FRAGMENT(specdecode, m) {
           " -> Tensor");
     m.def("quant_rows_embedding(Tensor ids, Tensor blocks, int qtype, int dim) -> Tensor");
     m.def("quant_rows_avx512() -> bool", &has_avx512);  // no tensor to dispatch on: one kernel for all
+    m.def("quant_rows_avx2() -> bool", &has_avx2);
 }
 
 TORCH_LIBRARY_IMPL(specdecode, CPU, m) {
