@@ -123,7 +123,8 @@ def quant_int8_grouped_linear(
 ) -> torch.Tensor:
     """x [..., in] against a weight's rows grouped by models/row_groups.py, groups [ceil(out / 16), bytes]
     (+ bias [out]) -> [..., out] fp32, in the int8 arithmetic."""
-    library()
+    if not torch.compiler.is_compiling():  # a traced graph must not enter the build's file checks (quant_rows.loaded)
+        library()
     return torch.ops.specdecode.quant_int8_grouped_linear.default(
         x, groups, int(qtype), in_features, out_features, bias, path
     )
@@ -138,6 +139,7 @@ class Int8QuantLinear(nn.Module):
         if linear.qtype not in TYPES:
             raise ValueError(f"Int8QuantLinear supports {', '.join(t.name for t in TYPES)}, not {linear.qtype.name}")
         self.qtype, self.in_features, self.out_features = linear.qtype, linear.in_features, linear.out_features
+        library()  # its op, registered before any graph traces `forward`
         self.register_buffer("bias", linear.bias)  # [out] fp32 or None
         if groups is None:
             groups = group_rows(linear.blocks, self.qtype)

@@ -75,6 +75,14 @@ def library() -> Path:
     return path
 
 
+def loaded() -> None:
+    """`library()`, except inside a graph being traced (torch.compile of a step): the trace must not enter the
+    build's file checks (dynamo cannot trace os.stat: the compiled quantized step failed to build on CPUs without
+    AVX-512, 2026-12-06); the QuantLinear or QuantEmbedding being traced loaded the library when it was built."""
+    if not torch.compiler.is_compiling():
+        library()
+
+
 @functools.cache
 def _register_embedding_fake() -> None:
     """The embedding op's fake, once per process (load_op registers the linear's)."""
@@ -124,7 +132,7 @@ def quant_rows_linear(
     path: int = AUTO,
 ) -> torch.Tensor:
     """x [..., in] @ dequant(blocks)^T (+ bias [out]) -> [..., out], blocks the raw GGUF rows [out, bytes_per_row]."""
-    library()
+    loaded()
     return torch.ops.specdecode.quant_rows_linear.default(x, blocks, int(qtype), in_features, bias, path)
 
 
@@ -132,7 +140,7 @@ def quant_rows_embedding(
     ids: torch.Tensor, blocks: torch.Tensor, qtype: GGMLQuantizationType, dim: int
 ) -> torch.Tensor:
     """Rows ids [...] of dequant(blocks) -> [..., dim] fp32, blocks the raw GGUF rows [vocab, bytes_per_row]."""
-    library()
+    loaded()
     return torch.ops.specdecode.quant_rows_embedding.default(ids, blocks, int(qtype), dim)
 
 
@@ -163,6 +171,7 @@ class QuantLinear(nn.Module):
     ) -> None:
         super().__init__()
         qtype = _check_blocks(blocks, qtype, in_features, "QuantLinear")
+        library()  # its op, registered before any graph traces `forward`
         self.qtype, self.in_features, self.out_features = qtype, in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks.contiguous())  # [out, bytes_per_row]
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())  # [out] or None
@@ -187,6 +196,7 @@ class QuantEmbedding(nn.Module):
     def __init__(self, blocks: torch.Tensor, qtype: GGMLQuantizationType, embedding_dim: int) -> None:
         super().__init__()
         self.qtype = _check_blocks(blocks, qtype, embedding_dim, "QuantEmbedding")
+        library()  # its op, registered before any graph traces `forward`
         self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
         self.register_buffer("blocks", blocks.contiguous())  # [vocab, bytes_per_row]
 
