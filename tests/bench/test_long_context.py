@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import specdecode.bench.long_context as lc
+import specdecode.engine.engine as engine_module
 from specdecode.bench.long_context import (
     CellPlan,
     context_prompts,
@@ -277,8 +278,24 @@ def tiny_pair(tiny_target, tiny_draft) -> LLM:
     )
 
 
-def draft_counts(llm: LLM) -> dict[str, list[tuple[int, int, int]]]:
-    """(tokens, drafted, accepted) of every arm's repeats, on token-id prompts (the tiny vocabulary has 96)."""
+class StepClock:
+    """The engine's perf_counter, advancing 1 ms a reading: each step's timings are then a function of the code it
+    ran, not of the machine's load. `goodput` prices K from the step times it observes, so on a busy machine its
+    repeats chose differently (2026-12-07: (16, 8, 0) against (16, 14, 0) drafted and accepted) for no fault of the
+    rewind these tests check."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-3
+        return self.now
+
+
+def draft_counts(llm: LLM, monkeypatch) -> dict[str, list[tuple[int, int, int]]]:
+    """(tokens, drafted, accepted) of every arm's repeats, on token-id prompts (the tiny vocabulary has 96), the
+    engine timed by a StepClock."""
+    monkeypatch.setattr(engine_module, "time", StepClock())
     prompts = [[(7 * i + j) % 90 + 3 for j in range(40)] for i in range(2)]  # [2 rows, 40 tokens]
     arms = parse_arms(ARMS, 2, ())
     runs = run_cell(llm, arms, prompts, CellPlan(40, 2, 8, repeats=3), turn=0, bar=Bar())
@@ -286,10 +303,10 @@ def draft_counts(llm: LLM) -> dict[str, list[tuple[int, int, int]]]:
     return {name: [(r.tokens, r.drafted, r.accepted) for r in repeats] for name, repeats in runs.items()}
 
 
-def test_a_draft_model_decodes_alike_after_every_rewind(tiny_pair):
+def test_a_draft_model_decodes_alike_after_every_rewind(tiny_pair, monkeypatch):
     # The arms' order rotates, so each repeat of an arm follows a different one: the draft's cache must be back
     # at the prompt, and the controller new, each time for the drafts, and so the counts, to repeat.
-    assert_runs_fresh(draft_counts(tiny_pair))
+    assert_runs_fresh(draft_counts(tiny_pair, monkeypatch))
 
 
 def assert_runs_fresh(counts: dict[str, list[tuple[int, int, int]]]) -> None:
@@ -311,7 +328,7 @@ def test_negative_control_a_controller_kept_across_runs_is_caught(tiny_pair, mon
 
     real_set_arm = lc.set_arm
     monkeypatch.setattr(lc, "set_arm", set_arm_once)
-    counts = draft_counts(tiny_pair)
+    counts = draft_counts(tiny_pair, monkeypatch)
     with pytest.raises(AssertionError, match="goodput"):  # its acceptance history carried into its next run
         assert_runs_fresh(counts)
 
