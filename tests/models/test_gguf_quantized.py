@@ -23,7 +23,7 @@ from torch import nn
 
 from specdecode.config import WEIGHTS_ENV, EngineConfig, SamplingParams
 from specdecode.llm import LLM
-from specdecode.models import aot_package, gguf_quantized, quant_rows
+from specdecode.models import aot_package, few_rows, gguf_quantized, quant_rows
 from specdecode.models.compiled import load_target
 from specdecode.models.gguf_quantized import (
     ConcatLinear,
@@ -316,6 +316,23 @@ def test_compiled_quantized_step_equals_eager(compiled_tiny):
     assert compiled.step.compiled and isinstance(compiled.lm_head, QuantLinear)
     prompt = np.random.default_rng(8).integers(0, VOCAB, 20).tolist()
     assert relative_error(logits(compiled, prompt, (1, 4)), logits(eager, prompt, (1, 4))) < TOLERANCE
+
+
+def test_compiled_quantized_step_without_the_few_rows_gemm(tmp_path):
+    """Where the few-rows GEMM does not serve (a CPU without AVX-512, or $SPECDECODE_FEW_ROWS_GEMM=0) the quantized
+    step compiles too, through torch.compile here, and equals the eager model: tracing it once entered the
+    kernels' library() and its build checks (os.stat), which dynamo refused (CI on such a CPU, 2026-12-06)."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tie=False)
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny file's dense linears
+        mp.setattr(few_rows, "available", lambda device, dtype: False)
+        compiled = load_target(
+            tmp_path, "cpu", torch.float32, enforce_eager=False, progress=False, ahead_of_time=False, gguf=path
+        )
+        eager = load_gguf_quantized(path)
+        assert compiled.step.compiled and not any(isinstance(m, few_rows.FewRowsLinear) for m in compiled.modules())
+        prompt = np.random.default_rng(9).integers(0, VOCAB, 20).tolist()
+        assert relative_error(logits(compiled, prompt, (1, 4)), logits(eager, prompt, (1, 4))) < TOLERANCE
 
 
 def edit_changes_then_restores(compiled: LlamaModel, seed: int, edit: Callable[[], None], undo: Callable[[], None]):
