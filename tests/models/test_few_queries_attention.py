@@ -30,8 +30,9 @@ LAYERS, SLOTS, KV_HEADS, HEADS, DIM, MAX_LEN = 2, 6, 3, 9, 64, 400  # SmolLM2's 
 
 
 @pytest.fixture
-def sdpa_path(monkeypatch):
-    """Attention as it is without the kernel: the Python cache writes and SDPA."""
+def sdpa_path(kernel, monkeypatch):
+    """Attention as it is without the kernel: the Python cache writes and SDPA. It turns the kernel off, so it needs
+    the kernel fixture first (a CPU without AVX-512 skips rather than errors)."""
     use_sdpa(monkeypatch)
     yield
     few_rows.set_attention_kernel(True)
