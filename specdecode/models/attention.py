@@ -22,6 +22,11 @@ a piece of KERNEL_MAX_QUERIES tokens at a time (`_attend_in_pieces`), so a reque
 prompt was chunked or what was batched beside it; SDPA is left to accelerators, training and head sizes the
 kernel lacks.
 
+Where the kernel does not serve on the CPU (no AVX-512), fp32 inference attention is `specdecode::ordered_attend`
+(models/ordered_attention.py): portable C++ computing each query over its visible keys in key order, so there too a
+query's result never depends on T, padding or the rows beside it, and speculation stays exact; SDPA serves only where
+that op cannot (no compiler, autograd, a bf16 cache, a head size not a multiple of 8).
+
 Under the fast arithmetic the cache is bf16 (models/kv_dtype.py): the op writes each new key rounded to bf16 and
 the kernel's bf16 twin (kernels/few_queries_attention_bf16.cpp) attends, with the same guarantees; SDPA, where it
 runs, reads the bf16 keys widened to fp32.
@@ -34,7 +39,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from specdecode.models import few_rows
+from specdecode.models import few_rows, ordered_attention
 from specdecode.models.ragged import pad_groups
 
 # In cached key positions read (one SDPA call's fixed cost is ~40 us on a small CPU, a position of a 3-head
@@ -72,6 +77,8 @@ def attend_eager(
         return _attend_in_pieces(q, k, v, cache_k, cache_v, layer, slots, write_pos, mask)
     b, t = q.shape[:2]
     _write(k, v, cache_k, cache_v, layer, slots, write_pos)
+    if not serves and _ordered_serves(q, k, v, cache_k, cache_v, mask):  # a CPU without the kernel
+        return ordered_attention.ordered_attend(q, cache_k, cache_v, layer, slots, write_pos, mask)
     k_cache, v_cache = cache_k[layer], cache_v[layer]  # [slots, kv_heads, len + 1, head_dim] each
     kv_len = mask.shape[-1]
     queries = q.transpose(1, 2)  # [num_seqs, heads, T, head_dim]
@@ -226,6 +233,21 @@ def _kernel_serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tor
         and not torch.is_autocast_enabled("cpu")  # under autocast SDPA runs in bf16, and so should attention
         and q.stride(3) == k.stride(3) == v.stride(3) == mask.stride(3) == 1
         and few_rows.attention_usable()
+    )
+
+
+def _ordered_serves(q, k, v, cache_k, cache_v, mask) -> bool:
+    """Whether models/ordered_attention.py takes this call: fp32 inference on the CPU over an fp32 cache, a head
+    size it takes, and the op builds here."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == k.dtype == v.dtype == mask.dtype == cache_k.dtype == torch.float32
+        and q.shape[3] % ordered_attention.LANES == 0
+        and cache_k.is_contiguous()
+        and cache_v.is_contiguous()
+        and not (q.requires_grad or k.requires_grad or v.requires_grad)
+        and not torch.is_autocast_enabled("cpu")
+        and ordered_attention.usable()
     )
 
 

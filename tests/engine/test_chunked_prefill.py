@@ -26,7 +26,7 @@ import specdecode.engine.engine as engine_module
 from specdecode.config import ConfigError, EngineConfig, SamplingParams
 from specdecode.engine.engine import Engine
 from specdecode.llm import LLM
-from specdecode.models import few_rows
+from specdecode.models import few_rows, ordered_attention
 from specdecode.step.sequence import Status
 from tests.engine.machine import DRAFTER_METHODS, World
 from tests.engine.test_context_edges import ramp
@@ -187,9 +187,10 @@ def test_chunked_prefill_gives_the_tokens_of_one_piece(world, method, self_draft
 
 
 def use_sdpa(monkeypatch) -> None:
-    """Attention as it is where the few-queries kernel does not serve (a CPU without AVX-512): the Python cache
-    writes and SDPA over views of the cache, in the attention op's C++ kernel and in Python alike."""
+    """Attention on SDPA (where neither the few-queries kernel nor the ordered op serves): the Python cache writes
+    and SDPA over views of the cache, in the attention op's C++ kernel and in Python alike."""
     monkeypatch.setattr(few_rows, "attention_usable", lambda: False)
+    monkeypatch.setattr(ordered_attention, "usable", lambda: False)  # nor the ordered op that serves without it
     if hasattr(torch.ops.specdecode, "set_attend_kernel"):  # the library is loaded: its op takes the Python path
         few_rows.set_attention_kernel(False)
 

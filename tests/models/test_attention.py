@@ -10,10 +10,17 @@ from unittest import mock
 import pytest
 import torch
 
-from specdecode.models import attention
+from specdecode.models import attention, ordered_attention
 from specdecode.models.llama import AttentionMetadata
 
 LAYERS, SLOTS, KV_HEADS, HEADS, DIM, MAX_LEN = 2, 6, 2, 4, 8, 16
+
+
+@pytest.fixture(autouse=True)
+def sdpa_only(monkeypatch):
+    """This file checks SDPA's ways of reading the cache (accelerators, and CPUs where neither the few-queries
+    kernel nor the ordered op serves); tests/models/test_ordered_attention.py runs its cases on the ordered op."""
+    monkeypatch.setattr(ordered_attention, "usable", lambda: False)
 
 
 def reference(q, k, v, cache_k, cache_v, layer, slots, starts, num_new):

@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from specdecode.models import attention, few_rows
+from specdecode.models import attention, few_rows, ordered_attention
 from specdecode.models.llama import AttentionMetadata
 from tests.models import test_attention as written_out
 
@@ -42,6 +42,7 @@ def use_sdpa(monkeypatch) -> None:
     """Send the attention op's calls to the Python path, in its C++ kernel and in Python alike (the caller turns
     the kernel back on)."""
     monkeypatch.setattr(few_rows, "attention_usable", lambda: False)
+    monkeypatch.setattr(ordered_attention, "usable", lambda: False)  # nor the ordered op that serves without it
     few_rows.set_attention_kernel(False)
 
 
