@@ -30,10 +30,9 @@ several rows by the fp32 FMAs (rows x out x in / 16 of them). The exact fp32 pro
 dot products with quantized activations: those are the fast arithmetic's (models/quant_int8.py).
 
 The AVX2 path is the same design in 8-wide halves with 16 registers: 1-2 weight rows per task and passes of at most
-6 activation rows, each weight decoded by arithmetic (AVX2 has no 16-entry permute to look it up). On the 2-core
-AMD EPYC (Zen 3; 2026-12-06, 8-135 MB of random Q4_K and Q6_K blocks) it streams 12-20 GB/s at one row, held by its
-instructions rather than by memory, and takes 2.0-2.7x the one-row time at five rows, where the FMAs themselves (two
-256-bit ones per 16 weights and row, 1.4-1.6x a bare loop of them) set the pace.
+6 activation rows, each weight decoded by arithmetic (AVX2 has no 16-entry permute to look it up). On a Zen 4 EPYC,
+which runs both, it takes 0.99-1.04x the AVX-512 path's time at one row and 1.10-1.43x at five, the portable path
+26-59x its time (`python -m experiments.avx2_paths`, results/avx2_paths_zen4.json, 2026-12-07).
 """
 
 from __future__ import annotations

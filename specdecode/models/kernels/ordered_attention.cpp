@@ -57,9 +57,8 @@ struct Args {
 
 // One query row: q [D] against the keys and values of its (row, key head) from key 0, mask row m [kv_len].
 // Compiled for AVX2 and for baseline x86-64 (ORDERED_CLONES): the same operations in the same order (products and
-// sums rounded one by one, no fma), so the same bits, 8 lanes a vector or 4. On the 2-core AMD EPYC (Zen 4 running
-// the AVX2 clone, 2026-12-07), a layer of the 1.5B's shape (12 query heads over 2 key heads of 128) at 512 cached
-// keys: 109 us at one token (SDPA 158), 381 at five (SDPA 340); at 4,096 keys 588 and 2,772 (SDPA 858, 2,126).
+// sums rounded one by one, no fma), so the same bits, 8 lanes a vector or 4. A layer of the 1.5B's shape took
+// 0.69-0.70x SDPA's time at one token, 1.19-1.42x at five (experiments/avx2_paths.py, 2-core Zen 4, 2026-12-07).
 ORDERED_CLONES void one_query(const Args& a, const float* q, const float* k, const float* v, const float* m, int64_t end,
                float* scores, float* out) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
