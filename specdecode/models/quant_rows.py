@@ -31,8 +31,8 @@ dot products with quantized activations: those are the fast arithmetic's (models
 
 The AVX2 path is the same design in 8-wide halves with 16 registers: 1-2 weight rows per task and passes of at most
 6 activation rows, each weight decoded by arithmetic (AVX2 has no 16-entry permute to look it up). On a Zen 4 EPYC,
-which runs both, it takes 0.99-1.04x the AVX-512 path's time at one row and 1.10-1.43x at five, the portable path
-26-59x its time (`python -m experiments.avx2_paths`, results/avx2_paths_zen4.json, 2026-12-07).
+which runs both, it takes 1.05-1.28x the AVX-512 path's time at one row and 1.02-1.43x at five, the portable path
+19-58x its time (`python -m experiments.avx2_paths`, results/avx2_paths_zen4.json, 2026-12-07).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@
 //     out = acc[d] / l   (no visible key, or a padded token, write_pos < 0: zeros)
 //
 // A masked key is skipped, not added as 0, so a tree node's result is the one a plain step computes over the same
-// keys laid out contiguously. Work: threads split (row, key head); a key head's keys are read for each of its
-// query rows in turn (they stay in cache at the contexts a CPU serves).
+// keys laid out contiguously. Work: threads split (row, key head); a key head's keys and values are read once per
+// token for the query heads that share them.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -55,29 +55,40 @@ struct Args {
     int64_t T, H, G, D, kv_len, slot_stride, head_stride;
 };
 
-// One query row: q [D] against the keys and values of its (row, key head) from key 0, mask row m [kv_len].
+// The query heads of one token that share key head g (`group` of them: q[h] [D], out[h] [D]) against its keys and
+// values from key 0, mask row m [kv_len]: each key and value row is read once for all of them, and each query's
+// operations are the header's, in its order (its scores, then its max, then its sums in increasing j).
 // Compiled for AVX2 and for baseline x86-64 (ORDERED_CLONES): the same operations in the same order (products and
 // sums rounded one by one, no fma), so the same bits, 8 lanes a vector or 4. A layer of the 1.5B's shape took
-// 0.69-0.70x SDPA's time at one token, 1.19-1.42x at five (experiments/avx2_paths.py, 2-core Zen 4, 2026-12-07).
-ORDERED_CLONES void one_query(const Args& a, const float* q, const float* k, const float* v, const float* m, int64_t end,
-               float* scores, float* out) {
+// 0.61-0.65x SDPA's time at one token, 1.04-1.14x at five (experiments/avx2_paths.py, 2-core Zen 4, 2026-12-07).
+ORDERED_CLONES void token_heads(const Args& a, const float* const* q, const float* k, const float* v, const float* m,
+                                int64_t group, int64_t end, float* scores, float* top, float* total,
+                                float* const* out) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(a.D));
     const float none = -std::numeric_limits<float>::infinity();
-    float top = none;
+    for (int64_t h = 0; h < group; ++h) top[h] = none, total[h] = 0.0f;
     for (int64_t j = 0; j < end; ++j) {
-        scores[j] = m[j] == none ? none : dot(q, k + j * a.D, a.D) * scale + m[j];
-        top = std::max(top, scores[j]);
+        if (m[j] == none) continue;  // its score would be -inf: no change to any max
+        const float* kj = k + j * a.D;
+        for (int64_t h = 0; h < group; ++h) {
+            const float s = dot(q[h], kj, a.D) * scale + m[j];
+            scores[h * end + j] = s;
+            top[h] = std::max(top[h], s);
+        }
     }
-    if (top == none) return;  // no visible key: zeros (out is zeroed)
-    float total = 0.0f;
     for (int64_t j = 0; j < end; ++j) {
-        if (scores[j] == none) continue;
-        const float p = std::exp(scores[j] - top);
-        total = total + p;
+        if (m[j] == none) continue;
         const float* vj = v + j * a.D;
-        for (int64_t d = 0; d < a.D; ++d) out[d] = out[d] + p * vj[d];
+        for (int64_t h = 0; h < group; ++h) {
+            const float p = std::exp(scores[h * end + j] - top[h]);
+            total[h] = total[h] + p;
+            float* o = out[h];
+            for (int64_t d = 0; d < a.D; ++d) o[d] = o[d] + p * vj[d];
+        }
     }
-    for (int64_t d = 0; d < a.D; ++d) out[d] = out[d] / total;
+    for (int64_t h = 0; h < group; ++h)
+        if (top[h] != none)  // else no visible key: zeros (out is zeroed)
+            for (int64_t d = 0; d < a.D; ++d) out[h][d] = out[h][d] / total[h];
 }
 
 void row_head(const Args& a, int64_t b, int64_t g) {
@@ -85,17 +96,21 @@ void row_head(const Args& a, int64_t b, int64_t g) {
     int64_t end = 0;  // keys past the row's last written position are never visible to it
     for (int64_t t = 0; t < a.T; ++t) end = std::max(end, a.write_pos[b * a.T + t] + 1);
     end = std::min(end, a.kv_len);
-    thread_local std::vector<float> scores;
-    if (scores.size() < static_cast<size_t>(end)) scores.resize(end);
+    thread_local std::vector<float> scores, sums;
+    thread_local std::vector<const float*> qs;
+    thread_local std::vector<float*> outs;
+    if (scores.size() < static_cast<size_t>(group * end)) scores.resize(group * end);
+    sums.resize(2 * group), qs.resize(group), outs.resize(group);
     const float* k = a.k + a.slots[b] * a.slot_stride + g * a.head_stride;
     const float* v = a.v + a.slots[b] * a.slot_stride + g * a.head_stride;
     for (int64_t t = 0; t < a.T; ++t) {
         if (a.write_pos[b * a.T + t] < 0) continue;  // padding: zeros
-        const float* m = a.mask + (b * a.T + t) * a.kv_len;
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-            const int64_t at = ((b * a.T + t) * a.H + h) * a.D;
-            one_query(a, a.q + at, k, v, m, end, scores.data(), a.out + at);
+        for (int64_t i = 0; i < group; ++i) {
+            const int64_t at = ((b * a.T + t) * a.H + g * group + i) * a.D;
+            qs[i] = a.q + at, outs[i] = a.out + at;
         }
+        const float* m = a.mask + (b * a.T + t) * a.kv_len;
+        token_heads(a, qs.data(), k, v, m, group, end, scores.data(), sums.data(), sums.data() + group, outs.data());
     }
 }
 
