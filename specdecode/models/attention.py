@@ -166,20 +166,21 @@ def _attend_group(
     output is dropped), or row by row when that view would read far more keys than the rows' own. A view holds
     one query row per slot: rows on a slot another row of the group has (a prompt's chunk cut into rows on its
     own slot, EngineConfig.fused_prefill) go row by row, else each would overwrite the other's place in the view."""
-    once = {s: i for i, s in reversed(list(zip(rows, slots, strict=True)))}  # slot -> its first row in the group
-    repeats = [(s, i) for s, i in zip(slots, rows, strict=True) if once[s] != i]
+    pairs = list(zip(slots, rows, strict=True))
+    first_row: dict[int, int] = {}  # slot -> its first row in the group: the one the view holds
+    for s, i in pairs:
+        first_row.setdefault(s, i)
     length = max(ends[i] for i in rows)
     first, span = min(slots), max(slots) - min(slots) + 1
-    if span * length > sum(ends[i] for i in rows) + len(rows) * CALL_KEYS:  # scattered: each row on its own
-        repeats, once = list(zip(slots, rows, strict=True)), {}
-    for s, i in repeats:
+    scattered = span * length > sum(ends[i] for i in rows) + len(rows) * CALL_KEYS
+    for s, i in pairs if scattered else [(s, i) for s, i in pairs if first_row[s] != i]:  # each on its own
         n = ends[i]
         out[i : i + 1] = _sdpa(
             queries[i : i + 1], k_cache[s : s + 1, :, :n], v_cache[s : s + 1, :, :n], mask[i : i + 1, ..., :n]
         )
-    if not once:
+    if scattered:
         return
-    slots, rows = list(once), list(once.values())
+    slots, rows = list(first_row), list(first_row.values())
     at = torch.tensor(slots, device=queries.device) - first  # [g] each row's place in the view
     index = torch.tensor(rows, device=queries.device)  # [g]
     q = queries.new_zeros(span, *queries.shape[1:])  # [span, heads, T, d]
@@ -224,15 +225,23 @@ def kernel_piece(device: torch.device, dtype: torch.dtype) -> int | None:
 def _kernel_serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, mask: torch.Tensor) -> bool:
     """Whether the few-queries op takes this call: q [n, T, heads, d] of a decode or verify step on the CPU."""
     return (
-        q.device.type == "cpu"
-        and q.dtype == k.dtype == v.dtype == mask.dtype == torch.float32
+        _cpu_fp32_inference(q, k, v, mask)
         and q.shape[1] <= KERNEL_MAX_QUERIES
         and q.shape[3] in (KERNEL_HEAD_DIMS if cache.dtype == torch.float32 else BF16_HEAD_DIMS)
         and cache.dtype in (torch.float32, torch.bfloat16)
-        and not (q.requires_grad or k.requires_grad or v.requires_grad)
-        and not torch.is_autocast_enabled("cpu")  # under autocast SDPA runs in bf16, and so should attention
         and q.stride(3) == k.stride(3) == v.stride(3) == mask.stride(3) == 1
         and few_rows.attention_usable()
+    )
+
+
+def _cpu_fp32_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
+    """fp32 queries, keys, values and mask on the CPU, outside autograd and autocast (under autocast SDPA runs in
+    bf16, and so should attention): what both C++ attention ops need."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == k.dtype == v.dtype == mask.dtype == torch.float32
+        and not (q.requires_grad or k.requires_grad or v.requires_grad)
+        and not torch.is_autocast_enabled("cpu")
     )
 
 
@@ -240,13 +249,11 @@ def _ordered_serves(q, k, v, cache_k, cache_v, mask) -> bool:
     """Whether models/ordered_attention.py takes this call: fp32 inference on the CPU over an fp32 cache, a head
     size it takes, and the op builds here."""
     return (
-        q.device.type == "cpu"
-        and q.dtype == k.dtype == v.dtype == mask.dtype == cache_k.dtype == torch.float32
+        _cpu_fp32_inference(q, k, v, mask)
+        and cache_k.dtype == torch.float32
         and q.shape[3] % ordered_attention.LANES == 0
         and cache_k.is_contiguous()
         and cache_v.is_contiguous()
-        and not (q.requires_grad or k.requires_grad or v.requires_grad)
-        and not torch.is_autocast_enabled("cpu")
         and ordered_attention.usable()
     )
 

@@ -36,7 +36,7 @@ from torch import nn
 
 from specdecode.models.quant_rows import TYPES, QuantLinear
 from specdecode.models.row_groups import group_rows, ungroup_rows
-from specdecode.models.torch_op import build_op, load_op
+from specdecode.models.torch_op import build_op, load_op, load_unless_tracing
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_int8.cpp"
 # No -mavx512*: the vector functions carry their own target attribute and are chosen at run time.
@@ -123,8 +123,7 @@ def quant_int8_grouped_linear(
 ) -> torch.Tensor:
     """x [..., in] against a weight's rows grouped by models/row_groups.py, groups [ceil(out / 16), bytes]
     (+ bias [out]) -> [..., out] fp32, in the int8 arithmetic."""
-    if not torch.compiler.is_compiling():  # a traced graph must not enter the build's file checks (quant_rows.loaded)
-        library()
+    load_unless_tracing(library)
     return torch.ops.specdecode.quant_int8_grouped_linear.default(
         x, groups, int(qtype), in_features, out_features, bias, path
     )

@@ -47,7 +47,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from specdecode.models.torch_op import build_op, load_op
+from specdecode.models.torch_op import build_op, load_op, load_unless_tracing
 
 SOURCE = Path(__file__).parent / "kernels" / "quant_rows.cpp"
 # No -mavx512f: the AVX-512 functions carry their own target attribute and are chosen at run time.
@@ -72,14 +72,6 @@ def library() -> Path:
     load_op(path, "quant_rows_linear", _fake_quant_rows_linear)
     _register_embedding_fake()
     return path
-
-
-def loaded() -> None:
-    """`library()`, except inside a graph being traced (torch.compile of a step): the trace must not enter the
-    build's file checks (dynamo cannot trace os.stat: the compiled quantized step failed to build on CPUs without
-    AVX-512, 2026-12-06); the QuantLinear or QuantEmbedding being traced loaded the library when it was built."""
-    if not torch.compiler.is_compiling():
-        library()
 
 
 @functools.cache
@@ -131,7 +123,7 @@ def quant_rows_linear(
     path: int = AUTO,
 ) -> torch.Tensor:
     """x [..., in] @ dequant(blocks)^T (+ bias [out]) -> [..., out], blocks the raw GGUF rows [out, bytes_per_row]."""
-    loaded()
+    load_unless_tracing(library)
     return torch.ops.specdecode.quant_rows_linear.default(x, blocks, int(qtype), in_features, bias, path)
 
 
@@ -139,7 +131,7 @@ def quant_rows_embedding(
     ids: torch.Tensor, blocks: torch.Tensor, qtype: GGMLQuantizationType, dim: int
 ) -> torch.Tensor:
     """Rows ids [...] of dequant(blocks) -> [..., dim] fp32, blocks the raw GGUF rows [vocab, bytes_per_row]."""
-    loaded()
+    load_unless_tracing(library)
     return torch.ops.specdecode.quant_rows_embedding.default(ids, blocks, int(qtype), dim)
 
 

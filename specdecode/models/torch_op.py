@@ -61,3 +61,12 @@ def load_op(path: Path, op: str, fake: Callable[..., torch.Tensor]) -> None:
     if not hasattr(torch.ops.specdecode, op):
         raise KernelBuildError(f"{path} does not define specdecode::{op}")
     torch.library.register_fake(f"specdecode::{op}", fake)
+
+
+def load_unless_tracing(library: Callable[[], Path]) -> None:
+    """Call an op module's `library()` (build and load, cached), except inside a graph being traced (torch.compile
+    of a step): the trace must not enter the build's file checks (dynamo cannot trace os.stat: the compiled
+    quantized step failed to build on CPUs without AVX-512, 2026-12-06). The modules whose forward calls an op
+    load its library when they are built, so a traced forward finds the op registered."""
+    if not torch.compiler.is_compiling():
+        library()

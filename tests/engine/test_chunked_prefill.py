@@ -26,10 +26,11 @@ import specdecode.engine.engine as engine_module
 from specdecode.config import ConfigError, EngineConfig, SamplingParams
 from specdecode.engine.engine import Engine
 from specdecode.llm import LLM
-from specdecode.models import few_rows, ordered_attention
+from specdecode.models import few_rows
 from specdecode.step.sequence import Status
 from tests.engine.machine import DRAFTER_METHODS, World
 from tests.engine.test_context_edges import ramp
+from tests.models.test_few_queries_attention import use_sdpa
 
 MAX_LEN = 256
 LONG = ramp(170, 5)  # the long prompt: 169 tokens to prefill, the last one stays pending
@@ -184,15 +185,6 @@ def test_chunked_prefill_gives_the_tokens_of_one_piece(world, method, self_draft
     # Each step stays within the budget; a prompt always advances by MIN_PREFILL_TOKENS at least.
     for decoded, prefilled in chunked.step_tokens:
         assert decoded + prefilled <= max(SMALL, decoded + engine_module.MIN_PREFILL_TOKENS), (decoded, prefilled)
-
-
-def use_sdpa(monkeypatch) -> None:
-    """Attention on SDPA (where neither the few-queries kernel nor the ordered op serves): the Python cache writes
-    and SDPA over views of the cache, in the attention op's C++ kernel and in Python alike."""
-    monkeypatch.setattr(few_rows, "attention_usable", lambda: False)
-    monkeypatch.setattr(ordered_attention, "usable", lambda: False)  # nor the ordered op that serves without it
-    if hasattr(torch.ops.specdecode, "set_attend_kernel"):  # the library is loaded: its op takes the Python path
-        few_rows.set_attention_kernel(False)
 
 
 @pytest.mark.parametrize("method", ["none", "ngram_tree"])

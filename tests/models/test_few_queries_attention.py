@@ -38,12 +38,19 @@ def sdpa_path(kernel, monkeypatch):
     few_rows.set_attention_kernel(True)
 
 
-def use_sdpa(monkeypatch) -> None:
-    """Send the attention op's calls to the Python path, in its C++ kernel and in Python alike (the caller turns
-    the kernel back on)."""
+def kernel_off(monkeypatch) -> None:
+    """Send the attention op's calls past the few-queries kernel, in its C++ op (where the library is loaded) and in
+    Python alike (the caller turns the kernel back on)."""
     monkeypatch.setattr(few_rows, "attention_usable", lambda: False)
-    monkeypatch.setattr(ordered_attention, "usable", lambda: False)  # nor the ordered op that serves without it
-    few_rows.set_attention_kernel(False)
+    if hasattr(torch.ops.specdecode, "set_attend_kernel"):
+        few_rows.set_attention_kernel(False)
+
+
+def use_sdpa(monkeypatch) -> None:
+    """Send the attention op's calls to the Python cache writes and SDPA: past the kernel, and past the ordered op
+    that serves without it (the caller turns the kernel back on)."""
+    kernel_off(monkeypatch)
+    monkeypatch.setattr(ordered_attention, "usable", lambda: False)
 
 
 def _inputs(gen, slots, starts, num_new, tree: bool):

@@ -14,15 +14,14 @@ import torch
 from specdecode.models import attention, few_rows, ordered_attention
 from specdecode.models.llama import AttentionMetadata
 from tests.models.test_attention import CASES, DIM, HEADS, KV_HEADS, LAYERS, MAX_LEN, SLOTS, run_case
+from tests.models.test_few_queries_attention import kernel_off
 
 
 @pytest.fixture(autouse=True)
 def ordered(monkeypatch):
     """The ordered op in place of the few-queries kernel, on any CPU; a build error fails the test."""
     ordered_attention.library()
-    monkeypatch.setattr(few_rows, "attention_usable", lambda: False)
-    if hasattr(torch.ops.specdecode, "set_attend_kernel"):  # the few-rows library is loaded: its op defers too
-        few_rows.set_attention_kernel(False)
+    kernel_off(monkeypatch)
     yield
     if hasattr(torch.ops.specdecode, "set_attend_kernel"):
         few_rows.set_attention_kernel(few_rows.supported())
