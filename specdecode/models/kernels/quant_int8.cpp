@@ -82,6 +82,12 @@ int64_t default_prefetch() {
 #endif
 }
 int64_t g_prefetch = default_prefetch();
+// Whether a call of several rows prefetches into L2 (see prefetch_ahead): on AMD's CPUs.
+#if QUANT_INT8_X86
+int g_l2 = (__builtin_cpu_init(), __builtin_cpu_is("amd"));
+#else
+int g_l2 = 0;
+#endif
 
 // Exact fp16 -> fp32 (normals, subnormals, infinities, NaN), read unaligned.
 float half_to_float(const uint8_t* p) {
@@ -251,6 +257,7 @@ struct GArgs {
     int64_t M, K, N, G;
     bool fault;
     int64_t prefetch;  // bytes ahead (g_prefetch, read once per call)
+    bool l2;           // a few rows' prefetches go to L2 (g_l2; see prefetch_ahead)
 };
 
 // Sub-block j's scale row under the fault: sub-block 5 reads sub-block 4's scales.
@@ -379,8 +386,9 @@ inline __m512i i8_lanes(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_load
 inline __m512 half_lanes(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
 
-// Per activation row of a pass: its quants and sums at the block, and dx.
-template <int R>
+// Per activation row of a pass: its quants and sums at the block, and dx. L2: its prefetches go to L2 (see
+// prefetch_ahead).
+template <int R, bool L2 = false>
 struct RowsAt {
     const int8_t* x[R];
     const int16_t* s16[R];
@@ -396,19 +404,29 @@ struct RowsAt {
 // EPYC it was tuned on; on an Intel Xeon (Sapphire Rapids class, AMX) 8 KiB was the slowest distance tried and
 // 2 KiB took 0.70-0.94x its time at 1-9 rows (experiments/prefetch_distance.py). Read once per call
 // (`GArgs::prefetch`); specdecode_quant_int8_prefetch overrides it (experiments).
+// Into L1 (T0) or, where L2 is true, L2 (T1): on a Zen 4 EPYC, into L1 a call of 2-9 rows still waited on memory, its
+// core's L1 miss buffers full; all rows into L2 took 1.03-1.13x the time at one row, which streams at the memory's
+// speed either way. So on AMD (GArgs::l2) passes of 2 rows and more prefetch into L2, elsewhere L1 (not tried on
+// Intel): the 1.5B's linears then took 0.70-0.85x the time at 2-9 rows, the 0.5B's 0.89-0.98x, 1.00x at one row
+// (experiments.int8_ab, results/int8_ab_l2_zen4.json, 2026-12-07).
+// The hint is a template argument: as a run-time choice (T1 in an if, T0 in its else) GCC 12 at -O3 dropped every
+// prefetch of a kernel, and in asm the prefetches slowed the loops they sat in.
+template <bool L2 = false>
 inline void prefetch_ahead(const uint8_t* blk, int64_t bytes, int64_t ahead) {
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + ahead + o), _MM_HINT_T0);
+    for (int64_t o = 0; o < bytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(blk + ahead + o), L2 ? _MM_HINT_T1 : _MM_HINT_T0);
 }
 // A K-quant's block (2-3 KiB) asks for its quants one line at a time, beside the load of the same line here: asked
 // all at once at the block's start, the 37-53 requests filled the core's miss buffers and the prefetch loop stalled
 // (14% of Q4_K's samples at 5 rows, which ran at 0.65x Q4_1's speed per weight).
+template <bool L2 = false>
 inline void prefetch_line(const uint8_t* p, int64_t ahead) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + ahead), L2 ? _MM_HINT_T1 : _MM_HINT_T0);
 }
 
 // One Q4_K super-block of a group against R rows: S and Mn of every lane.
-template <bool V, int R>
-inline void q4k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m512i (&S)[R], __m512i (&Mn)[R]) {
+template <bool V, int R, bool L2>
+inline void q4k_block(const uint8_t* blk, const RowsAt<R, L2>& at, bool fault, __m512i (&S)[R], __m512i (&Mn)[R]) {
     const __m512i m4 = _mm512_set1_epi8(0xf);
     for (int m = 0; m < R; ++m) S[m] = _mm512_setzero_si512(), Mn[m] = _mm512_setzero_si512();
     for (int i = 0; i < 4; ++i) {
@@ -417,7 +435,7 @@ inline void q4k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
 #pragma GCC unroll 8
         for (int k = 0; k < 8; ++k) {
             const __m512i v = load(blk + 320 + (i * 8 + k) * 64);
-            prefetch_line(blk + 320 + (i * 8 + k) * 64, at.ahead);
+            prefetch_line<L2>(blk + 320 + (i * 8 + k) * 64, at.ahead);
             const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             for (int m = 0; m < R; ++m) {
                 lo[m] = dp4<V>(lo[m], wl, quad(at.x[m] + 64 * i + 4 * k));
@@ -450,8 +468,8 @@ inline __m512i q6k_quads(const uint8_t* blk, int j, int k) {
 }
 
 // One Q6_K super-block of a group against R rows: S of every lane.
-template <bool V, int R>
-inline void q6k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m512i (&S)[R]) {
+template <bool V, int R, bool L2>
+inline void q6k_block(const uint8_t* blk, const RowsAt<R, L2>& at, bool fault, __m512i (&S)[R]) {
     for (int m = 0; m < R; ++m) S[m] = _mm512_setzero_si512();
     for (int j = 0; j < 16; j += 2) {  // two sub-blocks at a time: two chains per row
         __m512i S0[R], S1[R];
@@ -460,8 +478,8 @@ inline void q6k_block(const uint8_t* blk, const RowsAt<R>& at, bool fault, __m51
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) {
             const __m512i w0 = q6k_quads<0>(blk, j, k), w1 = q6k_quads<1>(blk, j, k);
-            prefetch_line(q6k_ql(blk, j / 2, k), at.ahead);
-            if (k % 2 == 0) prefetch_line(q6k_qh(blk, j / 2, k), at.ahead);
+            prefetch_line<L2>(q6k_ql(blk, j / 2, k), at.ahead);
+            if (k % 2 == 0) prefetch_line<L2>(q6k_qh(blk, j / 2, k), at.ahead);
             for (int m = 0; m < R; ++m) {
                 S0[m] = dp4<V>(S0[m], w0, quad(at.x[m] + 16 * j + 4 * k));
                 S1[m] = dp4<V>(S1[m], w1, quad(at.x[m] + 16 * j + 16 + 4 * k));
@@ -491,8 +509,8 @@ inline void quads4(const uint8_t* blk, int k, __m512i& wl, __m512i& wh) {
 }
 
 // One 32-weight block of a group against R rows: S of every lane. Two chains per row (positions 0-15, 16-31).
-template <int64_t T, bool V, int R>
-inline void block32(const uint8_t* blk, const RowsAt<R>& at, __m512i (&S)[R]) {
+template <int64_t T, bool V, int R, bool L2>
+inline void block32(const uint8_t* blk, const RowsAt<R, L2>& at, __m512i (&S)[R]) {
     __m512i hi[R];
     for (int m = 0; m < R; ++m) {
         const int32_t sum = at.s32[m][0];
@@ -547,8 +565,8 @@ inline void store_group(const GArgs& a, int64_t g, int64_t m0, int rows, const _
         _mm512_mask_storeu_ps(a.out + (m0 + m) * a.N + n0, keep, a.bias ? _mm512_add_ps(acc[m], bias) : acc[m]);
 }
 
-// Group g (16 outputs) x activation rows m0 .. m0 + R.
-template <int64_t T, bool V, int R>
+// Group g (16 outputs) x activation rows m0 .. m0 + R, prefetching into L2 where L2 (prefetch_ahead).
+template <int64_t T, bool V, int R, bool L2>
 void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
     const Acts& A = *a.acts;
     constexpr int64_t kW = block_weights(T), kBytes = group_bytes(T);
@@ -558,8 +576,8 @@ void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
     for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = a.w + (g * nb + b) * kBytes;
-        prefetch_ahead(blk, kQuantsAt, a.prefetch);  // a K-quant's quants: line by line as read (prefetch_line)
-        RowsAt<R> at;
+        prefetch_ahead<L2>(blk, kQuantsAt, a.prefetch);  // a K-quant's quants: line by line as read (prefetch_line)
+        RowsAt<R, L2> at;
         at.ahead = a.prefetch;
         for (int m = 0; m < R; ++m) {
             at.x[m] = A.q.data() + (m0 + m) * A.stride + kW * b;
@@ -581,18 +599,26 @@ template <int64_t T, bool V>
 void grouped_avx(const GArgs& a) {
     using Fn = void (*)(const GArgs&, int64_t, int64_t);
     static constexpr Fn by_rows[kMaxPass + 1] = {nullptr,
-                                                 grouped_rows<T, V, 1>,
-                                                 grouped_rows<T, V, 2>,
-                                                 grouped_rows<T, V, 3>,
-                                                 grouped_rows<T, V, 4>,
-                                                 grouped_rows<T, V, 5>,
-                                                 grouped_rows<T, V, 6>};
+                                                 grouped_rows<T, V, 1, false>,
+                                                 grouped_rows<T, V, 2, false>,
+                                                 grouped_rows<T, V, 3, false>,
+                                                 grouped_rows<T, V, 4, false>,
+                                                 grouped_rows<T, V, 5, false>,
+                                                 grouped_rows<T, V, 6, false>};
+    static constexpr Fn by_rows_l2[kMaxPass + 1] = {nullptr,  // GArgs::l2: passes of 2 rows and more into L2
+                                                    grouped_rows<T, V, 1, false>,
+                                                    grouped_rows<T, V, 2, true>,
+                                                    grouped_rows<T, V, 3, true>,
+                                                    grouped_rows<T, V, 4, true>,
+                                                    grouped_rows<T, V, 5, true>,
+                                                    grouped_rows<T, V, 6, true>};
+    const Fn* fns = a.l2 ? by_rows_l2 : by_rows;
     const int64_t passes = (a.M + kMaxPass - 1) / kMaxPass;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < a.G; ++g) {
         for (int64_t p = 0, m0 = 0; p < passes; ++p) {  // near-equal passes; the group's bytes stay in cache
             const int rows = int((a.M - m0 + (passes - p) - 1) / (passes - p));
-            by_rows[rows](a, g, m0);
+            fns[rows](a, g, m0);
             m0 += rows;
         }
     }
@@ -1100,7 +1126,7 @@ at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& grou
         const Quantizer how = path == kPortable ? kQuantPortable : path == kAvx2 ? kQuantAvx2 : kQuantAvx512;
         quantize(rows.data_ptr<float>(), M, pad_rows, in_features, kw, g_fault == kFaultShared, how, acts);
         const GArgs a{&acts, groups.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
-                      M, in_features, out_features, G, g_fault == kFaultScale, g_prefetch};
+                      M, in_features, out_features, G, g_fault == kFaultScale, g_prefetch, g_l2 != 0};
 #if QUANT_INT8_X86
         if (path == kAmx) grouped_amx(a, qtype);
         else if (path == kVnni) grouped_avx<true>(a, qtype);
@@ -1124,6 +1150,11 @@ void specdecode_quant_int8_fault(int mode) { g_fault = mode; }
 int64_t specdecode_quant_int8_prefetch(int64_t bytes) {
     if (bytes >= 0) g_prefetch = bytes / 64 * 64;
     return g_prefetch;
+}
+// Experiments: 0 or 1 sets whether calls of several rows prefetch into L2 (g_l2); returns the setting in use.
+int specdecode_quant_int8_l2(int on) {
+    if (on >= 0) g_l2 = on != 0;
+    return g_l2;
 }
 // The rows from which AUTO takes AMX: set it when `rows` >= 0 (0: never); returns the one in use.
 int64_t specdecode_quant_int8_amx_from(int64_t rows) {

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 // The AVX-512 and AVX2 paths need x86-64 and GCC's target pragma; elsewhere (or with -DSPECDECODE_PORTABLE_ONLY)
 // only the portable path is built.
@@ -73,6 +74,12 @@ constexpr int kPair = 2;      // weight rows per task: each activation load feed
 // neighbour, sub-block 5 of each K-quant super-block or every block b with b % 8 == 5 of a 32-weight type.
 constexpr int kFaultSub = 5;
 int g_fault = 0;
+// Whether the vector paths prefetch into L2, two tasks ahead (see prefetch): on AMD's CPUs.
+#if defined(__x86_64__) && defined(__GNUC__)
+int g_l2 = (__builtin_cpu_init(), __builtin_cpu_is("amd"));
+#else
+int g_l2 = 0;
+#endif
 
 struct Args {
     const float* x;         // [M, K]
@@ -81,6 +88,7 @@ struct Args {
     float* out;             // [M, N]
     int64_t M, K, N, row_bytes;
     bool fault;
+    bool l2;  // the CPU's prefetches pay into L2 (g_l2; see prefetch)
 };
 
 // Exact fp16 -> fp32 (normals, subnormals, infinities, NaN), read unaligned.
@@ -244,12 +252,30 @@ using RowsFn = void (*)(const Args&, int64_t, int64_t);  // (args, first weight 
 
 // Ask for the next task's bytes (the G weight rows after these, a thread's tasks being one contiguous stream) at
 // the offset this task has reached: without it the kernel waited on memory, streaming 5-11 GB/s from DRAM.
+// On AMD (a.l2), where the loop waits on memory (l2_rows), two tasks ahead and into L2 (_MM_HINT_T1): into L1 a
+// core's misses stayed few (its L1 miss buffers full), and the kernel's way through memory alone, 4 rows' blocks in
+// turn, read 19-20 GB/s where one stream reads 28; into L2 it read 32-34. Elsewhere one task ahead into L1, as
+// measured before.
+// Up to how many activation rows a type's loop waits on memory, so that L2 prefetches pay. On the 2-core Zen 4 EPYC
+// (2026-12-07), all rows prefetched into L2 took: Q4_K and Q6_K 0.78-0.97x the time at 1-4 rows, ~1.0x beyond; the
+// 0.5B's Q8_0 head 0.60x at one row and 0.76x at two, 1.07-1.28x at 3-9; Q4_1 and Q5_0, whose loops are held by their
+// instructions, 1.02-1.06x at 1-2 rows and up to 1.31x beyond. With this table (and Scratch's fix), against the
+// kernel before: Q4_K 0.80-0.94x at 1-9 rows, Q6_K 0.78-0.91x at 1-4, Q8_0 0.60x and 0.76x at 1 and 2, the others
+// 0.98-1.02x (experiments.quant_rows_ab, results/quant_rows_ab_l2_zen4.json).
 template <int64_t T>
+constexpr int64_t l2_rows() {
+    return T == kQ4_K || T == kQ6_K ? 4 : T == kQ8_0 ? 2 : 0;
+}
+
+// The hint is a template argument: chosen at run time (_mm_prefetch with T1 in an if, T0 in its else), GCC 12 at -O3
+// dropped every prefetch of the kernel, and prefetches in asm slowed the loops they sat in.
+template <int64_t T, bool L2>
 void prefetch(const Args& a, const uint8_t* const* w, int groups, int64_t b) {
     constexpr int kBytes = Layout<T>::kBytes;
+    const int64_t ahead = (L2 ? 2 : 1) * groups * a.row_bytes;
     for (int g = 0; g < groups; ++g) {
-        const char* p = reinterpret_cast<const char*>(w[g] + groups * a.row_bytes + b * kBytes);
-        for (int off = 0; off < kBytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);  // every line of a block
+        const char* p = reinterpret_cast<const char*>(w[g] + ahead + b * kBytes);
+        for (int off = 0; off < kBytes; off += 64) _mm_prefetch(p + off, L2 ? _MM_HINT_T1 : _MM_HINT_T0);
     }
 }
 
@@ -275,6 +301,17 @@ float half_f16c(const uint8_t* p) {
     std::memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
+
+// A Dec's memory outside itself (kScratch floats, 64-byte aligned, given by rows_avx): Q4_K's sub-block scales,
+// which table16's asm reads as memory operands. Were they a member, the asm made the whole Dec addressable, and GCC
+// stored its table and quant registers to the stack at every sub-block; with the task's accumulators addressable too
+// (the final reduction's loop), it stored those before every asm as well: 77 zmm stores a block of 4 weight rows at
+// one activation row, each taking 2 cycles on a Zen 4. Without them (8 stores) Q4_K took 0.92-0.96x the time at 1-9
+// rows, the same bits (2-core AMD EPYC, 2026-12-07).
+template <class D, class = void>
+struct Scratch { static constexpr int kFloats = 0; };
+template <class D>
+struct Scratch<D, std::void_t<decltype(D::kScratch)>> { static constexpr int kFloats = D::kScratch; };
 
 // Per type: kSubs sub-blocks of kChunks chunks each per block; block() reads the block's header, sub() a
 // sub-block's scale, chunk() the 16 weights (32 * j ... of sub-block j, chunk h) as fp32.
@@ -316,9 +353,9 @@ struct Dec<kQ4_0> : Nibbles32 {
 template <>
 struct Dec<kQ4_K> {
     static constexpr bool kAhead = false;
-    static constexpr int kSubs = 8, kChunks = 2;
+    static constexpr int kSubs = 8, kChunks = 2, kScratch = 16;
     const uint8_t* blk;
-    alignas(64) float scale[16];  // d * sc of sub-blocks 0..7, then -(dmin * mn) of the same
+    float* scale;  // [16], 64-byte aligned: d * sc of sub-blocks 0..7, then -(dmin * mn) of the same
     __m512 table;
     __m512i bytes[2];  // the 32 bytes whose low nibbles are sub-block 2i and high nibbles 2i + 1
     void block(const uint8_t* row, int64_t b, bool fault) {
@@ -436,7 +473,7 @@ float reduce(__m512 acc, const float* bias) {
 }
 
 // G weight rows from n0 (clamped to the last row: the duplicates compute the same value) x R activation rows.
-template <int64_t T, int G, int R>
+template <int64_t T, int G, int R, bool L2>
 void rows_avx(const Args& a, int64_t n0, int64_t m0) {
     constexpr int kW = Layout<T>::kWeights;
     int64_t n[G];
@@ -453,6 +490,11 @@ void rows_avx(const Args& a, int64_t n0, int64_t m0) {
     // 1.2x the time on a 2-core AMD EPYC). The other types keep their block's state in registers: one Dec each.
     constexpr int kBuffers = Dec<T>::kAhead ? 2 : 1;
     Dec<T> dec[kBuffers][G];
+    constexpr int kFloats = Scratch<Dec<T>>::kFloats;
+    alignas(64) float scratch[kBuffers][G][kFloats > 0 ? kFloats : 1];
+    if constexpr (kFloats > 0)
+        for (int i = 0; i < kBuffers; ++i)
+            for (int g = 0; g < G; ++g) dec[i][g].scale = scratch[i][g];
     const int64_t blocks = a.K / kW;
     if (kBuffers == 2)
         for (int g = 0; g < G; ++g) dec[0][g].block(w[g], 0, a.fault);
@@ -463,7 +505,7 @@ void rows_avx(const Args& a, int64_t n0, int64_t m0) {
             for (int g = 0; g < G; ++g) now[g].block(w[g], b, a.fault);
         else if (b + 1 < blocks)
             for (int g = 0; g < G; ++g) dec[(b + 1) % kBuffers][g].block(w[g], b + 1, a.fault);
-        prefetch<T>(a, w, G, b);
+        prefetch<T, L2>(a, w, G, b);
 #pragma GCC unroll 16
         for (int j = 0; j < Dec<T>::kSubs; ++j) {
             for (int g = 0; g < G; ++g) now[g].sub(j, R <= 4);
@@ -480,8 +522,15 @@ void rows_avx(const Args& a, int64_t n0, int64_t m0) {
             }
         }
     }
-    for (int g = 0; g < G; ++g)
-        for (int m = 0; m < R; ++m) a.out[(m0 + m) * a.N + n[g]] = reduce(acc[g][m], a.bias ? a.bias + n[g] : nullptr);
+    if constexpr (T == kQ4_K) {  // see Scratch: unrolled, acc is never addressed, so never stored
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+#pragma GCC unroll 12
+            for (int m = 0; m < R; ++m) a.out[(m0 + m) * a.N + n[g]] = reduce(acc[g][m], a.bias ? a.bias + n[g] : nullptr);
+    } else {
+        for (int g = 0; g < G; ++g)
+            for (int m = 0; m < R; ++m) a.out[(m0 + m) * a.N + n[g]] = reduce(acc[g][m], a.bias ? a.bias + n[g] : nullptr);
+    }
 }
 
 #pragma GCC pop_options
@@ -493,13 +542,16 @@ void rows_avx(const Args& a, int64_t n0, int64_t m0) {
 constexpr int group_for(int rows) { return rows <= 4 ? 4 : 2; }
 
 template <int64_t T, int... Rs>
-constexpr RowsFn kAvxRows[] = {nullptr, rows_avx<T, group_for(Rs), Rs>...};  // indexed by row count
+constexpr RowsFn kAvxRows[] = {nullptr, rows_avx<T, group_for(Rs), Rs, false>...};  // indexed by row count
+template <int64_t T, int... Rs>  // where the CPU's prefetches pay into L2 (Args::l2)
+constexpr RowsFn kAvxRowsL2[] = {nullptr, rows_avx<T, group_for(Rs), Rs, (Rs <= l2_rows<T>())>...};
 
 template <int64_t T>
 void run_avx512(const Args& a) {
     for (int64_t m0 = 0; m0 < a.M; m0 += kMaxRows) {
         const int rows = int(std::min<int64_t>(kMaxRows, a.M - m0));
-        const RowsFn fn = kAvxRows<T, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>[rows];
+        const RowsFn fn = a.l2 ? kAvxRowsL2<T, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>[rows]
+                               : kAvxRows<T, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>[rows];
         const int64_t group = group_for(rows), tasks = (a.N + group - 1) / group;
 #pragma omp parallel for schedule(static)
         for (int64_t t = 0; t < tasks; ++t) fn(a, t * group, m0);
@@ -704,7 +756,7 @@ void rows(const Args& a, int64_t n0, int64_t m0) {
             for (int g = 0; g < G; ++g) now[g].block(w[g], b, a.fault);
         else if (b + 1 < blocks)
             for (int g = 0; g < G; ++g) dec[(b + 1) % kBuffers][g].block(w[g], b + 1, a.fault);
-        prefetch<T>(a, w, G, b);
+        prefetch<T, false>(a, w, G, b);
 #pragma GCC unroll 16
         for (int j = 0; j < Dec<T>::kSubs; ++j) {
 #pragma GCC unroll 2
@@ -858,7 +910,7 @@ at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& blocks, int6
     const at::Tensor rows = x.reshape({-1, in_features}).contiguous();  // [M, K]
     at::Tensor out = at::empty({rows.size(0), n}, x.options());        // [M, N]
     const Args a{rows.data_ptr<float>(), blocks.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr,
-                 out.data_ptr<float>(), rows.size(0), in_features, n, blocks.size(1), g_fault != 0};
+                 out.data_ptr<float>(), rows.size(0), in_features, n, blocks.size(1), g_fault != 0, g_l2 != 0};
     if (a.M > 0 && n > 0) {
         switch (qtype) {
             case kQ4_0: run<kQ4_0>(a, path); break;
@@ -925,6 +977,11 @@ at::Tensor quant_rows_embedding(const at::Tensor& ids, const at::Tensor& blocks,
 extern "C" {
 // For the tests' negative control only: nonzero makes every later call misread one sub-block scale.
 void specdecode_quant_rows_fault(int on) { g_fault = on; }
+// Experiments: 0 or 1 sets whether the vector paths prefetch into L2 (g_l2); returns the setting in use.
+int specdecode_quant_rows_l2(int on) {
+    if (on >= 0) g_l2 = on != 0;
+    return g_l2;
+}
 }
 
 TORCH_LIBRARY_FRAGMENT(specdecode, m) {
