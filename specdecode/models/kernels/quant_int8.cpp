@@ -406,7 +406,7 @@ struct RowsAt {
 // (`GArgs::prefetch`); specdecode_quant_int8_prefetch overrides it (experiments).
 // Into L1 (T0) or, where L2 is true, L2 (T1): on a Zen 4 EPYC, into L1 a call of 2-9 rows still waited on memory, its
 // core's L1 miss buffers full; all rows into L2 took 1.03-1.13x the time at one row, which streams at the memory's
-// speed either way. So on AMD (GArgs::l2) passes of 2 rows and more prefetch into L2, elsewhere L1 (not tried on
+// speed either way (earlier runs of the A/B below, not kept). So on AMD (GArgs::l2) passes of 2 rows and more prefetch into L2, elsewhere L1 (not tried on
 // Intel): the 1.5B's linears then took 0.70-0.85x the time at 2-9 rows, the 0.5B's 0.89-0.98x, 1.00x at one row
 // (experiments.int8_ab, results/int8_ab_l2_zen4.json, 2026-12-07).
 // The hint is a template argument: as a run-time choice (T1 in an if, T0 in its else) GCC 12 at -O3 dropped every

@@ -74,7 +74,8 @@ constexpr int kPair = 2;      // weight rows per task: each activation load feed
 // neighbour, sub-block 5 of each K-quant super-block or every block b with b % 8 == 5 of a 32-weight type.
 constexpr int kFaultSub = 5;
 int g_fault = 0;
-// Whether the vector paths prefetch into L2, two tasks ahead (see prefetch): on AMD's CPUs.
+// Whether the AVX-512 path's few-row calls prefetch into L2, two tasks ahead (see prefetch): on AMD's CPUs. The AVX2
+// path keeps L1 (not measured on the CPUs that run it).
 #if defined(__x86_64__) && defined(__GNUC__)
 int g_l2 = (__builtin_cpu_init(), __builtin_cpu_is("amd"));
 #else
@@ -257,7 +258,7 @@ using RowsFn = void (*)(const Args&, int64_t, int64_t);  // (args, first weight 
 // turn, read 19-20 GB/s where one stream reads 28; into L2 it read 32-34. Elsewhere one task ahead into L1, as
 // measured before.
 // Up to how many activation rows a type's loop waits on memory, so that L2 prefetches pay. On the 2-core Zen 4 EPYC
-// (2026-12-07), all rows prefetched into L2 took: Q4_K and Q6_K 0.78-0.97x the time at 1-4 rows, ~1.0x beyond; the
+// (2026-12-07, an earlier run of the A/B below, every row count prefetched into L2, not kept) that took: Q4_K and Q6_K 0.78-0.97x the time at 1-4 rows, ~1.0x beyond; the
 // 0.5B's Q8_0 head 0.60x at one row and 0.76x at two, 1.07-1.28x at 3-9; Q4_1 and Q5_0, whose loops are held by their
 // instructions, 1.02-1.06x at 1-2 rows and up to 1.31x beyond. With this table (and Scratch's fix), against the
 // kernel before: Q4_K 0.80-0.94x at 1-9 rows, Q6_K 0.78-0.91x at 1-4, Q8_0 0.60x and 0.76x at 1 and 2, the others
@@ -307,7 +308,7 @@ float half_f16c(const uint8_t* p) {
 // stored its table and quant registers to the stack at every sub-block; with the task's accumulators addressable too
 // (the final reduction's loop), it stored those before every asm as well: 77 zmm stores a block of 4 weight rows at
 // one activation row, each taking 2 cycles on a Zen 4. Without them (8 stores) Q4_K took 0.92-0.96x the time at 1-9
-// rows, the same bits (2-core AMD EPYC, 2026-12-07).
+// rows, the same bits (2-core AMD EPYC, 2026-12-07, a scratch A/B of this change alone, not kept).
 template <class D, class = void>
 struct Scratch { static constexpr int kFloats = 0; };
 template <class D>
