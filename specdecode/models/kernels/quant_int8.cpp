@@ -70,24 +70,22 @@ constexpr int kChunk = 64;  // an activation row's quants are padded to a multip
 constexpr int kFaultScale = 1, kFaultShared = 2, kFaultSub = 5;
 int g_fault = 0;
 
-// The vector paths' prefetch distance in bytes (see prefetch_ahead), by the CPU's vendor.
-int64_t default_prefetch() {
+// The CPU's vendor, which sets how the vector paths prefetch (see prefetch_ahead).
+enum Vendor { kOtherVendor, kIntel, kAmd };
+Vendor cpu_vendor() {
 #if QUANT_INT8_X86
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     __get_cpuid(0, &eax, &ebx, &ecx, &edx);
-    const bool intel = ebx == 0x756e6547u && edx == 0x49656e69u && ecx == 0x6c65746eu;  // "GenuineIntel"
-    return intel ? 2048 : 8192;
-#else
-    return 0;
+    if (ebx == 0x756e6547u && edx == 0x49656e69u && ecx == 0x6c65746eu) return kIntel;  // "GenuineIntel"
+    if (ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u) return kAmd;    // "AuthenticAMD"
 #endif
+    return kOtherVendor;
 }
-int64_t g_prefetch = default_prefetch();
-// Whether a call of several rows prefetches into L2 (see prefetch_ahead): on AMD's CPUs.
-#if QUANT_INT8_X86
-int g_l2 = (__builtin_cpu_init(), __builtin_cpu_is("amd"));
-#else
-int g_l2 = 0;
-#endif
+const Vendor g_vendor = cpu_vendor();
+// The vector paths' prefetch distance in bytes.
+int64_t g_prefetch = QUANT_INT8_X86 ? (g_vendor == kIntel ? 2048 : 8192) : 0;
+// Whether a call of several rows prefetches into L2: on AMD's CPUs.
+const bool g_l2 = g_vendor == kAmd;
 
 // Exact fp16 -> fp32 (normals, subnormals, infinities, NaN), read unaligned.
 float half_to_float(const uint8_t* p) {
@@ -595,24 +593,15 @@ void grouped_rows(const GArgs& a, int64_t g, int64_t m0) {
     store_group(a, g, m0, R, acc);
 }
 
+using Fn = void (*)(const GArgs&, int64_t, int64_t);
+// grouped_rows by a pass's rows (index 0 unused); where L2 (GArgs::l2), passes of 2 rows and more prefetch into L2.
+template <int64_t T, bool V, bool L2, int... Rs>
+constexpr Fn kByRows[] = {nullptr, grouped_rows<T, V, Rs, L2 && Rs >= 2>...};
+
 template <int64_t T, bool V>
 void grouped_avx(const GArgs& a) {
-    using Fn = void (*)(const GArgs&, int64_t, int64_t);
-    static constexpr Fn by_rows[kMaxPass + 1] = {nullptr,
-                                                 grouped_rows<T, V, 1, false>,
-                                                 grouped_rows<T, V, 2, false>,
-                                                 grouped_rows<T, V, 3, false>,
-                                                 grouped_rows<T, V, 4, false>,
-                                                 grouped_rows<T, V, 5, false>,
-                                                 grouped_rows<T, V, 6, false>};
-    static constexpr Fn by_rows_l2[kMaxPass + 1] = {nullptr,  // GArgs::l2: passes of 2 rows and more into L2
-                                                    grouped_rows<T, V, 1, false>,
-                                                    grouped_rows<T, V, 2, true>,
-                                                    grouped_rows<T, V, 3, true>,
-                                                    grouped_rows<T, V, 4, true>,
-                                                    grouped_rows<T, V, 5, true>,
-                                                    grouped_rows<T, V, 6, true>};
-    const Fn* fns = a.l2 ? by_rows_l2 : by_rows;
+    static_assert(sizeof(kByRows<T, V, false, 1, 2, 3, 4, 5, 6>) == (kMaxPass + 1) * sizeof(Fn), "a pass's rows");
+    const Fn* fns = a.l2 ? kByRows<T, V, true, 1, 2, 3, 4, 5, 6> : kByRows<T, V, false, 1, 2, 3, 4, 5, 6>;
     const int64_t passes = (a.M + kMaxPass - 1) / kMaxPass;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < a.G; ++g) {
@@ -1126,7 +1115,7 @@ at::Tensor quant_int8_grouped_linear(const at::Tensor& x, const at::Tensor& grou
         const Quantizer how = path == kPortable ? kQuantPortable : path == kAvx2 ? kQuantAvx2 : kQuantAvx512;
         quantize(rows.data_ptr<float>(), M, pad_rows, in_features, kw, g_fault == kFaultShared, how, acts);
         const GArgs a{&acts, groups.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
-                      M, in_features, out_features, G, g_fault == kFaultScale, g_prefetch, g_l2 != 0};
+                      M, in_features, out_features, G, g_fault == kFaultScale, g_prefetch, g_l2};
 #if QUANT_INT8_X86
         if (path == kAmx) grouped_amx(a, qtype);
         else if (path == kVnni) grouped_avx<true>(a, qtype);
@@ -1150,11 +1139,6 @@ void specdecode_quant_int8_fault(int mode) { g_fault = mode; }
 int64_t specdecode_quant_int8_prefetch(int64_t bytes) {
     if (bytes >= 0) g_prefetch = bytes / 64 * 64;
     return g_prefetch;
-}
-// Experiments: 0 or 1 sets whether calls of several rows prefetch into L2 (g_l2); returns the setting in use.
-int specdecode_quant_int8_l2(int on) {
-    if (on >= 0) g_l2 = on != 0;
-    return g_l2;
 }
 // The rows from which AUTO takes AMX: set it when `rows` >= 0 (0: never); returns the one in use.
 int64_t specdecode_quant_int8_amx_from(int64_t rows) {

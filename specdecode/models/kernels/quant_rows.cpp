@@ -77,9 +77,9 @@ int g_fault = 0;
 // Whether the AVX-512 path's few-row calls prefetch into L2, two tasks ahead (see prefetch): on AMD's CPUs. The AVX2
 // path keeps L1 (not measured on the CPUs that run it).
 #if defined(__x86_64__) && defined(__GNUC__)
-int g_l2 = (__builtin_cpu_init(), __builtin_cpu_is("amd"));
+const bool g_l2 = (__builtin_cpu_init(), __builtin_cpu_is("amd"));
 #else
-int g_l2 = 0;
+const bool g_l2 = false;
 #endif
 
 struct Args {
@@ -523,7 +523,9 @@ void rows_avx(const Args& a, int64_t n0, int64_t m0) {
             }
         }
     }
-    if constexpr (T == kQ4_K) {  // see Scratch: unrolled, acc is never addressed, so never stored
+    // Q4_K's unrolled, so that acc is never addressed and never stored (see Scratch); unrolled, Q6_K ran 1.07-1.10x
+    // slower at one row (a scratch A/B, not kept); no other type's asm makes acc addressable.
+    if constexpr (T == kQ4_K) {
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g)
 #pragma GCC unroll 12
@@ -911,7 +913,7 @@ at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& blocks, int6
     const at::Tensor rows = x.reshape({-1, in_features}).contiguous();  // [M, K]
     at::Tensor out = at::empty({rows.size(0), n}, x.options());        // [M, N]
     const Args a{rows.data_ptr<float>(), blocks.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr,
-                 out.data_ptr<float>(), rows.size(0), in_features, n, blocks.size(1), g_fault != 0, g_l2 != 0};
+                 out.data_ptr<float>(), rows.size(0), in_features, n, blocks.size(1), g_fault != 0, g_l2};
     if (a.M > 0 && n > 0) {
         switch (qtype) {
             case kQ4_0: run<kQ4_0>(a, path); break;
@@ -978,11 +980,6 @@ at::Tensor quant_rows_embedding(const at::Tensor& ids, const at::Tensor& blocks,
 extern "C" {
 // For the tests' negative control only: nonzero makes every later call misread one sub-block scale.
 void specdecode_quant_rows_fault(int on) { g_fault = on; }
-// Experiments: 0 or 1 sets whether the vector paths prefetch into L2 (g_l2); returns the setting in use.
-int specdecode_quant_rows_l2(int on) {
-    if (on >= 0) g_l2 = on != 0;
-    return g_l2;
-}
 }
 
 TORCH_LIBRARY_FRAGMENT(specdecode, m) {
