@@ -3,8 +3,11 @@
     python -m experiments.step_ab --baseline REV [--turns 2] [--out results/step_ab.json] -- COST-ARGS...
 
 The baseline's tree is checked out into a temporary git worktree; `specdecode bench cost COST-ARGS` then runs under
-each tree in turn (the baseline first, then this tree, `--turns` times), each in a process of its own that imports
-its tree's package, so that its kernels are built from that tree's sources. The figure per cell (batch x tokens @
+each tree in turn, `--turns` times, each in a process of its own that imports its tree's package, so that its kernels
+are built from that tree's sources. Which tree goes first alternates from turn to turn, so that a drift of the
+machine's speed over a run favours neither: with the baseline always first, the huge-pages change read 0.78x at one
+fast token (three turns), and alternating turns read 0.91x (results/step_ab_huge_pages_zen4.json); an A/A run of
+the fixed order (2026-12-07) scattered 0.96-1.13x. The figure per cell (batch x tokens @
 context, compiled and eager): the median over turns of each tree's ms and of their paired ratio (this tree /
 baseline). The kernel A/B experiments (quant_rows_ab, int8_ab) time one linear; this times the whole step.
 """
@@ -50,10 +53,8 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.baseline], check=True)
         try:
             for turn in range(args.turns):
-                ms = {
-                    name: cost_ms(tree, cost_args, Path(tmp) / f"{name}.json")
-                    for name, tree in (("baseline", base), ("this tree", here))
-                }
+                order = (("baseline", base), ("this tree", here))[:: 1 if turn % 2 == 0 else -1]
+                ms = {name: cost_ms(tree, cost_args, Path(tmp) / f"{name}.json") for name, tree in order}
                 turns.append(ms)
                 print(f"turn {turn + 1}: " + json.dumps(ms), flush=True)
         finally:
