@@ -8,9 +8,20 @@ from __future__ import annotations
 
 import torch
 
+from specdecode.huge_pages import MIN_BYTES, huge_empty
+
 
 class CacheFullError(RuntimeError):
     """No free slot, or a sequence would grow past the cache's length."""
+
+
+def zeros(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed cache tensor; on the CPU a large one is on huge pages (specdecode/huge_pages.py), every page touched
+    now as torch.zeros would, so resident memory does not grow later as slots fill."""
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or nbytes < MIN_BYTES:
+        return torch.zeros(shape, device=device, dtype=dtype)
+    return huge_empty(shape, dtype).zero_()
 
 
 class KVCache:
@@ -29,8 +40,8 @@ class KVCache:
     ) -> None:
         # One scratch column past max_len: the padding of a ragged step is written there (index -1), never read.
         shape = (num_layers, num_slots, num_kv_heads, max_len + 1, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # [layers, slots, kv_heads, len, head_dim]
-        self.v = torch.zeros(shape, device=device, dtype=dtype)  # [layers, slots, kv_heads, len, head_dim]
+        self.k = zeros(shape, device, dtype)  # [layers, slots, kv_heads, len, head_dim]
+        self.v = zeros(shape, device, dtype)  # [layers, slots, kv_heads, len, head_dim]
         self.max_len = max_len
         self.lengths = [0] * num_slots  # tokens with valid K/V per slot; the one owner is the engine's commit
         self._free = list(range(num_slots - 1, -1, -1))

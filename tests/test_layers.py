@@ -21,7 +21,7 @@ PACKAGE = Path(specdecode.__file__).resolve().parent
 # Lowest first. A module's layer is its first dotted component under specdecode (a package or a top module).
 LAYERS: list[set[str]] = [
     {"config", "arms", "atomic_dir", "hardware", "prompts", "detokenize", "kv", "grammar", "verify", "models",
-     "assets", "free_memory"},
+     "assets", "free_memory", "huge_pages"},
     {"heads"},
     {"step"},
     {"drafters", "control"},

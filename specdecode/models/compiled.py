@@ -36,6 +36,7 @@ import torch.fx.experimental._config
 from tqdm import tqdm
 
 from specdecode.free_memory import release_free_memory
+from specdecode.huge_pages import move_to_huge_pages
 from specdecode.models import few_rows
 from specdecode.models.aot_package import INDUCTOR_SETTINGS, Body, Head, load_or_compile
 from specdecode.models.cuda_graphs import GraphedBody
@@ -181,7 +182,9 @@ def load_target(
             gguf, device, enforce_eager, progress, ahead_of_time, role, arithmetic, weights, kv_cache_dtype
         )
     if enforce_eager:
-        return set_kv_dtype(load_llama(model_dir, device, dtype), kv_cache_dtype, "exact")
+        model = load_llama(model_dir, device, dtype)
+        move_to_huge_pages(model)
+        return set_kv_dtype(model, kv_cache_dtype, "exact")
     model = load_llama(model_dir, device, dtype, inference=False)  # inductor packs the weights itself
     set_kv_dtype(model, kv_cache_dtype, "exact")
     kernel = few_rows.available(torch.device(device), dtype)  # or the few-rows GEMM its own (models/few_rows.py)
@@ -211,7 +214,8 @@ def _load_quantized(
     groups = functools.partial(cached_groups, gguf=gguf, weights=weights)  # the fast arithmetic's, from the cache
     model = apply_arithmetic(load_gguf_quantized(gguf, device, weights, progress), arithmetic, groups)
     set_kv_dtype(model, kv_cache_dtype, arithmetic)
-    release_free_memory()  # the load's numpy temporaries, freed but kept in the heap
+    move_to_huge_pages(model)  # before the compiled step takes the tensors' addresses
+    release_free_memory()  # the load's numpy temporaries (and the tensors just moved), freed but kept in the heap
     if enforce_eager:
         return model
     if few_rows.available(torch.device(device), torch.float32):

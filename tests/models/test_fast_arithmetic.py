@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from specdecode import LLM, SamplingParams
+from specdecode.huge_pages import MIN_BYTES
 from specdecode.models import kv_dtype, quant_int8
 from specdecode.step.runner import prefill
+from tests.test_huge_pages import advised
 
 TARGET = "smollm2-135m-instruct"
 CHATS = [
@@ -37,6 +39,15 @@ def test_the_setting_reaches_the_compiled_step(fast_plain):
     assert _int8_linears(llm.target) > 0
     # and its KV cache is bf16 (models/kv_dtype.py) where the bf16 attention kernel serves
     assert llm.engine.cache.k.dtype == (torch.bfloat16 if kv_dtype.bf16_serves(llm.target) else torch.float32)
+
+
+def test_the_compiled_steps_weights_and_cache_are_on_advised_pages(fast_plain):
+    """The quantized loader moves the weights to huge pages before the compiled step takes their addresses, and the
+    engine's KV cache is allocated there (specdecode/huge_pages.py; tests/test_huge_pages.py checks the mover)."""
+    llm, _ = fast_plain
+    large = [t for t in [*llm.target.parameters(), *llm.target.buffers()] if t.numel() * t.element_size() >= MIN_BYTES]
+    assert len(large) >= 10 and all(advised(t) for t in large)
+    assert advised(llm.engine.cache.k) and advised(llm.engine.cache.v)
 
 
 @pytest.mark.parametrize("method,k", [("ngram", 4), ("suffix", 6), ("draft", 2)])
