@@ -167,6 +167,12 @@ def method_arms(text: str) -> list[MethodArm]:
 def add_specbench_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--per-category", type=int, default=3, help="prompts per category (0 = all)")
     g.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="turns of the arms per prompt, their order reversed every other turn (every run counts)",
+    )
+    g.add_argument(
         "--categories",
         type=lambda s: [c for c in s.split(",") if c],
         default=None,

@@ -122,15 +122,20 @@ def select_prompts(prompts: list[Prompt], per_category: int, categories: list[st
     return picked
 
 
-def run_arms(arms: list[Arm], texts: list[tuple[str, str]], max_tokens: int, warmup: int) -> dict[str, ArmResult]:
-    """texts: (category, prompt text). Arms interleaved per prompt."""
+def run_arms(
+    arms: list[Arm], texts: list[tuple[str, str]], max_tokens: int, warmup: int, rounds: int = 1
+) -> dict[str, ArmResult]:
+    """texts: (category, prompt text). Arms interleaved per prompt; with `rounds` > 1 every arm runs each prompt that
+    many times in a row of turns, the arms' order reversed every other turn, so that a drift of the machine's speed
+    favours no arm (every run is a sample: a category's figures are its runs' sums)."""
     for arm in arms:
         for _, text in texts[:warmup]:
             arm.run(text, min(max_tokens, 16))
     results = {arm.name: ArmResult() for arm in arms}
     for category, text in tqdm(texts, desc="bench", unit="prompt"):
-        for arm in arms:
-            results[arm.name].samples[category].append(arm.run(text, max_tokens))
+        for turn in range(rounds):
+            for arm in arms[:: 1 if turn % 2 == 0 else -1]:
+                results[arm.name].samples[category].append(arm.run(text, max_tokens))
     return results
 
 
@@ -283,7 +288,7 @@ def run_from_args(a: argparse.Namespace) -> None:
         (p.category, chat_tok.apply_chat_template([{"role": "user", "content": p.text}]) if a.chat else p.text)
         for p in prompts
     ]
-    results = run_arms(arms, texts, a.max_tokens, a.warmup)
+    results = run_arms(arms, texts, a.max_tokens, a.warmup, a.rounds)
     console = Console(file=sys.stdout)
     notes = arm_notes(arms)
     md = render(results, console, notes)
