@@ -3,15 +3,15 @@
 A decode step streams every weight once, and on 4 KiB pages the stream misses the TLB every 4 KiB and the hardware
 prefetchers stop at every page boundary. Linux gives anonymous memory transparent huge pages only where asked
 (`/sys/kernel/mm/transparent_hugepage/enabled` is often `madvise`). numpy asks for its large arrays, but from
-unaligned starts, and torch never asks: of the pair's tensors of 1 MiB or more, a third of the 1.5B's bytes and a
-fifth of the 0.5B's lay in mappings with any huge page. Its linears called in model order at one row then read
-30.6 GB/s (the 0.5B) and 36.9 GB/s (the 1.5B), where one long stream through the same kernel reads 49-57 GB/s.
+unaligned starts, and torch never asks: 7-52% of the bytes of the pair's tensors of 1 MiB or more lay in mappings
+with any huge page, depending on the load (experiments/huge_pages.py).
 
 So a model's large tensors are copied into one anonymous mapping whose start is aligned to 2 MiB, asked for huge
 pages (`madvise(MADV_HUGEPAGE)`); at most its last huge page holds bytes no tensor uses. The KV cache is allocated
 the same way. Where the kernel has no transparent huge pages (or the OS is not Linux), the mapping is ordinary memory
 and only the copy is spent. Only the bytes' placement changes: shapes, dtypes, values and sharing (a weight tied to
-another stays one tensor) are kept, so every output is bitwise the same.
+another stays one tensor) are kept, so every output is bitwise the same. What it gains is small: a few percent of the
+1.5B's step on a Zen 4 EPYC (docs/models.md).
 """
 
 from __future__ import annotations
