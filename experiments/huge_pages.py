@@ -24,7 +24,7 @@ from unittest import mock
 import torch
 
 from specdecode.bench.draft_tradeoff import decode_step_ms
-from specdecode.bench.lib import provenance, write_result
+from specdecode.bench.lib import provenance, turn_order, write_result
 from specdecode.huge_pages import MIN_BYTES
 from specdecode.models import compiled
 from specdecode.models.loader import BUILTIN_MODELS
@@ -84,7 +84,7 @@ def run(a: argparse.Namespace) -> dict:
             linears_ms(model, 2)  # warm: the kernel's first calls
         times = {(label, kind): [] for label in copies for kind in ("linears", "step")}
         for turn in range(a.rounds):
-            for label, model in list(copies.items())[:: 1 if turn % 2 == 0 else -1]:
+            for label, model in turn_order(list(copies.items()), turn):
                 times[label, "linears"].append(linears_ms(model, a.passes))
                 times[label, "step"].append(decode_step_ms(model))
         rows[name] = {label: placement(model) for label, model in copies.items()}

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdecode.bench.lib import provenance, write_result
+from specdecode.bench.lib import provenance, turn_order, write_result
 
 RUN = "import sys; from specdecode.cli import main; sys.argv = ['specdecode', *sys.argv[1:]]; sys.exit(main())"
 
@@ -53,7 +53,7 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.baseline], check=True)
         try:
             for turn in range(args.turns):
-                order = (("baseline", base), ("this tree", here))[:: 1 if turn % 2 == 0 else -1]
+                order = turn_order([("baseline", base), ("this tree", here)], turn)
                 ms = {name: cost_ms(tree, cost_args, Path(tmp) / f"{name}.json") for name, tree in order}
                 turns.append(ms)
                 print(f"turn {turn + 1}: " + json.dumps(ms), flush=True)

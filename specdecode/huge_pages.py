@@ -32,7 +32,7 @@ MIN_BYTES = 1 << 20  # tensors smaller than this stay where they are: a page bou
 def huge_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor whose bytes start on a 2 MiB boundary of their own anonymous mapping, asked to be
     backed by huge pages (a no-op where the kernel cannot)."""
-    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # nothing to place, or no anonymous mappings (Windows)
         return torch.empty(shape, dtype=dtype)
     region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -52,14 +52,11 @@ def _large_tensors(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, boo
             for name, t in table.items():
                 if t is None or t.device.type != "cpu" or t.layout != torch.strided or t.is_mkldnn:
                     continue  # not a plain CPU tensor (a oneDNN-packed weight has no storage to move)
-                if t.untyped_storage().nbytes() < MIN_BYTES:
-                    continue
-                whole = t.storage_offset() == 0 and t.is_contiguous()
-                whole = whole and t.numel() * t.element_size() == t.untyped_storage().nbytes()
-                found.setdefault(t.untyped_storage().data_ptr() if whole else -id(t), []).append(
-                    (module, name, is_param)
-                )
-    return {k: v for k, v in found.items() if k > 0}
+                nbytes = t.untyped_storage().nbytes()
+                whole = t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == nbytes
+                if nbytes >= MIN_BYTES and whole:
+                    found.setdefault(t.untyped_storage().data_ptr(), []).append((module, name, is_param))
+    return found
 
 
 def _tensor(users: list[tuple[nn.Module, str, bool]]) -> torch.Tensor:

@@ -18,7 +18,7 @@ class CacheFullError(RuntimeError):
 def zeros(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
     """A zeroed cache tensor; on the CPU a large one is on huge pages (specdecode/huge_pages.py), every page touched
     now as torch.zeros would, so resident memory does not grow later as slots fill."""
-    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     if torch.device(device).type != "cpu" or nbytes < MIN_BYTES:
         return torch.zeros(shape, device=device, dtype=dtype)
     return huge_empty(shape, dtype).zero_()

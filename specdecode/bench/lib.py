@@ -100,6 +100,12 @@ def provenance(module: str | None = None, model: nn.Module | None = None) -> dic
     }
 
 
+def turn_order(items: list, turn: int) -> list:
+    """`items` in the order a timed turn runs them: as given on even turns, reversed on odd ones, so that a drift of
+    the machine's speed over a run favours none of them."""
+    return items if turn % 2 == 0 else items[::-1]
+
+
 def write_result(path: str | Path, payload: dict, indent: int = 2) -> Path:
     """Write a results file (its folder made if missing) and return its path."""
     out = Path(path)

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from specdecode.bench.code_prompts import load_prompts
 from specdecode.bench.draft_tradeoff import plot_tradeoff, render_tradeoff, step_costs
-from specdecode.bench.lib import Arm, Sample, draft_name, provenance, write_result
+from specdecode.bench.lib import Arm, Sample, draft_name, provenance, turn_order, write_result
 from specdecode.config import ConfigError, SamplingParams, SpeculativeConfig
 from specdecode.prompts import Prompt
 
@@ -134,7 +134,7 @@ def run_arms(
     results = {arm.name: ArmResult() for arm in arms}
     for category, text in tqdm(texts, desc="bench", unit="prompt"):
         for turn in range(rounds):
-            for arm in arms[:: 1 if turn % 2 == 0 else -1]:
+            for arm in turn_order(arms, turn):
                 results[arm.name].samples[category].append(arm.run(text, max_tokens))
     return results
 
