@@ -375,13 +375,16 @@ class GoodputController(ControllerBase):
                 self.gate_key, self.gate_open, self.gate_steps = key, bool(pays), 0
                 return ks
             return self._ask(seqs, ks, room)  # a draft model priced cheap: the rows it skips are held as elsewhere
-        k = self._with_hysteresis(gain, k_max) or self._explore(seqs, p, caps, context)
+        chosen = self._with_hysteresis(gain, k_max)
+        k = chosen or self._explore(seqs, p, caps, context)
         # Rows keep their leading drafts that are still worth trying (reach is non-increasing in j).
         ks = np.minimum((reach >= self.row_floor).sum(1), np.minimum(caps, k))  # [B]
         # A row the draft model has not read yet drafts only if what it saves pays for that reading; else it
         # neither drafts nor is probed (a probe would pay the reading too).
         unread = [i for i, s in enumerate(seqs) if not self._worth_catching_up(s, max(k, 1), p[i], len(seqs), context)]
         ks[unread] = 0
+        if chosen and not self._asked_pays(reach, ks, context):
+            ks[:] = 0
         if ks.any() and self._plain_probe_due(gain, k):
             return self._plain_probe(seqs)
         caps[[i for i in unread if not self._probe_affords_reading(seqs[i], len(seqs), context)]] = 0
@@ -553,6 +556,26 @@ class GoodputController(ControllerBase):
         seconds += self.cost.predict_draft_many(num_seqs, ks, context)
         tokens = num_seqs + np.cumsum(reach, axis=1) * (np.arange(1, k_max + 1)[None] <= caps[:, None])  # [B, k_max]
         return bool((tokens / seconds[None]).max() > plain * (1.0 + self.widen_margin))
+
+    def _asked_pays(self, reach: np.ndarray, ks: np.ndarray, context: float) -> bool:
+        """Whether the drafts asked, ks [B] a row, beat a plain step by `margin` as asked: reach [B, k_max]. The
+        curve priced the batch K with every row drafting, but rows are then cut (drafts unlikely to be accepted, a
+        prompt not worth reading), and a draft model's forward costs about as much for one row as for all
+        (it reads its weights either way: the 0.5B's ~8 ms a position against ~1.5 more a row). So where only
+        some rows are left, the few drafts must pay for that forward alone. Priced by the batch's share, on the
+        pair at C = 4 (dev chat prompts, 64 tokens) one row of two drafting one token a step took ~50 ms where a
+        plain step took ~38 and it was accepted ~60% of the time, and the catch-ups its drafts began cost more; a
+        batch of one is the curve's own row, and every row asked is the curve's assumption: neither is priced
+        again."""
+        asked = ks > 0  # [B]
+        if len(ks) < 2 or not asked.any() or asked.all():
+            return True
+        plain = len(ks) / self.cost.predict(len(ks), 0, context)  # tokens per second at K = 0
+        widest = int(ks.max())
+        seconds = self.cost.predict_rows(ks, context) + self.cost.predict_draft(int(asked.sum()), widest, context)
+        cum = np.cumsum(reach[:, :widest], axis=1)  # [B, widest] expected accepted drafts by width
+        tokens = len(ks) + float(cum[asked, ks[asked] - 1].sum())
+        return tokens / seconds > plain * (1.0 + self.margin)
 
     def _explore(self, seqs: list[Sequence], p: np.ndarray, caps: np.ndarray, context: float) -> int:
         """1 where one draft a row would pay if the first-draft acceptance of each row with thin evidence (some

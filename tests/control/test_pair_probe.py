@@ -383,3 +383,40 @@ def test_a_pair_priced_on_a_busy_machine_learns_its_drafts_real_price(monkeypatc
     with monkeypatch.context() as m:
         m.setattr(GoodputController, "_probe_affords_reading", lambda self, seq, num_seqs, context: False)
         assert speculating_share_after_a_busy_probe() <= 0.05
+
+
+class RowBacklogs:
+    """A drafter with each row's own tokens left to read (by request id)."""
+
+    def __init__(self, backlogs: dict[str, int]) -> None:
+        self.backlogs = backlogs
+
+    def unread(self, seq: Sequence) -> int:
+        return self.backlogs[seq.request_id]
+
+
+def ks_of_a_pair(second_read: bool, checked: bool = True) -> list[int]:
+    """K asked of two rows of 100 tokens with 128 to write, seeded at 0.85 acceptance and a draft whose forward
+    costs 12 ms a position for one row and 13.5 for two (it reads its weights either way): the first row's draft
+    has read it, the second's has 3,000 tokens left to read (second_read: none). checked: the asked drafts are
+    priced again once rows are cut (`_asked_pays`; False: the control, as before it)."""
+    ctrl = costly_controller()
+    ctrl.seed_pair(0.85, 12e-3, 2e-3, steps=((1, 0, 12e-3), (2, 0, 13.5e-3)))
+    ctrl.bind_drafter(RowBacklogs({"a": 0, "b": 0 if second_read else 3000}))
+    if not checked:
+        ctrl._asked_pays = lambda *args: True
+    seqs = [Sequence(rid, list(range(100)), SamplingParams(max_tokens=128), max_len=200_000) for rid in "ab"]
+    return ctrl.choose(seqs, K_MAX)
+
+
+def test_drafts_left_to_one_row_of_a_batch_must_pay_for_the_draft_forward_alone():
+    """Both rows drafting pay (~80 tokens/s at K = 1 against ~72 plain, at 0.85 a draft), so the batch curve asks
+    for drafts; the second row's reading does not pay and it is cut, and the first row's drafts alone (~64
+    tokens/s at K = 1, its draft forward costing nearly what two rows' did) lose to a plain step: nothing is
+    drafted. Controls: both rows read, both draft; the same cut batch without the second pricing has the first
+    row draft alone."""
+    assert ks_of_a_pair(second_read=False) == [0, 0]
+    both = ks_of_a_pair(second_read=True)
+    assert min(both) >= 1
+    unchecked = ks_of_a_pair(second_read=False, checked=False)
+    assert unchecked[0] >= 1 and unchecked[1] == 0

@@ -1,0 +1,140 @@
+"""`goodput` with and without pricing the drafts it asks once rows are cut (`GoodputController._asked_pays`).
+
+    python -m experiments.goodput_asked_pays [--concurrency 4] [--rounds 12] [--prompts data/dev_chat_prompts.jsonl] \\
+        [--output results/goodput_asked_pays_c4_dev.json]
+
+The load sweep's closed loop (bench/sweep.py: 2C requests a round, the first C staggered, 64 new tokens, the pair's
+0.5B draft at K_max 4 stopping below 0.7 with prompt lookup from 3 tokens, fast arithmetic) for three arms on the
+same requests each round, their order rotating: K = 0, `goodput` as it was (`before`: the drafts asked are not
+priced again) and `goodput` as it is (`after`). Dev prompts only: it is for working out the controller. Every step
+is logged (rows, drafts proposed and accepted, seconds, drafting seconds), and per arm it reports whole-round
+tokens/s (the same work for every arm: docs/benchmarks.md says why not the steady window), the ratios to K = 0 and
+between the two goodputs (pooled and the median of the rounds' paired ratios), and the steps in which some rows of
+a batch of two or more drafted and others did not: how many, and what they cost over a plain step of as many rows
+against what their accepted drafts saved (each a plain step's share of a row), both at K = 0's median step time by
+rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from itertools import cycle, islice
+
+from specdecode.bench.lib import provenance, write_result
+from specdecode.bench.sweep import NullBar, build_engine, closed_loop, encode_prompts, max_len_for
+from specdecode.bench.sweep_config import ArmSpec
+from specdecode.config import SamplingParams
+from specdecode.control import StepStats
+from specdecode.llm import LLM
+
+MAX_TOKENS, K = 64, 4
+ARMS = ("none", "before", "after")
+
+
+def one_round(base: LLM, arm: str, prompts: list[list[int]], c: int, r: int, max_len: int) -> list[dict]:
+    """One round of `arm` through the sweep's closed loop, every step logged."""
+    steps: list[dict] = []
+
+    def log(steady: bool, seconds: float, updates: list, stats: StepStats | None) -> None:
+        steps.append(
+            {
+                "seconds": seconds,
+                "tokens": sum(len(u.new_token_ids) for u in updates),
+                "proposed": list(stats.num_proposed) if stats else [],
+                "accepted": list(stats.num_accepted) if stats else [],
+                "prefill_tokens": stats.prefill_tokens if stats else 0,
+                "propose_s": stats.propose_time_s if stats else 0.0,
+            }
+        )
+
+    spec = ArmSpec("none", "fixed", 0) if arm == "none" else ArmSpec("goodput", "goodput", K)
+    engine = build_engine(base, spec, c, max_len)
+    if arm == "before":
+        engine.controller.inner._asked_pays = lambda *args: True
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    closed_loop(engine, islice(cycle(prompts), r * 2 * c, None), c, 2 * c, params, NullBar(), stagger=True, on_step=log)
+    return steps
+
+
+def tokens_per_s(steps: list[dict]) -> float:
+    return sum(s["tokens"] for s in steps) / sum(s["seconds"] for s in steps)
+
+
+def plain_step_s(steps: list[dict]) -> dict[int, float]:
+    """K = 0's median seconds of a decode step without prefill, by rows."""
+    by_rows: dict[int, list[float]] = {}
+    for s in steps:
+        if s["proposed"] and not s["prefill_tokens"]:
+            by_rows.setdefault(len(s["proposed"]), []).append(s["seconds"])
+    return {rows: statistics.median(times) for rows, times in by_rows.items()}
+
+
+def partial_drafting(steps: list[dict], plain: dict[int, float]) -> dict:
+    """The steps of 2+ rows in which some rows drafted and others did not: their count, and their seconds over a
+    plain step of as many rows against their accepted drafts' worth (each a plain step's share of a row)."""
+    part = [s for s in steps if len(s["proposed"]) > 1 and any(s["proposed"]) and not all(s["proposed"])]
+    part = [s for s in part if len(s["proposed"]) in plain]
+    cost = sum(s["seconds"] - plain[len(s["proposed"])] for s in part)
+    saved = sum(sum(s["accepted"]) * plain[len(s["proposed"])] / len(s["proposed"]) for s in part)
+    return {"steps": len(part), "extra_s": cost, "saved_s": saved}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--prompts", default="data/dev_chat_prompts.jsonl")
+    ap.add_argument("--output", default="results/goodput_asked_pays_c4_dev.json")
+    a = ap.parse_args()
+    base = LLM(
+        target="qwen2.5-coder-1.5b-instruct",
+        draft="qwen2.5-coder-0.5b-instruct",
+        method="draft",
+        arithmetic="fast",
+        num_speculative_tokens=K,
+        draft_stop_below=0.7,
+        draft_lookup=3,
+        max_num_seqs=1,
+        max_model_len=8192,
+    )
+    prompts, _ = encode_prompts(base, argparse.Namespace(prompts=a.prompts, chat=True))
+    max_len = max_len_for(prompts, MAX_TOKENS, K, base.max_model_len)
+    rounds: dict[str, list[list[dict]]] = {arm: [] for arm in ARMS}
+    for r in range(a.rounds):
+        order = ARMS[r % 3 :] + ARMS[: r % 3]
+        for arm in order if r % 2 == 0 else order[::-1]:
+            rounds[arm].append(one_round(base, arm, prompts, a.concurrency, r, max_len))
+        print(r, {arm: round(tokens_per_s(rounds[arm][-1]), 1) for arm in ARMS}, flush=True)
+    pooled = {arm: tokens_per_s([s for rnd in rounds[arm] for s in rnd]) for arm in ARMS}
+    plain = plain_step_s([s for rnd in rounds["none"] for s in rnd])
+    out = {"arms": {}, "ratios": {}}
+    for arm in ARMS:
+        steps = [s for rnd in rounds[arm] for s in rnd]
+        out["arms"][arm] = {
+            "tokens_per_s": pooled[arm],
+            "round_tokens_per_s": [tokens_per_s(rnd) for rnd in rounds[arm]],
+            "partial_drafting": partial_drafting(steps, plain),
+        }
+    for arm, ref in (("before", "none"), ("after", "none"), ("after", "before")):
+        paired = [tokens_per_s(x) / tokens_per_s(y) for x, y in zip(rounds[arm], rounds[ref], strict=True)]
+        out["ratios"][f"{arm}/{ref}"] = {
+            "pooled": pooled[arm] / pooled[ref],
+            "median_paired": statistics.median(paired),
+        }
+    for arm, fig in out["arms"].items():
+        part = fig["partial_drafting"]
+        print(
+            f"{arm:7s} {fig['tokens_per_s']:6.1f} tok/s  steps where some rows drafted: {part['steps']:4d}, "
+            f"{part['extra_s']:5.2f} s over plain steps, {part['saved_s']:5.2f} s saved"
+        )
+    for name, fig in out["ratios"].items():
+        print(f"{name:13s} pooled {fig['pooled']:.3f}x  median of paired rounds {fig['median_paired']:.3f}x")
+    meta = provenance(module="experiments.goodput_asked_pays")
+    settings = {"concurrency": a.concurrency, "rounds": a.rounds, "prompts": a.prompts, "max_tokens": MAX_TOKENS}
+    path = write_result(a.output, {**meta, **settings, **out})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
