@@ -3,7 +3,8 @@
 For row i with conditional acceptance estimates p_i[1..], K drafts yield E_i(K) = 1 + sum_{j<=K} prod_{m<=j}
 p_i[m] tokens in expectation. The controller picks one K maximising sum_i E_i(min(K, cap_i)) / cost(B, K, C),
 priced as if every row drafted K, then trims rows whose next draft is almost surely rejected (that saves
-drafting, and verification too). Once the drafts exist, `truncate` picks the verify width again from what was
+drafting, and verification too), and prices what is left as asked: a draft model's forward for the rows left costs
+about what it did for all (`_asked_pays`). Once the drafts exist, `truncate` picks the verify width again from what was
 actually proposed: a drafter such as n-gram often finds drafts for only a few rows. On an accelerator the verify
 forward is padded to the widest row, and at a large batch widening every row for a few costs more than they
 return, so every row keeps one width; on the CPU the target runs each row's own tokens (models/llama.packs_rows:
@@ -562,10 +563,11 @@ class GoodputController(ControllerBase):
         curve priced the batch K with every row drafting, but rows are then cut (drafts unlikely to be accepted, a
         prompt not worth reading), and a draft model's forward costs about as much for one row as for all
         (it reads its weights either way: the 0.5B's ~8 ms a position against ~1.5 more a row). So where only
-        some rows are left, the few drafts must pay for that forward alone. Priced by the batch's share, on the
-        pair at C = 4 (dev chat prompts, 64 tokens) one row of two drafting one token a step took ~50 ms where a
-        plain step took ~38 and it was accepted ~60% of the time, and the catch-ups its drafts began cost more; a
-        batch of one is the curve's own row, and every row asked is the curve's assumption: neither is priced
+        some rows are left, the few drafts must pay for that forward alone. On the pair at C = 4 (dev chat prompts,
+        the sweep's closed loop, 12 rounds) the steps where some rows of a batch drafted cost 1.89 s over plain steps
+        for 1.04 s their drafts saved; priced again, 0.93 s for 0.91, and `goodput` ran 1.023x what it did (the
+        median of paired rounds; `python -m experiments.goodput_asked_pays`, results/goodput_asked_pays_c4_dev.json).
+        A batch of one is the curve's own row, and every row asked is the curve's assumption: neither is priced
         again."""
         asked = ks > 0  # [B]
         if len(ks) < 2 or not asked.any() or asked.all():
