@@ -21,7 +21,8 @@ import argparse
 import statistics
 from itertools import cycle, islice
 
-from specdecode.bench.lib import provenance, write_result
+from experiments.goodput_draft_context import pair_llm
+from specdecode.bench.lib import provenance, turn_order, write_result
 from specdecode.bench.sweep import NullBar, build_engine, closed_loop, encode_prompts, max_len_for
 from specdecode.bench.sweep_config import ArmSpec
 from specdecode.config import SamplingParams
@@ -87,23 +88,12 @@ def main() -> None:
     ap.add_argument("--prompts", default="data/dev_chat_prompts.jsonl")
     ap.add_argument("--output", default="results/goodput_asked_pays_c4_dev.json")
     a = ap.parse_args()
-    base = LLM(
-        target="qwen2.5-coder-1.5b-instruct",
-        draft="qwen2.5-coder-0.5b-instruct",
-        method="draft",
-        arithmetic="fast",
-        num_speculative_tokens=K,
-        draft_stop_below=0.7,
-        draft_lookup=3,
-        max_num_seqs=1,
-        max_model_len=8192,
-    )
+    base = pair_llm(num_speculative_tokens=K, draft_stop_below=0.7, draft_lookup=3, max_model_len=8192)
     prompts, _ = encode_prompts(base, argparse.Namespace(prompts=a.prompts, chat=True))
     max_len = max_len_for(prompts, MAX_TOKENS, K, base.max_model_len)
     rounds: dict[str, list[list[dict]]] = {arm: [] for arm in ARMS}
     for r in range(a.rounds):
-        order = ARMS[r % 3 :] + ARMS[: r % 3]
-        for arm in order if r % 2 == 0 else order[::-1]:
+        for arm in turn_order(ARMS[r % 3 :] + ARMS[: r % 3], r):
             rounds[arm].append(one_round(base, arm, prompts, a.concurrency, r, max_len))
         print(r, {arm: round(tokens_per_s(rounds[arm][-1]), 1) for arm in ARMS}, flush=True)
     pooled = {arm: tokens_per_s([s for rnd in rounds[arm] for s in rnd]) for arm in ARMS}

@@ -37,17 +37,11 @@ GOODPUTS = ("goodput", "goodput-short")
 
 def pair_llm(**settings) -> LLM:
     """The Qwen2.5-Coder pair as these experiments load it: the 1.5B target and its 0.5B draft, fast arithmetic,
-    `goodput` (whose load probe prices the pair: LLM._controller), K_MAX drafts, one row; `settings` add to it."""
-    return LLM(
-        target="qwen2.5-coder-1.5b-instruct",
-        draft="qwen2.5-coder-0.5b-instruct",
-        method="draft",
-        arithmetic="fast",
-        controller="goodput",
-        num_speculative_tokens=K_MAX,
-        max_num_seqs=1,
-        **settings,
-    )
+    `goodput` (whose load probe prices the pair: LLM._controller), K_MAX drafts, one row; `settings` add to it or
+    replace those."""
+    defaults = {"arithmetic": "fast", "controller": "goodput", "num_speculative_tokens": K_MAX, "max_num_seqs": 1}
+    pair = {"target": "qwen2.5-coder-1.5b-instruct", "draft": "qwen2.5-coder-0.5b-instruct", "method": "draft"}
+    return LLM(**pair, **{**defaults, **settings})
 
 
 def short_priced(base: LLM) -> GoodputController:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from itertools import cycle, islice
 
+from experiments.goodput_draft_context import pair_llm
 from specdecode.bench.lib import provenance, write_result
 from specdecode.bench.sweep import NullBar, build_engine, closed_loop, encode_prompts, max_len_for
 from specdecode.bench.sweep_config import ArmSpec
@@ -66,16 +67,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--output", default="results/sweep_steady_window.json")
     a = ap.parse_args()
-    base = LLM(
-        target="qwen2.5-coder-1.5b-instruct",
-        draft="qwen2.5-coder-0.5b-instruct",
-        method="draft",
-        arithmetic="fast",
-        num_speculative_tokens=K,
-        draft_stop_below=0.7,
-        max_num_seqs=1,
-        max_model_len=8192,
-    )
+    base = pair_llm(num_speculative_tokens=K, draft_stop_below=0.7, max_model_len=8192)
     prompts, _ = encode_prompts(base, argparse.Namespace(prompts="../shared/data/specbench_question.jsonl", chat=True))
     max_len = max_len_for(prompts, MAX_TOKENS, K, base.max_model_len)
     logged: dict[str, list[dict]] = {arm.name: [] for arm in ARMS}

@@ -271,13 +271,13 @@ def test_a_row_the_drafter_has_already_read_is_not_priced_for_reading():
 
 
 class Backlog:
-    """A drafter with `n` tokens of every row left to read."""
+    """A drafter with `n` tokens of every row left to read, but the rows `rows` names (request id: tokens)."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __init__(self, n: int, rows: dict[str, int] | None = None) -> None:
+        self.n, self.rows = n, rows or {}
 
     def unread(self, seq: Sequence) -> int:
-        return self.n
+        return self.rows.get(seq.request_id, self.n)
 
 
 def k_asked_with_backlog(backlog: int, reads: tuple[tuple[int, float], ...], drafted: bool = False) -> int:
@@ -385,16 +385,6 @@ def test_a_pair_priced_on_a_busy_machine_learns_its_drafts_real_price(monkeypatc
         assert speculating_share_after_a_busy_probe() <= 0.05
 
 
-class RowBacklogs:
-    """A drafter with each row's own tokens left to read (by request id)."""
-
-    def __init__(self, backlogs: dict[str, int]) -> None:
-        self.backlogs = backlogs
-
-    def unread(self, seq: Sequence) -> int:
-        return self.backlogs[seq.request_id]
-
-
 def ks_of_a_pair(second_read: bool, checked: bool = True) -> list[int]:
     """K asked of two rows of 100 tokens with 128 to write, seeded at 0.85 acceptance and a draft whose forward
     costs 12 ms a position for one row and 13.5 for two (it reads its weights either way): the first row's draft
@@ -402,7 +392,7 @@ def ks_of_a_pair(second_read: bool, checked: bool = True) -> list[int]:
     priced again once rows are cut (`_asked_pays`; False: the control, as before it)."""
     ctrl = costly_controller()
     ctrl.seed_pair(0.85, 12e-3, 2e-3, steps=((1, 0, 12e-3), (2, 0, 13.5e-3)))
-    ctrl.bind_drafter(RowBacklogs({"a": 0, "b": 0 if second_read else 3000}))
+    ctrl.bind_drafter(Backlog(0, {"b": 0 if second_read else 3000}))
     if not checked:
         ctrl._asked_pays = lambda *args: True
     seqs = [Sequence(rid, list(range(100)), SamplingParams(max_tokens=128), max_len=200_000) for rid in "ab"]
