@@ -542,6 +542,11 @@ class GoodputController(ControllerBase):
         rows[:, 1] = np.minimum(sure_right / np.maximum(p[:, 0], 1e-9), 1.0)
         return every, rows
 
+    def _plain_rate(self, num_seqs: int, context: float) -> float:
+        """Tokens per second of a plain step (K = 0) of num_seqs rows, as the cost model prices it: the rate that
+        every pricing of some rows' drafts (`_one_row_pays`, `_asked_pays`, `_alone_could_pay`) must beat."""
+        return num_seqs / max(self.cost.predict(num_seqs, 0, context), 1e-9)
+
     def _one_row_pays(self, reach: np.ndarray, caps: np.ndarray, context: float) -> bool:
         """Where the target runs each row's own tokens (`CostModel.packed`), whether some row's drafts alone would
         pay beyond truncate's margin: reach [B, k_max] P(drafts 1..j of a row accepted), caps [B]. A lookup drafter
@@ -551,7 +556,7 @@ class GoodputController(ControllerBase):
         num_seqs, k_max = reach.shape
         if not self.cost.packed or num_seqs < 2:
             return False
-        plain = num_seqs / self.cost.predict(num_seqs, 0, context)
+        plain = self._plain_rate(num_seqs, context)
         ks = np.arange(1, k_max + 1)  # [k_max] the lookups are asked of every row; one row's drafts are verified
         seconds = self.cost.predict_tokens_many(num_seqs, num_seqs + ks, context)  # [k_max]
         seconds += self.cost.predict_draft_many(num_seqs, ks, context)
@@ -572,7 +577,7 @@ class GoodputController(ControllerBase):
         asked = ks > 0  # [B]
         if len(ks) < 2 or not asked.any() or asked.all():
             return True
-        plain = len(ks) / self.cost.predict(len(ks), 0, context)  # tokens per second at K = 0
+        plain = self._plain_rate(len(ks), context)
         widest = int(ks.max())
         seconds = self.cost.predict_rows(ks, context) + self.cost.predict_draft(int(asked.sum()), widest, context)
         cum = np.cumsum(reach[:, :widest], axis=1)  # [B, widest] expected accepted drafts by width
@@ -817,7 +822,7 @@ class GoodputController(ControllerBase):
         five repeats of 5 (results/long_context_pair_b8_s22.json). At batch 1 the row is the batch: wherever a
         draft could pay at all, it probes as before. draft_scale: the drafts' price is taken at this share of the
         cost model's (`_may_widen`)."""
-        plain = num_seqs / max(self.cost.predict(num_seqs, 0, context), 1e-9)  # tokens per second at K = 0
+        plain = self._plain_rate(num_seqs, context)
         ks = np.arange(1, k_max + 1)  # [k_max]
         drafting = draft_scale * self.cost.predict_draft_many(1, ks, context)  # [k_max]
         seconds = self.cost.predict_one_row(num_seqs, ks, context) + drafting
