@@ -72,16 +72,6 @@ def plain_step_s(steps: list[dict]) -> dict[int, float]:
     return {rows: statistics.median(times) for rows, times in by_rows.items()}
 
 
-def partial_drafting(steps: list[dict], plain: dict[int, float]) -> dict:
-    """The steps of 2+ rows in which some rows drafted and others did not: their count, and their seconds over a
-    plain step of as many rows against their accepted drafts' worth (each a plain step's share of a row)."""
-    part = [s for s in steps if len(s["proposed"]) > 1 and any(s["proposed"]) and not all(s["proposed"])]
-    part = [s for s in part if len(s["proposed"]) in plain]
-    cost = sum(s["seconds"] - plain[len(s["proposed"])] for s in part)
-    saved = sum(sum(s["accepted"]) * plain[len(s["proposed"])] / len(s["proposed"]) for s in part)
-    return {"steps": len(part), "extra_s": cost, "saved_s": saved}
-
-
 # A decode step's kind in `ledger`, by what its rows proposed and whether the draft model ran (propose_s past 2 ms:
 # lookup alone takes well under that)
 KINDS = {
@@ -91,20 +81,30 @@ KINDS = {
 }
 
 
+def priced(part: list[dict], plain: dict[int, float]) -> dict:
+    """Steps (each of a row count `plain` has): their count, their seconds over a plain step of as many rows, and
+    what their accepted drafts saved (each a plain step's share of a row)."""
+    return {
+        "steps": len(part),
+        "extra_s": sum(s["seconds"] - plain[len(s["proposed"])] for s in part),
+        "saved_s": sum(sum(s["accepted"]) * plain[len(s["proposed"])] / len(s["proposed"]) for s in part),
+    }
+
+
+def partial_drafting(steps: list[dict], plain: dict[int, float]) -> dict:
+    """The steps (prefill or not) of 2+ rows in which some rows drafted and others did not, `priced`."""
+    some = KINDS["some rows drafted"]  # two rows at least: one row drafts or does not
+    return priced([s for s in steps if some(s) and len(s["proposed"]) in plain], plain)
+
+
 def ledger(steps: list[dict], plain: dict[int, float]) -> dict:
-    """Decode steps (no prefill) of each kind in KINDS: their count, seconds over a plain step of as many rows,
-    what their accepted drafts saved (each a plain step's share of a row), and their drafting seconds; besides,
-    the steps whose drafting took over 30 ms (the draft model reading a row's prompt: a catch-up)."""
+    """Decode steps (no prefill) of each kind in KINDS, `priced`, with their drafting seconds; besides, the steps
+    whose drafting took over 30 ms (the draft model reading a row's prompt: a catch-up)."""
     decode = [s for s in steps if s["proposed"] and not s["prefill_tokens"] and len(s["proposed"]) in plain]
     out = {}
     for kind, belongs in KINDS.items():
         part = [s for s in decode if belongs(s)]
-        out[kind] = {
-            "steps": len(part),
-            "extra_s": sum(s["seconds"] - plain[len(s["proposed"])] for s in part),
-            "saved_s": sum(sum(s["accepted"]) * plain[len(s["proposed"])] / len(s["proposed"]) for s in part),
-            "propose_s": sum(s["propose_s"] for s in part),
-        }
+        out[kind] = priced(part, plain) | {"propose_s": sum(s["propose_s"] for s in part)}
     reading = [s["propose_s"] for s in decode if s["propose_s"] > 0.03]
     out["drafting over 30 ms"] = {"steps": len(reading), "propose_s": sum(reading)}
     return out
@@ -125,8 +125,8 @@ def main() -> None:
     prompts, _ = encode_prompts(base, argparse.Namespace(prompts=a.prompts, chat=True))
     max_len = max_len_for(prompts, MAX_TOKENS, K, base.max_model_len)
     rounds: dict[str, list[list[dict]]] = {arm: [] for arm in arms}
+    n = len(arms)  # three arms rotate as well as reverse; two only reverse (rotating too would undo it)
     for r in range(a.rounds):
-        n = len(arms)  # three arms rotate as well as reverse; two only reverse (rotating too would undo it)
         for arm in turn_order(arms[r % n :] + arms[: r % n] if n > 2 else arms, r):
             rounds[arm].append(one_round(base, arm, prompts, a.concurrency, r, max_len))
         print(r, {arm: round(tokens_per_s(rounds[arm][-1]), 1) for arm in arms}, flush=True)
@@ -163,7 +163,7 @@ def main() -> None:
         print(f"{name:13s} pooled {fig['pooled']:.3f}x  median of paired rounds {fig['median_paired']:.3f}x")
     meta = provenance(module="experiments.goodput_asked_pays")
     settings = {"concurrency": a.concurrency, "rounds": a.rounds, "prompts": a.prompts, "max_tokens": MAX_TOKENS}
-    settings["plain_step_s"] = plain
+    settings |= {"plain_step_s": plain}
     path = write_result(a.output, {**meta, **settings, **out})
     print(f"wrote {path}")
 
