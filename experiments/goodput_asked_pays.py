@@ -13,7 +13,8 @@ between the two goodputs (pooled and the median of the rounds' paired ratios), a
 a batch of two or more drafted and others did not: how many, and what they cost over a plain step of as many rows
 against what their accepted drafts saved (each a plain step's share of a row), both at K = 0's median step time by
 rows. Its ledger splits every decode step the same way by kind: every row drafted, some did, the draft model ran
-and proposed nothing (stopped below its confidence), and counts the steps whose drafting took over 30 ms (catch-ups).
+and nothing was verified (drafts are counted after `truncate`, which may cut them all; a first draft is always
+made, so such a step is no confidence stop), and counts the steps whose drafting took over 30 ms (catch-ups).
 """
 
 from __future__ import annotations
